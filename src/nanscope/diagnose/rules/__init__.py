@@ -1,0 +1,1 @@
+"""nanscope.diagnose.rules."""

@@ -1,0 +1,325 @@
+"""Per-update records, held in memory as columns and on disk as JSONL.
+
+A *record* is a plain ``dict`` describing one update (or one logged line of a log). Every capture
+path -- :class:`nanscope.Monitor`, the PyTorch adapter, the log readers -- produces the same keys,
+so the rules never need to know where a trace came from. All keys but ``step`` are optional; a
+missing key means "not measured".
+
+=================  ======  ===============================================================
+key                type    meaning
+=================  ======  ===============================================================
+step               int     the update number (1 is the first update)
+epoch              int     epoch, when known (logs)
+loss               float   training loss of this update (NaN / inf kept as such)
+val_loss           float   validation loss (logs)
+lr                 float   learning rate used for this update
+grad_norm          float   global L2 norm of the gradient
+grad_norms         dict    per-name gradient L2 norms ``{name: float}``
+weight_norm        float   global L2 norm of the parameters
+update_norm        float   L2 norm of the applied update (params now minus params before)
+update_cos         float   cosine(applied update, gradient of the previous update);
+                           negative for descent, positive when the update ascends
+update_cos_same    float   cosine(applied update, gradient of this update) -- for callers
+                           that report params *after* stepping
+grad_cos           float   cosine(gradient now, gradient before); negative = reversal
+flip_frac          float   fraction of weights whose sign flipped since the last update
+nf_loss            int     count of non-finite values in the loss
+nf_grads           int     ... in the gradients
+nf_params          int     ... in the parameters
+nf_inputs          int     ... in the input batch
+nf_targets         int     ... in the targets
+input_absmax       float   max |x| over the input batch
+target_absmax      float   max |y| over the targets
+input_scale_ratio  float   largest column scale over the median column scale (first batch)
+row_z              float   largest robust z-score of a row in the batch (when computed)
+rows               list    bad rows: ``{"source", "batch_row", "column", "value", "why", "z"}``
+events             list    short tags of what detectors saw (``"loss_spike"``, ``"grad_jump"``...)
+extra              dict    anything else (loss scale, skipped steps, rank, messages from logs)
+=================  ======  ===============================================================
+
+On disk a trace is JSONL: a header line ``{"schema": "nanscope.trace/1", ...meta}`` followed by one
+record per line. Non-finite floats are written as the strings ``"nan"``, ``"inf"``, ``"-inf"`` so
+that every line is strict JSON; :func:`read_trace` turns them back into floats. The writer flushes
+after every record, so a killed process leaves a readable trace (a truncated last line is skipped
+with a warning).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import warnings
+from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import IO, Any
+
+import numpy as np
+
+from nanscope.errors import TraceError
+
+__all__ = [
+    "TRACE_SCHEMA",
+    "NUMERIC_KEYS",
+    "Trace",
+    "TraceWriter",
+    "read_trace",
+    "encode_record",
+    "decode_record",
+]
+
+TRACE_SCHEMA = "nanscope.trace/1"
+
+#: Keys whose values are floats (and may hold NaN / inf).
+NUMERIC_KEYS: frozenset[str] = frozenset(
+    {
+        "loss",
+        "val_loss",
+        "lr",
+        "grad_norm",
+        "weight_norm",
+        "update_norm",
+        "update_cos",
+        "update_cos_same",
+        "grad_cos",
+        "flip_frac",
+        "input_absmax",
+        "target_absmax",
+        "input_scale_ratio",
+        "row_z",
+    }
+)
+
+#: Counters of non-finite values, by what held them.
+NONFINITE_KEYS: tuple[str, ...] = ("nf_loss", "nf_grads", "nf_params", "nf_inputs", "nf_targets")
+
+_NONFINITE_TEXT = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf, "+inf": math.inf}
+
+
+def _encode_float(value: float) -> float | str:
+    if math.isfinite(value):
+        return value
+    if math.isnan(value):
+        return "nan"
+    return "inf" if value > 0 else "-inf"
+
+
+def _decode_float(value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return float(value)
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text in _NONFINITE_TEXT:
+            return _NONFINITE_TEXT[text]
+        if text in ("infinity", "+infinity"):
+            return math.inf
+        if text == "-infinity":
+            return -math.inf
+        try:
+            return float(text)
+        except ValueError:
+            return None
+    return None
+
+
+def _encode_value(value: Any) -> Any:
+    if isinstance(value, float):
+        return _encode_float(value)
+    if isinstance(value, dict):
+        return {str(k): _encode_value(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_encode_value(v) for v in value]
+    if isinstance(value, np.generic):
+        return _encode_value(value.item())
+    return value
+
+
+def encode_record(record: Mapping[str, Any]) -> str:
+    """One strict-JSON line for a record (non-finite floats become strings, None is dropped)."""
+    clean = {k: _encode_value(v) for k, v in record.items() if v is not None}
+    return json.dumps(clean, separators=(",", ":"), allow_nan=False)
+
+
+def decode_record(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """Turn a parsed JSON object back into a record: numeric strings become floats again."""
+    out: dict[str, Any] = {}
+    for key, value in obj.items():
+        if key in NUMERIC_KEYS:
+            out[key] = _decode_float(value)
+        elif key == "grad_norms" and isinstance(value, dict):
+            out[key] = {str(k): _decode_float(v) for k, v in value.items()}
+        elif key == "rows" and isinstance(value, list):
+            rows = []
+            for row in value:
+                if isinstance(row, dict):
+                    row = dict(row)
+                    if "value" in row:
+                        row["value"] = _decode_float(row["value"])
+                    if "z" in row:
+                        row["z"] = _decode_float(row["z"])
+                    rows.append(row)
+            out[key] = rows
+        else:
+            out[key] = value
+    return out
+
+
+class Trace:
+    """The records of one run, with column access for the rules.
+
+    ``records`` keeps the dicts in order; :meth:`column` gives a float array per key (missing
+    values are NaN; use :meth:`present` to tell "missing" from "NaN").
+    """
+
+    def __init__(
+        self, records: Iterable[Mapping[str, Any]] = (), meta: Mapping[str, Any] | None = None
+    ) -> None:
+        self.records: list[dict[str, Any]] = [dict(r) for r in records]
+        self.meta: dict[str, Any] = dict(meta or {})
+        self._columns: dict[str, np.ndarray] = {}
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        return iter(self.records)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        return self.records[index]
+
+    def append(self, record: Mapping[str, Any]) -> None:
+        self.records.append(dict(record))
+        self._columns.clear()
+
+    @property
+    def granularity(self) -> str:
+        return str(self.meta.get("granularity", "update"))
+
+    def column(self, key: str) -> np.ndarray:
+        """Float array of ``key`` over all records; missing values are NaN."""
+        cached = self._columns.get(key)
+        if cached is not None and len(cached) == len(self.records):
+            return cached
+        values = np.full(len(self.records), np.nan, dtype=np.float64)
+        for i, record in enumerate(self.records):
+            value = record.get(key)
+            if value is not None and not isinstance(value, (dict, list, str)):
+                values[i] = float(value)
+        self._columns[key] = values
+        return values
+
+    def present(self, key: str) -> np.ndarray:
+        """Boolean array: True where the record has ``key``."""
+        return np.array([record.get(key) is not None for record in self.records], dtype=bool)
+
+    def has(self, key: str) -> bool:
+        """True when at least one record carries ``key``."""
+        return any(record.get(key) is not None for record in self.records)
+
+    def steps(self) -> np.ndarray:
+        return np.array([int(r.get("step", i + 1)) for i, r in enumerate(self.records)])
+
+    def nonfinite(self, what: str) -> np.ndarray:
+        """Per-record count of non-finite values in ``what`` (loss, grads, params, inputs, targets).
+
+        Falls back on the value itself for the loss and the gradient norm, so traces from logs that
+        carry no counters still say where a NaN was.
+        """
+        counts = self.column(f"nf_{what}")
+        counts = np.where(np.isnan(counts), 0.0, counts)
+        if what == "loss":
+            loss = self.column("loss")
+            counts = np.maximum(counts, (self.present("loss") & ~np.isfinite(loss)).astype(float))
+        elif what == "grads":
+            grad = self.column("grad_norm")
+            counts = np.maximum(
+                counts, (self.present("grad_norm") & ~np.isfinite(grad)).astype(float)
+            )
+        return counts
+
+
+class TraceWriter:
+    """Appends records to a JSONL file, flushing after each so a killed run leaves a trace."""
+
+    def __init__(self, path: str | Path, meta: Mapping[str, Any] | None = None) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file: IO[str] | None = self.path.open("a", encoding="utf-8")
+        header = {"schema": TRACE_SCHEMA, **dict(meta or {})}
+        self._write_line(encode_record(header))
+
+    def _write_line(self, line: str) -> None:
+        if self._file is None:
+            return
+        self._file.write(line + "\n")
+        self._file.flush()
+
+    def write(self, record: Mapping[str, Any]) -> None:
+        self._write_line(encode_record(record))
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+def read_trace(path: str | Path) -> Trace:
+    """Read a nanscope JSONL trace; a truncated last line (a killed run) is skipped with a warning.
+
+    Raises :class:`nanscope.errors.TraceError` when the file is missing, empty, binary, or holds no
+    valid record.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise TraceError(f"{path}: no such file")
+    if path.is_dir():
+        candidate = path / "trace.jsonl"
+        if not candidate.exists():
+            raise TraceError(f"{path}: is a directory without a trace.jsonl")
+        path = candidate
+    raw = path.read_bytes()
+    if not raw.strip():
+        raise TraceError(f"{path}: the file is empty")
+    if b"\x00" in raw[:4096]:
+        raise TraceError(f"{path}: looks binary, not a JSONL trace")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise TraceError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    lines = text.splitlines()
+    meta: dict[str, Any] = {}
+    records: list[dict[str, Any]] = []
+    bad: list[int] = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError:
+            bad.append(number)
+            continue
+        if not isinstance(obj, dict):
+            bad.append(number)
+            continue
+        if "schema" in obj and not records and not meta:
+            meta = {k: v for k, v in obj.items() if k != "schema"}
+            meta["schema"] = obj["schema"]
+            continue
+        records.append(decode_record(obj))
+    if bad:
+        last = len([ln for ln in lines if ln.strip()])
+        if bad == [last]:
+            warnings.warn(
+                f"{path}: skipped a truncated last line ({last}); the run was probably killed",
+                stacklevel=2,
+            )
+        else:
+            warnings.warn(f"{path}: skipped {len(bad)} unreadable line(s): {bad[:5]}", stacklevel=2)
+    if not records:
+        raise TraceError(f"{path}: holds no trace records")
+    for i, record in enumerate(records):
+        record.setdefault("step", i + 1)
+    return Trace(records, meta)
