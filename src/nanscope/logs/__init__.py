@@ -1,1 +1,249 @@
-"""nanscope.logs."""
+"""Log readers: turn the logs people already have into a :class:`nanscope.trace.Trace`.
+
+>>> from nanscope.logs import load_trace, sniff
+>>> trace = load_trace("train.log")            # doctest: +SKIP
+>>> trace.meta["format"], trace.granularity     # doctest: +SKIP
+('text', 'epoch')
+
+The format is found from the content (the name is only a tie-breaker): :func:`sniff` returns one of
+the names in :data:`FORMATS`. Every reader streams its file line by line (lines longer than a few
+MB are skipped, never buffered) and yields the same record keys as the Monitor.
+
+``trace.meta`` always holds ``format``, ``source``, ``lines`` (lines read) and ``granularity``
+(``"update"`` or ``"epoch"``); text logs add ``messages`` (framework messages about numerics),
+TensorBoard adds ``loss_tag`` and ``tags``. See ``docs/logs/index.md``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import struct
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from nanscope.errors import TraceError
+from nanscope.logs._common import (
+    HEAD_BYTES,
+    Record,
+    check_file,
+    iter_lines,
+    read_head,
+)
+from nanscope.trace import TRACE_SCHEMA, Trace
+
+__all__ = ["FORMATS", "iter_records", "load_trace", "sniff"]
+
+_MODULES: dict[str, str] = {
+    "nanscope": "nanscope.logs.nanscope_trace",
+    "jsonl": "nanscope.logs.jsonl",
+    "csv": "nanscope.logs.csvlog",
+    "trainer_state": "nanscope.logs.trainer_state",
+    "tensorboard": "nanscope.logs.tbevents",
+    "text": "nanscope.logs.textlog",
+}
+
+#: Known formats: name -> one-line description.
+FORMATS: Mapping[str, str] = MappingProxyType(
+    {
+        "nanscope": 'nanscope JSONL trace (header {"schema": "nanscope.trace/1"})',
+        "jsonl": "JSON Lines, one object a line with step/loss/grad_norm/lr keys under usual names",
+        "csv": "CSV with a header row (Keras/Lightning CSVLogger, step,loss,grad_norm,lr,...)",
+        "trainer_state": "Hugging Face Trainer trainer_state.json (log_history)",
+        "tensorboard": "TensorBoard event files (events.out.tfevents.*, a file or a run directory)",
+        "text": "plain training output (Keras progress, Epoch N/M blocks, step/iter loops, tqdm)",
+    }
+)
+
+_TRACE_KEYS = frozenset(
+    {
+        "step", "epoch", "loss", "val_loss", "lr", "grad_norm", "grad_norms", "weight_norm",
+        "update_norm", "update_cos", "update_cos_same", "grad_cos", "flip_frac", "nf_loss",
+        "nf_grads", "nf_params", "nf_inputs", "nf_targets", "input_absmax", "target_absmax",
+        "input_scale_ratio", "row_z", "rows", "events", "extra",
+    }
+)  # fmt: skip
+
+
+def _known() -> str:
+    return ", ".join(FORMATS)
+
+
+def _is_tfrecord(head: bytes) -> bool:
+    if len(head) < 16:
+        return False
+    (length,) = struct.unpack("<Q", head[:8])
+    if length <= 0 or length > 1 << 20:
+        return False
+    return b"brain.Event:" in head[12 : 12 + min(length, 256)]
+
+
+def _event_files(directory: Path) -> list[Path]:
+    return sorted(p for p in directory.rglob("events.out.tfevents*") if p.is_file())
+
+
+def _resolve(path: Path) -> tuple[str, Path]:
+    """``(format, file or directory to read)``; raises TraceError when nothing fits."""
+    check_file(path)
+    if path.is_dir():
+        if (path / "trace.jsonl").is_file():
+            return "nanscope", path / "trace.jsonl"
+        if _event_files(path):
+            return "tensorboard", path
+        states = sorted(path.glob("trainer_state.json")) or sorted(
+            path.glob("checkpoint-*/trainer_state.json"),
+            key=lambda p: (
+                int(p.parent.name.rpartition("-")[2] or 0)
+                if p.parent.name.rpartition("-")[2].isdigit()
+                else -1
+            ),
+        )
+        if states:
+            return "trainer_state", states[-1]
+        metrics = sorted(path.rglob("metrics.csv"))
+        if metrics:
+            return "csv", metrics[-1]
+        raise TraceError(
+            f"{path}: is a directory without a trace.jsonl, TensorBoard event files, "
+            f"trainer_state.json or metrics.csv; known formats: {_known()}"
+        )
+    head = read_head(path)
+    if _is_tfrecord(head) or path.name.startswith("events.out.tfevents"):
+        return "tensorboard", path
+    if b"\x00" in head:
+        raise TraceError(f"{path}: looks binary, not a log; known formats: {_known()}")
+    text = head.decode("utf-8", errors="replace")
+    if text.count("\ufffd") > max(8, len(text) // 10):
+        raise TraceError(f"{path}: looks binary (not text), not a log; known formats: {_known()}")
+    lines = text.splitlines()
+    if len(head) == HEAD_BYTES and lines:
+        lines = lines[:-1]  # the last one may be cut
+    first = next((line.strip().lstrip("\ufeff") for line in lines if line.strip()), "")
+    if not first:
+        if len(head) < HEAD_BYTES:
+            raise TraceError(f"{path}: holds only blank lines")
+        first = text.strip()[:200]
+    fmt = _sniff_text(path, first, text)
+    if fmt is None:
+        raise TraceError(f"{path}: not a log format nanscope knows; known formats: {_known()}")
+    return fmt, path
+
+
+def _sniff_text(path: Path, first: str, text: str) -> str | None:
+    if first.startswith("{"):
+        try:
+            obj = json.loads(first)
+        except (ValueError, RecursionError):
+            obj = None
+        if isinstance(obj, dict):
+            if obj.get("schema") == TRACE_SCHEMA:
+                return "nanscope"
+            if "log_history" in obj:
+                return "trainer_state"
+            if "step" in obj and set(obj) <= _TRACE_KEYS:
+                return "nanscope"
+            return "jsonl"
+        if '"log_history"' in text or path.name == "trainer_state.json":
+            return "trainer_state"
+        return "jsonl" if path.suffix in (".jsonl", ".ndjson") else None
+    from nanscope.logs import csvlog, textlog
+
+    if any(sep in first for sep in (",", "\t", ";")):
+        _, names = csvlog.split_header(first)
+        roles = set(csvlog.header_roles([n.strip().strip('"') for n in names]).values())
+        numeric = sum(1 for n in names if _is_number(n))
+        if roles & {"loss", "val_loss"} and numeric == 0 and len(names) > 1:
+            return "csv"
+    if textlog.looks_like(text.splitlines()):
+        return "text"
+    # text logs often open with pages of warnings: look further, streaming, before giving up
+    meta: dict[str, Any] = {}
+    window: list[str] = []
+    for number, line in enumerate(iter_lines(path, meta, max_line=256 * 1024)):
+        window.append(line)
+        if len(window) >= 2000:
+            if textlog.looks_like(window):
+                return "text"
+            window = window[-4:]
+        if number > 200_000:
+            break
+    if window and textlog.looks_like(window):
+        return "text"
+    return None
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def sniff(path: str | Path) -> str:
+    """The name of the format of ``path`` (a key of :data:`FORMATS`), found from its content.
+
+    Raises :class:`nanscope.errors.TraceError` for a missing, empty or binary file, and for a
+    file in no known format (the message lists them).
+    """
+    return _resolve(Path(path))[0]
+
+
+def _reader(fmt: str) -> Any:
+    if fmt not in _MODULES:
+        raise TraceError(f"unknown log format {fmt!r}; known formats: {_known()}")
+    return importlib.import_module(_MODULES[fmt])
+
+
+def iter_records(
+    path: str | Path, meta: dict[str, Any] | None = None, format: str | None = None
+) -> Iterator[Record]:
+    """Stream the records of a log one at a time (bounded memory); ``meta`` is filled as it goes.
+
+    ``format`` forces a reader (a key of :data:`FORMATS`) instead of sniffing.
+    """
+    source = Path(path)
+    if format is None:
+        fmt, target = _resolve(source)
+    else:
+        check_file(source)
+        fmt, target = format, source
+    module = _reader(fmt)
+    if meta is None:
+        meta = {}
+    meta.setdefault("format", fmt)
+    meta.setdefault("source", str(source))
+    yield from module.iter_records(target, meta)
+
+
+def _load(path: str | Path, format: str | None = None) -> Trace:
+    meta: dict[str, Any] = {}
+    records = list(iter_records(path, meta, format=format))
+    if not records and not meta.get("messages"):
+        raise TraceError(f"{path}: no loss values found in this {meta.get('format')} log")
+    meta.setdefault("lines", len(records))
+    meta.setdefault("granularity", "update")
+    trace = Trace(meta=meta)
+    trace.records = records  # already fresh dicts: no copy of a long trace
+    return trace
+
+
+def load_trace(path: str | Path, format: str | None = None) -> Trace:
+    """Read any supported log or trace into a :class:`~nanscope.trace.Trace`.
+
+    Raises :class:`nanscope.errors.TraceError` (an ``InputError``) with a one-line message naming
+    the file and what is wrong; never another exception for bad input.
+    """
+    try:
+        return _load(path, format)
+    except TraceError:
+        raise
+    except OSError as exc:
+        raise TraceError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+    except (MemoryError, RecursionError, UnicodeError, ValueError, TypeError) as exc:
+        fmt = format or "log"
+        raise TraceError(
+            f"{path}: could not be read as a {fmt} file ({type(exc).__name__}: {str(exc)[:120]})"
+        ) from None

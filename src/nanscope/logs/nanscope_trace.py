@@ -1,0 +1,68 @@
+"""nanscope's own JSONL traces (``{"schema": "nanscope.trace/1", ...}`` then one record a line).
+
+Small traces are read by :func:`nanscope.trace.read_trace`, so there is one definition of the
+format. Traces bigger than :data:`STREAM_ABOVE_BYTES` are streamed line by line with the same
+record decoding, so memory stays bounded by the records kept, not by the file.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from nanscope.logs._common import Record, iter_lines
+from nanscope.trace import TRACE_SCHEMA, decode_record, read_trace
+
+NAME = "nanscope"
+DESCRIPTION = 'nanscope JSONL trace (header {"schema": "nanscope.trace/1"})'
+
+STREAM_ABOVE_BYTES = 64 * 1024 * 1024
+
+
+def iter_records(path: Path, meta: dict[str, Any]) -> Iterator[Record]:
+    if path.is_dir():
+        path = path / "trace.jsonl"
+    if path.stat().st_size <= STREAM_ABOVE_BYTES:
+        trace = read_trace(path)
+        meta.update({k: v for k, v in trace.meta.items() if k not in ("format", "source")})
+        meta.setdefault("schema", TRACE_SCHEMA)
+        lines = 0
+        for index, record in enumerate(trace.records):
+            if not isinstance(record.get("step"), int) or isinstance(record.get("step"), bool):
+                record["step"] = index + 1
+            lines += 1
+            yield record
+        meta["lines"] = max(int(meta.get("lines", 0) or 0), lines)
+        return
+    yield from _stream(path, meta)
+
+
+def _stream(path: Path, meta: dict[str, Any]) -> Iterator[Record]:
+    count = 0
+    bad = 0
+    for line in iter_lines(path, meta):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except (ValueError, RecursionError):
+            bad += 1
+            continue
+        if not isinstance(obj, dict):
+            bad += 1
+            continue
+        if "schema" in obj and count == 0:
+            meta.update({k: v for k, v in obj.items() if k not in ("format", "source")})
+            continue
+        record = decode_record(obj)
+        step = record.get("step")
+        if not isinstance(step, int) or isinstance(step, bool):
+            record["step"] = count + 1
+        count += 1
+        yield record
+    if bad:
+        meta["skipped_lines"] = bad
+        warnings.warn(f"{path}: skipped {bad} unreadable line(s)", stacklevel=2)
