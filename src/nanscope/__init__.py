@@ -1,7 +1,54 @@
-"""nanscope: when a gradient-descent fit goes NaN, say what happened, where, why, and what to do."""
+"""nanscope: when a gradient-descent fit goes NaN, say what happened, where, why, and what to do.
+
+The public surface is small::
+
+    mon = nanscope.Monitor()                 # framework-free: numpy, jax, torch tensors
+    mon.update(loss, params=..., grads=..., lr=..., inputs=..., targets=...)
+    nanscope.diagnose("run/trace.jsonl")     # after the fact, on a trace or a log
+    nanscope.watch(model, optimizer)         # PyTorch (imported lazily)
+"""
 
 from __future__ import annotations
 
+from typing import Any
+
+from nanscope.diagnose import CAUSES, Diagnosis, diagnose
+from nanscope.errors import DivergenceError, InputError, NanscopeError, TraceError, UsageError
+from nanscope.monitor import Monitor
+from nanscope.trace import Trace, read_trace
+
 __version__ = "0.1.0"
 
-__all__ = ["__version__"]
+__all__ = [
+    "CAUSES",
+    "Diagnosis",
+    "DivergenceError",
+    "InputError",
+    "Monitor",
+    "NanscopeError",
+    "Trace",
+    "TraceError",
+    "UsageError",
+    "__version__",
+    "diagnose",
+    "read_trace",
+    "scan",
+    "sweep",
+    "watch",
+]
+
+_LAZY = {
+    "watch": ("nanscope.torch", "watch"),
+    "scan": ("nanscope.data", "scan"),
+    "sweep": ("nanscope.experiment", "sweep"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    # framework-specific entry points import their framework only when first used
+    if name in _LAZY:
+        import importlib
+
+        module_name, attr = _LAZY[name]
+        return getattr(importlib.import_module(module_name), attr)
+    raise AttributeError(f"module 'nanscope' has no attribute {name!r}")

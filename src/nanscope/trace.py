@@ -31,6 +31,7 @@ nf_targets         int     ... in the targets
 input_absmax       float   max |x| over the input batch
 target_absmax      float   max |y| over the targets
 input_scale_ratio  float   largest column scale over the median column scale (first batch)
+input_scale_column int     the column with that largest scale
 row_z              float   largest robust z-score of a row in the batch (when computed)
 rows               list    bad rows: ``{"source", "batch_row", "column", "value", "why", "z"}``
 events             list    short tags of what detectors saw (``"loss_spike"``, ``"grad_jump"``...)
@@ -58,13 +59,13 @@ import numpy as np
 from nanscope.errors import TraceError
 
 __all__ = [
-    "TRACE_SCHEMA",
     "NUMERIC_KEYS",
+    "TRACE_SCHEMA",
     "Trace",
     "TraceWriter",
-    "read_trace",
-    "encode_record",
     "decode_record",
+    "encode_record",
+    "read_trace",
 ]
 
 TRACE_SCHEMA = "nanscope.trace/1"

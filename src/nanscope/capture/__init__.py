@@ -1,0 +1,1 @@
+"""Capture: turn what the user has into per-update records."""

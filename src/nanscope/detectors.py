@@ -1,0 +1,220 @@
+"""Detectors: cheap checks run on every update that decide *when* to stop, nothing more.
+
+Each detector is a small object with ``step(record) -> Alarm | None``; it keeps a few floats of state
+and never looks at arrays. Thresholds are scale-free: ratios between successive updates, counts of
+consecutive updates, deviations measured against the run's own history. A loss of 1e10 that falls
+is fine; a gradient norm of 400 can be normal.
+
+* :class:`NonFinite` fires at the first non-finite loss, gradient or weight.
+* :class:`Divergence` fires on the divergence fingerprint: ``RISES`` consecutive rising updates whose
+  increments grow (geometric growth) by a total factor of at least ``GROWTH``, with the gradient
+  reversing direction or the weights flipping sign (an oversized step overshooting the minimum).
+  Without gradients it needs ``LOSS_ONLY_GROWTH`` instead.
+* :class:`Ascent` fires when ``ASCENT_RISES`` consecutive updates raise the loss while the applied
+  update points along the gradient (cosine > 0.5): the update's sign is flipped.
+* :class:`Spikes` never stops a run; it tags updates whose loss or gradient norm jumps far above
+  the run's recent history (``"loss_spike"``, ``"grad_jump"``) for the rules to read.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["Alarm", "Ascent", "Divergence", "NonFinite", "Spikes", "default_detectors"]
+
+
+@dataclass(frozen=True)
+class Alarm:
+    """Why a detector asks to stop: ``kind`` is machine-readable, ``text`` is for people."""
+
+    kind: str  # "nonfinite" | "diverging" | "ascending"
+    step: int
+    text: str
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value)
+
+
+class NonFinite:
+    """First non-finite loss, gradient or weight."""
+
+    def step(self, record: dict[str, Any]) -> Alarm | None:
+        loss = record.get("loss")
+        what = []
+        if record.get("nf_loss", 0) or (loss is not None and not _finite(loss)):
+            what.append("loss")
+        if record.get("nf_grads", 0):
+            what.append("grad")
+        if record.get("nf_params", 0):
+            what.append("weight")
+        if not what:
+            return None
+        step = int(record["step"])
+        return Alarm(
+            "nonfinite", step, f"non-finite {', '.join(what)} at update {step}", {"what": what}
+        )
+
+
+class Divergence:
+    """Sustained geometric growth of the loss with oscillation: the step size is too large."""
+
+    RISES = 4
+    GROWTH = 10.0
+    LOSS_ONLY_GROWTH = 100.0
+    ACCEL = 1.2
+
+    def __init__(self) -> None:
+        self._loss: deque[float] = deque(maxlen=self.RISES + 1)
+        self._osc: deque[bool | None] = deque(maxlen=self.RISES)
+        self._descent: deque[bool | None] = deque(maxlen=self.RISES)
+
+    def step(self, record: dict[str, Any]) -> Alarm | None:
+        loss = record.get("loss")
+        if not _finite(loss):
+            self._loss.clear()
+            return None
+        assert isinstance(loss, (int, float))
+        self._loss.append(float(loss))
+        grad_cos = record.get("grad_cos")
+        flip = record.get("flip_frac")
+        osc: bool | None = None
+        if _finite(grad_cos) or _finite(flip):
+            osc = (_finite(grad_cos) and grad_cos < 0) or (_finite(flip) and flip >= 0.2)
+        self._osc.append(osc)
+        # either convention (update vs previous or vs current gradient) saying "downhill" counts
+        cosines = [c for c in (record.get("update_cos"), record.get("update_cos_same")) if _finite(c)]
+        self._descent.append(min(cosines) < 0 if cosines else None)
+        if len(self._loss) <= self.RISES:
+            return None
+        losses = list(self._loss)
+        deltas = [b - a for a, b in zip(losses, losses[1:])]
+        if not all(d > 0 for d in deltas):
+            return None
+        accelerating = sum(b >= self.ACCEL * a for a, b in zip(deltas, deltas[1:]))
+        if accelerating < len(deltas) - 2:
+            return None
+        growth = _growth(losses)
+        known = [o for o in self._osc if o is not None]
+        descent = [d for d in self._descent if d is not None]
+        if descent and sum(not d for d in descent) > len(descent) / 2:
+            return None  # the update ascends: that is the Ascent detector's case
+        if known:
+            if sum(known) < max(2, len(known) - 1) or growth < self.GROWTH:
+                return None
+        elif growth < self.LOSS_ONLY_GROWTH:
+            return None
+        step = int(record["step"])
+        return Alarm(
+            "diverging",
+            step,
+            f"loss grew {growth:.3g}x over {self.RISES} updates, each rise larger than the last",
+            {"growth": growth, "rises": self.RISES, "oscillating": sum(known)},
+        )
+
+
+def _growth(losses: list[float]) -> float:
+    first, last = losses[0], losses[-1]
+    if first > 0:
+        return last / first
+    # losses that can be negative: compare the last increment with the first
+    d0 = losses[1] - losses[0]
+    return (losses[-1] - losses[-2]) / d0 if d0 > 0 else math.inf
+
+
+class Ascent:
+    """The loss rises while every applied update points along the gradient."""
+
+    ASCENT_RISES = 5
+
+    def __init__(self) -> None:
+        self._prev: float | None = None
+        self._run = 0
+
+    def step(self, record: dict[str, Any]) -> Alarm | None:
+        loss = record.get("loss")
+        if not _finite(loss):
+            self._prev = None
+            self._run = 0
+            return None
+        assert isinstance(loss, (int, float))
+        cos = record.get("update_cos")
+        same = record.get("update_cos_same")
+        along = [c for c in (cos, same) if _finite(c)]
+        rising = self._prev is not None and loss > self._prev
+        self._prev = float(loss)
+        if rising and along and max(along) > 0.5 and min(along) > 0:
+            self._run += 1
+        else:
+            self._run = 0
+        if self._run < self.ASCENT_RISES:
+            return None
+        step = int(record["step"])
+        return Alarm(
+            "ascending",
+            step,
+            f"loss rose for {self._run} updates while each update pointed along the gradient",
+            {"rises": self._run, "update_cos": max(along)},
+        )
+
+
+class Spikes:
+    """Tags loss spikes and gradient-norm jumps against an exponential moving history (log space)."""
+
+    WARMUP = 8
+    LOSS_FACTOR = 10.0
+    GRAD_FACTOR = 100.0
+
+    def __init__(self) -> None:
+        self._loss = _LogHistory()
+        self._grad = _LogHistory()
+
+    def step(self, record: dict[str, Any]) -> Alarm | None:
+        events: list[str] = []
+        loss = record.get("loss")
+        if _finite(loss) and loss > 0:
+            assert isinstance(loss, (int, float))
+            if self._loss.is_jump(math.log(loss), self.LOSS_FACTOR, self.WARMUP):
+                events.append("loss_spike")
+        grad = record.get("grad_norm")
+        if _finite(grad) and grad > 0:
+            assert isinstance(grad, (int, float))
+            if self._grad.is_jump(math.log(grad), self.GRAD_FACTOR, self.WARMUP):
+                events.append("grad_jump")
+        if events:
+            record.setdefault("events", []).extend(events)
+        return None
+
+
+class _LogHistory:
+    """Exponential moving average of a log-quantity and of its absolute deviation."""
+
+    ALPHA = 0.1
+
+    def __init__(self) -> None:
+        self.mean = 0.0
+        self.dev = 0.0
+        self.count = 0
+
+    def is_jump(self, value: float, factor: float, warmup: int) -> bool:
+        jump = False
+        if self.count >= warmup:
+            excess = value - self.mean
+            jump = excess > math.log(factor) and excess > 6.0 * max(self.dev, 1e-12)
+        if self.count == 0:
+            self.mean = value
+        else:
+            deviation = abs(value - self.mean)
+            self.mean += self.ALPHA * (value - self.mean)
+            self.dev += self.ALPHA * (deviation - self.dev)
+        self.count += 1
+        return jump
+
+
+def default_detectors() -> list[Any]:
+    """The detectors a Monitor runs, cheapest first."""
+    return [NonFinite(), Spikes(), Ascent(), Divergence()]

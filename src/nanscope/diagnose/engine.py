@@ -1,0 +1,217 @@
+"""The triage engine: run every rule on a trace, rank the findings into one diagnosis."""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from nanscope.diagnose.context import Context
+from nanscope.diagnose.diagnosis import Diagnosis, Evidence, Finding
+from nanscope.diagnose.rules import load_rules
+from nanscope.diagnose.rules._common import num
+from nanscope.trace import Trace
+
+__all__ = ["diagnose", "run_rules"]
+
+#: a finding must be at least this sure to call a finite run "suspect"
+SUSPECT = 0.6
+#: below this, a broken run is "unknown" rather than a guess
+CONFIDENT = 0.3
+
+
+def run_rules(ctx: Context) -> list[Finding]:
+    """Every rule's finding, most confident first; a failing rule is skipped with a warning."""
+    findings: list[Finding] = []
+    for rule in load_rules():
+        try:
+            finding = rule.check(ctx)
+        except Exception as exc:  # a rule bug must not hide the other rules' answers
+            warnings.warn(
+                f"nanscope: rule {getattr(rule, 'CODE', rule.__name__)} failed "
+                f"({type(exc).__name__}: {exc}); please report this",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            continue
+        if finding is not None:
+            findings.append(finding)
+    findings.sort(key=lambda f: -f.confidence)
+    return findings
+
+
+def diagnose(trace: Trace | Any, evidence: Mapping[str, Any] | None = None) -> Diagnosis:
+    """Diagnose a trace (a :class:`~nanscope.trace.Trace`, a path, or a list of records)."""
+    if not isinstance(trace, Trace):
+        if isinstance(trace, (str, bytes)) or hasattr(trace, "__fspath__"):
+            from nanscope.logs import load_trace
+
+            trace = load_trace(trace)
+        else:
+            trace = Trace(list(trace))
+    ctx = Context(trace, evidence)
+    findings = run_rules(ctx)
+    if ctx.fail is not None:
+        verdict = "nonfinite"
+    elif ctx.stop is not None:
+        verdict = "diverging"
+    elif findings and findings[0].confidence >= SUSPECT:
+        verdict = "suspect"
+    else:
+        verdict = "healthy"
+    summary = _summary(ctx)
+    run = dict((evidence or {}).get("run") or {})
+    if verdict == "healthy":
+        return Diagnosis(
+            verdict="healthy",
+            cause="healthy",
+            confidence=round(1.0 - (findings[0].confidence if findings else 0.0) / 2, 3),
+            step=ctx.step_at(ctx.n - 1),
+            evidence=[Evidence("engine", _healthy_text(ctx), summary)],
+            actions=[],
+            alternatives=[{"cause": f.cause, "confidence": round(f.confidence, 3)}
+                          for f in findings[:3]],  # fmt: skip
+            run=run,
+            granularity=ctx.granularity,
+            summary=summary,
+        )
+    top = findings[0] if findings and findings[0].confidence >= CONFIDENT else None
+    if top is None:
+        return _unknown(ctx, verdict, findings, summary, run)
+    alternatives: dict[str, float] = {}
+    for f in findings[1:]:
+        if f.cause != top.cause:
+            alternatives[f.cause] = max(alternatives.get(f.cause, 0.0), f.confidence)
+    for cause, conf in top.alternatives:
+        if cause != top.cause:
+            alternatives[cause] = max(alternatives.get(cause, 0.0), conf)
+    contributing = [e.to_dict() for e in top.contributing]
+    for f in findings[1:]:
+        if f.cause != top.cause and f.confidence >= 0.5 and f.evidence:
+            contributing.append({**f.evidence[0].to_dict(), "cause": f.cause})
+    actions = list(top.actions)
+    if ctx.granularity == "epoch" and not any("per update" in a for a in actions):
+        actions.append(
+            "Log the loss per update, not per epoch: it shows whether the loss grew before it "
+            "broke, which settles the cause."
+        )
+    located = top.located or ctx.located
+    return Diagnosis(
+        verdict=verdict,
+        cause=top.cause,
+        confidence=round(top.confidence, 3),
+        step=top.step if top.step is not None else _break_step(ctx),
+        first_nonfinite=ctx.first_nonfinite,
+        evidence=list(top.evidence),
+        actions=actions,
+        alternatives=[{"cause": c, "confidence": round(v, 3)}
+                      for c, v in sorted(alternatives.items(), key=lambda kv: -kv[1])],  # fmt: skip
+        contributing=contributing,
+        located=located,
+        rows=[_public_row(r) for r in top.rows[:10]],
+        run=run,
+        granularity=ctx.granularity,
+        rule=top.rule,
+        summary=summary,
+        extra=_extra(ctx),
+    )
+
+
+def _break_step(ctx: Context) -> int | None:
+    if ctx.fail is not None:
+        return ctx.step_at(ctx.fail)
+    if ctx.stop is not None:
+        return ctx.step_at(ctx.stop)
+    return ctx.step_at(ctx.n - 1)
+
+
+def _unknown(
+    ctx: Context,
+    verdict: str,
+    findings: list[Finding],
+    summary: dict[str, Any],
+    run: dict[str, Any],
+) -> Diagnosis:
+    seen = []
+    if ctx.first_nonfinite:
+        fn = ctx.first_nonfinite
+        seen.append(f"the first non-finite {fn['what']} appeared at update {fn['step']}")
+    if ctx.alarm:
+        seen.append(str(ctx.alarm.get("text")))
+    for m in ctx.messages_of("oom", "nccl", "traceback"):
+        seen.append(f"log line {m.get('line')}: {m.get('text')}")
+    text = "; ".join(seen) or "something went wrong but no rule recognised it"
+    missing = []
+    for key, what in (("grad_norm", "gradients (grads=)"), ("weight_norm", "weights (params=)"),
+                      ("input_absmax", "the input batch (inputs=, targets=)")):  # fmt: skip
+        if not ctx.trace.has(key):
+            missing.append(what)
+    actions = []
+    if missing:
+        actions.append("Record more per update so the rules can decide: " + ", ".join(missing) + ".")
+    actions.append(
+        "Run the script under `nanscope run` (PyTorch) so the failing update is replayed and the "
+        "op, module and source line are named."
+    )
+    if ctx.granularity == "epoch":
+        actions.append("Log the loss per update, not per epoch.")
+    return Diagnosis(
+        verdict=verdict,
+        cause="unknown",
+        confidence=0.0,
+        step=_break_step(ctx),
+        first_nonfinite=ctx.first_nonfinite,
+        evidence=[Evidence("engine", text, {})],
+        actions=actions,
+        alternatives=[{"cause": f.cause, "confidence": round(f.confidence, 3)} for f in findings],
+        located=ctx.located,
+        run=run,
+        granularity=ctx.granularity,
+        summary=summary,
+        extra=_extra(ctx),
+    )
+
+
+def _public_row(row: Mapping[str, Any]) -> dict[str, Any]:
+    keep = ("batch_row", "dataset_row", "column", "value", "why", "source", "step", "z")
+    return {k: row[k] for k in keep if row.get(k) is not None}
+
+
+def _extra(ctx: Context) -> dict[str, Any]:
+    extra: dict[str, Any] = {}
+    messages = ctx.messages
+    if messages:
+        extra["messages"] = messages[:20]
+    return extra
+
+
+def _summary(ctx: Context) -> dict[str, Any]:
+    loss = ctx.loss
+    finite = loss[np.isfinite(loss)]
+    out: dict[str, Any] = {"updates": ctx.n}
+    if finite.size:
+        out.update(
+            first_loss=float(finite[0]),
+            best_loss=float(finite.min()),
+            last_finite_loss=float(finite[-1]),
+        )
+    out["nonfinite_updates"] = int(np.sum(~np.isfinite(loss)))
+    return out
+
+
+def _healthy_text(ctx: Context) -> str:
+    s = _summary(ctx)
+    unit = "epochs" if ctx.granularity == "epoch" else "updates"
+    if "first_loss" not in s:
+        return f"{ctx.n} {unit}, no loss recorded"
+    trend = "fell" if s["last_finite_loss"] < s["first_loss"] else "went"
+    text = (
+        f"{ctx.n} {unit}, all finite; the loss {trend} from {num(s['first_loss'])} to "
+        f"{num(s['last_finite_loss'])} (best {num(s['best_loss'])})"
+    )
+    if not math.isfinite(s["first_loss"]):
+        text = f"{ctx.n} {unit}"
+    return text

@@ -1,0 +1,184 @@
+"""D001 step_size_too_large: the update overshoots the minimum and lands further out each time.
+
+What it does
+    Looks at the updates before the failure (or before the divergence detector stopped the run)
+    for a growth phase: consecutive updates whose loss rises, each rise larger than the last, while
+    the gradient reverses direction and the weights flip sign.
+
+Why is this bad?
+    An oversized step jumps across the valley to a point higher up the other side, and the next
+    step jumps back further still. The weights oscillate with growing magnitude until the loss
+    overflows to ``inf`` and then ``NaN``. Training longer only gets there more thoroughly.
+
+Fingerprint
+    The loss grows geometrically over several updates (0.7, 1.4, 6, 90, 3e4, inf); successive
+    gradients point in opposite directions; the weights alternate in sign and grow. The update
+    still points downhill (cosine(update, gradient) < 0): the direction is right, the length wrong.
+
+Evidence
+    The growth factor and number of rising updates; the fraction of updates where the gradient
+    reversed; the sign-flip fraction; the cosine between update and gradient; as contributing
+    findings, an unscaled input column (its scale against the median column's) or an extreme row.
+
+Action
+    Cut the learning rate tenfold and rerun (``nanscope sweep`` does it); standardise unscaled
+    features; clip the gradient norm if the fit stays fragile; record the learning rate that worked.
+
+Example
+    Linear regression on a raw money-valued feature (values in the thousands) fit at lr=1.0: the
+    loss multiplies by ~1e6 per update and reaches ``inf`` in a few dozen updates, while the same
+    fit at lr=0.01 on standardised features converges.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from nanscope.diagnose.context import Context
+from nanscope.diagnose.diagnosis import Evidence, Finding
+from nanscope.diagnose.rules._common import num, row_text, tenfold_action
+
+CODE = "D001"
+CAUSE = "step_size_too_large"
+TITLE = "Step size too large"
+
+UNSCALED_RATIO = 100.0
+
+
+def check(ctx: Context) -> Finding | None:
+    rise = ctx.rise
+    broke = ctx.fail is not None or ctx.stop is not None
+    if rise is None:
+        return None
+    strong_growth = rise.length >= 3 and (rise.growth >= 10 or rise.geometric)
+    explosive = rise.length >= 2 and rise.growth >= 1e3
+    if broke:
+        if not (strong_growth or explosive):
+            return None
+    elif not (rise.length >= 4 and rise.growth >= 10 and rise.geometric):
+        return None
+    lo, hi = rise.start + 1, rise.end + 1
+    grad_cos = ctx.trace.column("grad_cos")[lo:hi]
+    flips = ctx.trace.column("flip_frac")[lo:hi]
+    cos = ctx.update_cos[lo:hi]
+    same = ctx.trace.column("update_cos_same")[lo:hi]
+    gc = grad_cos[np.isfinite(grad_cos)]
+    fl = flips[np.isfinite(flips)]
+    uc = np.concatenate([cos[np.isfinite(cos)], same[np.isfinite(same)]])
+    # the update ascends in both conventions: a sign error, not a step size
+    both = np.isfinite(cos) & np.isfinite(same)
+    if both.any() and float(np.mean((cos[both] > 0) & (same[both] > 0))) > 0.5:
+        return None
+    evidence = [
+        Evidence(
+            CODE,
+            f"loss grew {num(rise.growth)}x over {rise.length} consecutive updates "
+            f"({num(ctx.loss[rise.start])} -> {num(ctx.loss[rise.end])}), "
+            f"{rise.accelerating} of {max(rise.length - 1, 0)} rises larger than the one before",
+            {"growth": rise.growth, "rises": rise.length, "accelerating": rise.accelerating,
+             "from_step": ctx.step_at(rise.start), "to_step": ctx.step_at(rise.end)},
+        )
+    ]  # fmt: skip
+    confidence = 0.55
+    oscillating = False
+    if gc.size:
+        reversal = float(np.mean(gc < 0))
+        if reversal >= 0.5:
+            oscillating = True
+            evidence.append(
+                Evidence(
+                    CODE,
+                    f"the gradient reversed direction in {int(np.sum(gc < 0))} of {gc.size} "
+                    f"updates (median cosine between successive gradients {num(np.median(gc))})",
+                    {"reversal_fraction": reversal, "median_grad_cos": float(np.median(gc))},
+                )
+            )
+    if fl.size and float(np.max(fl)) >= 0.2:
+        oscillating = True
+        evidence.append(
+            Evidence(
+                CODE,
+                f"up to {num(100 * float(np.max(fl)))}% of the weights flipped sign in one update",
+                {"max_flip_fraction": float(np.max(fl)), "mean_flip_fraction": float(np.mean(fl))},
+            )
+        )
+    if oscillating:
+        confidence += 0.3
+    if uc.size:
+        downhill = float(np.min(uc)) < 0
+        if downhill:
+            confidence += 0.1
+            evidence.append(
+                Evidence(
+                    CODE,
+                    f"the updates still point downhill (cosine(update, gradient) down to "
+                    f"{num(float(np.min(uc)))}): the direction is right, the step too long",
+                    {"min_update_cos": float(np.min(uc))},
+                )
+            )
+    elif not gc.size and not fl.size:
+        evidence.append(
+            Evidence(
+                CODE,
+                "only the loss was recorded: pass params and grads to Monitor.update to see the "
+                "weights oscillate and confirm it",
+                {},
+            )
+        )
+    contributing = _contributing(ctx)
+    actions = [tenfold_action(ctx.lr_now)]
+    for item in contributing:
+        if item.data.get("kind") == "unscaled_column":
+            actions.append(
+                f"Standardise input column {item.data['column']} (subtract its mean, divide by its "
+                "std): its scale dwarfs the other columns and forces a tiny step size."
+            )
+        elif item.data.get("kind") == "extreme_row":
+            actions.append(
+                "Check whether the outlier row dominates the gradient; squared error weights a "
+                "large residual quadratically."
+            )
+    actions.append("If the loss is still fragile after the cut, clip the gradient norm.")
+    actions.append("Record the learning rate that worked so the next run starts from it.")
+    step_index = ctx.fail if ctx.fail is not None else (ctx.stop if ctx.stop is not None else rise.end)
+    return Finding(
+        rule=CODE,
+        cause=CAUSE,
+        confidence=confidence,
+        evidence=evidence,
+        actions=actions,
+        step=ctx.step_at(step_index),
+        contributing=contributing,
+        alternatives=[] if oscillating else [("update_sign_error", 0.25)],
+    )
+
+
+def _contributing(ctx: Context) -> list[Evidence]:
+    out: list[Evidence] = []
+    for record in ctx.records[: max(ctx.end, 1)]:
+        ratio = record.get("input_scale_ratio")
+        if ratio is not None and ratio >= UNSCALED_RATIO:
+            column = _widest_column(ctx)
+            out.append(
+                Evidence(
+                    CODE,
+                    f"input column {column} is {num(ratio)}x larger in scale than the median "
+                    f"column (max |x| = {num(record.get('input_absmax'))}): an unscaled feature",
+                    {"kind": "unscaled_column", "ratio": ratio, "column": column},
+                )
+            )
+            break
+    extreme = [r for r in ctx.rows if r.get("why") == "extreme"]
+    if extreme:
+        row = max(extreme, key=lambda r: r.get("z") or 0.0)
+        out.append(
+            Evidence(CODE, f"an outlier row: {row_text(row)}", {"kind": "extreme_row", **row})
+        )
+    return out
+
+
+def _widest_column(ctx: Context) -> object:
+    for record in ctx.records:
+        if record.get("input_scale_column") is not None:
+            return record["input_scale_column"]
+    return "?"

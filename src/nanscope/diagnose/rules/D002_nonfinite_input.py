@@ -1,0 +1,117 @@
+"""D002 nonfinite_input: a NaN or inf in the inputs or targets poisoned the update.
+
+What it does
+    Checks the batch of the failing update (and the one before) for NaN or inf in the inputs or
+    the targets, and names the rows and columns that hold them.
+
+Why is this bad?
+    One missing value in a feature or a target makes the averaged loss and gradient NaN, and a NaN
+    gradient turns every weight into NaN in one update. The fit is lost at once, whatever the
+    learning rate.
+
+Fingerprint
+    The loss is NaN on the first update with no growth phase, or suddenly at any update whose
+    batch holds a NaN or inf; it never climbs first.
+
+Evidence
+    The count of non-finite values in the batch and the rows holding them (batch row, dataset row
+    where known, column, value).
+
+Action
+    Drop or impute those rows; check the data pipeline that produced them (``nanscope scan DATA``
+    finds them all before training); never replace the NaN loss with zero.
+
+Example
+    A CSV with one empty cell read by ``np.genfromtxt`` becomes a NaN feature; the minibatch that
+    contains that row gives a NaN loss at its update.
+"""
+
+from __future__ import annotations
+
+from nanscope.diagnose.context import Context
+from nanscope.diagnose.diagnosis import Evidence, Finding
+from nanscope.diagnose.rules._common import num, row_text
+
+CODE = "D002"
+CAUSE = "nonfinite_input"
+TITLE = "NaN or inf in the inputs or targets"
+
+
+def check(ctx: Context) -> Finding | None:
+    i = ctx.fail
+    if i is None:
+        return None
+    nf = ctx.nonfinite
+    hit = None
+    for j in (i, i - 1):
+        if j >= 0 and (nf["inputs"][j] > 0 or nf["targets"][j] > 0):
+            hit = j
+            break
+    if hit is not None:
+        rows = ctx.rows_near(i, ("nan", "inf"), back=1)
+        n_in, n_tg = int(nf["inputs"][hit]), int(nf["targets"][hit])
+        parts = []
+        if n_in:
+            parts.append(f"{n_in} in the inputs")
+        if n_tg:
+            parts.append(f"{n_tg} in the targets")
+        evidence = [
+            Evidence(
+                CODE,
+                f"the batch of update {ctx.step_at(hit)} holds non-finite values: "
+                + " and ".join(parts),
+                {"step": ctx.step_at(hit), "inputs": n_in, "targets": n_tg},
+            )
+        ]
+        if rows:
+            evidence.append(
+                Evidence(CODE, "; ".join(row_text(r) for r in rows[:3]), {"rows": rows[:5]})
+            )
+        rise = ctx.rise_before(hit)
+        if rise is None or rise.length < 2:
+            evidence.append(
+                Evidence(CODE, "no growth phase before it: the loss did not climb first", {})
+            )
+        where = ", ".join(f"row {r.get('dataset_row', r.get('batch_row'))}" for r in rows[:5])
+        actions = [
+            f"Drop or impute the non-finite rows ({where})." if where
+            else "Drop or impute the rows holding NaN or inf.",
+            "Check the data pipeline that produced them; `nanscope scan DATA` lists every such "
+            "row before training.",
+            "Do not replace the NaN loss with zero: that hides the bad rows and keeps training on "
+            "garbage.",
+        ]
+        return Finding(
+            rule=CODE,
+            cause=CAUSE,
+            confidence=0.95 if hit == i else 0.85,
+            evidence=evidence,
+            actions=actions,
+            step=ctx.step_at(i),
+            rows=rows,
+        )
+    measured = ctx.trace.has("nf_inputs") or ctx.trace.has("input_absmax")
+    if measured or i > 0:
+        return None
+    # NaN on the very first update and nobody checked the data: the usual suspect
+    return Finding(
+        rule=CODE,
+        cause=CAUSE,
+        confidence=0.45,
+        evidence=[
+            Evidence(
+                CODE,
+                f"the loss is {num(ctx.loss[0])} on the very first "
+                f"{'epoch' if ctx.granularity == 'epoch' else 'update'}, with no growth phase; "
+                "the inputs were not recorded, so they could not be checked",
+                {"first_loss": float(ctx.loss[0])},
+            )
+        ],
+        actions=[
+            "Check the inputs and targets for NaN or inf before training "
+            "(`nanscope scan DATA`, or pass inputs= and targets= to Monitor.update).",
+            "If the data is clean, check the loss code for a log of zero or a division by zero.",
+        ],
+        step=ctx.step_at(0),
+        alternatives=[("log_of_zero", 0.3), ("bad_initialization", 0.25)],
+    )

@@ -1,0 +1,111 @@
+"""D003 update_sign_error: the update climbs the loss instead of descending it.
+
+What it does
+    Measures the cosine between each applied update (weights now minus weights before) and the
+    gradient. Descent makes it negative; a flipped sign makes it positive.
+
+Why is this bad?
+    ``w <- w + lr * g`` ascends. The loss rises smoothly and relentlessly from the very first
+    update; it looks like a step size too large until you look at the code, and no learning rate
+    fixes it.
+
+Fingerprint
+    The loss rises from update one, steadily, without oscillation; successive updates point the
+    same way; cosine(update, gradient) is close to +1.
+
+Evidence
+    The fraction of updates that pointed along the gradient and the median cosine; the fraction
+    of updates whose loss rose.
+
+Action
+    Fix the sign of the update (``w = w - lr * grad``); if you maximise a score, minimise its
+    negative; ``nanscope lint`` flags ascent in hand-written loops.
+
+Example
+    A hand-written logistic regression whose update reads ``w += lr * grad``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from nanscope.diagnose.context import Context
+from nanscope.diagnose.diagnosis import Evidence, Finding
+from nanscope.diagnose.rules._common import num
+
+CODE = "D003"
+CAUSE = "update_sign_error"
+TITLE = "The update ascends the loss"
+
+ACTIONS = [
+    "Fix the sign of the update: w = w - lr * grad (this fit adds the gradient, which climbs "
+    "the loss).",
+    "If the objective is a score to maximise, minimise its negative instead.",
+    "Run `nanscope lint` on the training script: it flags updates that add lr * grad.",
+]
+
+
+def check(ctx: Context) -> Finding | None:
+    end = ctx.end if ctx.fail is None else ctx.fail
+    loss = ctx.loss[:end]
+    finite = loss[np.isfinite(loss)]
+    if finite.size < 4:
+        return None
+    deltas = np.diff(finite)
+    rising = float(np.mean(deltas > 0))
+    cos = ctx.update_cos[:end]
+    cos = cos[np.isfinite(cos)]
+    if cos.size >= 3:
+        along = float(np.mean(cos > 0))
+        median = float(np.median(cos))
+        if along < 0.8 or median <= 0.3 or rising < 0.6 or finite[-1] <= finite[0]:
+            return None
+        confidence = 0.95 if along >= 0.95 else 0.85
+        evidence = [
+            Evidence(
+                CODE,
+                f"the applied update pointed along the gradient in {num(100 * along)}% of "
+                f"updates (median cosine(update, gradient) {num(median)}; descent gives < 0)",
+                {"along_fraction": along, "median_update_cos": median},
+            ),
+            Evidence(
+                CODE,
+                f"the loss rose in {int(np.sum(deltas > 0))} of {deltas.size} updates, "
+                f"{num(finite[0])} -> {num(finite[-1])}",
+                {"rising_fraction": rising, "first": float(finite[0]), "last": float(finite[-1])},
+            ),
+        ]
+        return Finding(CODE, CAUSE, confidence, evidence, list(ACTIONS), step=_step(ctx))
+    # only the loss: a smooth, steady rise from step one that does not accelerate
+    if rising < 0.9 or deltas.size < 5 or ctx.trace.has("grad_cos"):
+        return None
+    positive = deltas[deltas > 0]
+    ratios = positive[1:] / positive[:-1]
+    if ratios.size and float(np.median(ratios)) > 1.15:
+        return None  # geometric growth: the step-size rule's case
+    return Finding(
+        CODE,
+        CAUSE,
+        0.5,
+        [
+            Evidence(
+                CODE,
+                f"the loss rose smoothly from the first update in {int(np.sum(deltas > 0))} of "
+                f"{deltas.size} updates without accelerating ({num(finite[0])} -> "
+                f"{num(finite[-1])}); only the loss was recorded, so the update's direction "
+                "could not be checked",
+                {"rising_fraction": rising},
+            )
+        ],
+        list(ACTIONS),
+        step=_step(ctx),
+        alternatives=[("step_size_too_large", 0.3)],
+    )
+
+
+def _step(ctx: Context) -> int | None:
+    if ctx.fail is not None:
+        return ctx.step_at(ctx.fail)
+    if ctx.stop is not None:
+        return ctx.step_at(ctx.stop)
+    return ctx.step_at(ctx.n - 1)

@@ -1,0 +1,144 @@
+"""D004 extreme_batch: one extreme row produced one huge update after a long, healthy descent.
+
+What it does
+    When the loss descended for many updates and then spiked (to inf/NaN, or a finite jump far
+    above its recent history), looks in the batch of the spike and the one before it for a finite
+    row that sits far out from the others (robust z-score: distance from the batch median in units
+    of the median absolute deviation).
+
+Why is this bad?
+    A single extreme row makes a residual, and so a gradient, orders of magnitude larger than usual;
+    one update then throws the weights far out, and the loss overflows. A globally wrong step size
+    would have failed at the start; this fit was fine until that batch.
+
+Fingerprint
+    Loss descends for many updates, then one spike to inf/NaN with no growth phase before it.
+
+Evidence
+    The spike (its ratio to the recent loss), how long the descent lasted, and the extreme row:
+    batch row, dataset row where known, column, value and robust z-score.
+
+Action
+    Inspect or drop that row; clip the gradient norm so one row cannot dominate an update; a robust
+    loss (Huber) or winsorising the column limits the damage of outliers under squared error.
+
+Example
+    Minibatch SGD on clean data where one row carries a value 1e4 times the others': the loss
+    falls for 60 updates and goes inf at the update after that row's batch.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from nanscope.diagnose.context import Context
+from nanscope.diagnose.diagnosis import Evidence, Finding
+from nanscope.diagnose.rules._common import num, row_text
+
+CODE = "D004"
+CAUSE = "extreme_batch"
+TITLE = "One extreme batch after a long descent"
+
+SPIKE = 10.0
+
+
+def _spike_index(ctx: Context) -> int | None:
+    if ctx.fail is not None:
+        return ctx.fail
+    # no NaN: the largest finite spike tagged by the detector
+    best, best_ratio = None, SPIKE
+    for i, record in enumerate(ctx.records):
+        if "loss_spike" in (record.get("events") or []):
+            ratio = ctx.spike_ratio(i)
+            if math.isfinite(ratio) and ratio >= best_ratio:
+                best, best_ratio = i, ratio
+    return best
+
+
+def check(ctx: Context) -> Finding | None:
+    k = _spike_index(ctx)
+    if k is None or k < 5:
+        return None
+    before = ctx.rise_before(k)
+    if before is not None and before.length >= 3 and before.growth >= 10:
+        return None  # a growth phase, not a sudden spike
+    if not ctx.long_descent and ctx.fail is not None:
+        return None
+    ratio = ctx.spike_ratio(k)
+    prior = ctx.spike_ratio(k - 1)
+    if math.isfinite(prior) and prior >= 3:
+        # the loss was already off the rails one update earlier: look one further back
+        pass
+    rows = ctx.rows_near(k, ("extreme",), back=2)
+    finite_loss = ctx.loss[:k][np.isfinite(ctx.loss[:k])]
+    unit = "epoch" if ctx.granularity == "epoch" else "update"
+    evidence = [
+        Evidence(
+            CODE,
+            f"the loss descended for {k} {unit}s ({num(finite_loss[0])} -> "
+            f"{num(finite_loss[-1])}), then jumped to {num(ctx.loss[k])} at {unit} "
+            f"{ctx.step_at(k)}"
+            + (f" ({num(ratio)}x the recent loss)" if math.isfinite(ratio) else ""),
+            {"descent_updates": k, "spike_step": ctx.step_at(k), "spike_ratio": ratio},
+        )
+    ]
+    actions: list[str] = []
+    alternatives: list[tuple[str, float]] = []
+    if rows:
+        top = rows[0]
+        confidence = 0.85 if ctx.fail is not None else 0.7
+        evidence.append(
+            Evidence(
+                CODE,
+                f"the batch of update {top.get('step')} holds an extreme row: {row_text(top)}",
+                {"rows": rows[:5]},
+            )
+        )
+        where = f"batch row {top.get('batch_row')}"
+        if top.get("dataset_row") is not None:
+            where = f"dataset row {top['dataset_row']}"
+        actions.append(
+            f"Inspect or drop {where} (column {top.get('column')} = {num(top.get('value'))}, "
+            f"{num(top.get('z'))} robust standard deviations out)."
+        )
+    else:
+        measured = ctx.trace.has("input_absmax")
+        confidence = 0.3 if measured else 0.5
+        if ctx.granularity == "epoch":
+            evidence.append(
+                Evidence(
+                    CODE,
+                    "the log has one loss per epoch: the batch that caused the jump cannot be "
+                    "seen; per-update logging would show whether it was one batch or a growth",
+                    {"granularity": "epoch"},
+                )
+            )
+        alternatives = [("exploding_gradients", 0.4), ("log_of_zero", 0.25),
+                        ("zero_division", 0.2)]  # fmt: skip
+        actions.append(
+            "Log the loss and the gradient norm per update (not per epoch) and keep the batch of "
+            "the failing update: it settles whether one batch or a growing gradient broke the fit "
+            "(`nanscope run` does this)."
+        )
+    actions.append(
+        "Clip the gradient norm (e.g. torch.nn.utils.clip_grad_norm_(params, 1.0)) so one row "
+        "cannot dominate an update."
+    )
+    actions.append(
+        "Look for outliers in the data (`nanscope scan DATA`); squared error punishes them "
+        "quadratically: consider a Huber loss or winsorising."
+    )
+    if not rows:
+        actions.append("Regularise the weights (L2 / weight decay) if they grow over the run.")
+    return Finding(
+        rule=CODE,
+        cause=CAUSE,
+        confidence=confidence,
+        evidence=evidence,
+        actions=actions,
+        step=ctx.step_at(k),
+        rows=rows,
+        alternatives=alternatives,
+    )

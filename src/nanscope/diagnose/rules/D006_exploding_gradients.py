@@ -1,0 +1,160 @@
+"""D006 exploding_gradients: the gradient norm jumps by orders of magnitude before the loss follows.
+
+What it does
+    Compares the gradient norm of the last updates before the failure with the run's own history
+    (median of the earlier updates), and the loss's growth over the same span. It names the
+    parameter whose gradient dominates the total and how fast it grew.
+
+Why is this bad?
+    Products of many Jacobians (deep or recurrent networks, relu inside recurrent cells) can
+    multiply a gradient by orders of magnitude in one update; the step it produces throws the
+    weights far away, and the next loss or gradient overflows.
+
+Fingerprint
+    The gradient norm rises 100x or more above its history while the loss has barely moved, or
+    the gradient goes non-finite while the loss is still finite. When the loss grows as fast as
+    the square of the gradient, it is a step size too large instead.
+
+Evidence
+    The gradient-norm ratio against the run's median, the loss ratio over the same span, the layer
+    that dominates and its growth.
+
+Action
+    Clip the gradient norm; regularise the weights; for recurrent layers prefer tanh to relu and
+    check the recurrent weights' scale; lower the learning rate.
+
+Example
+    A hand-written tanh RNN unrolled over many steps whose recurrent weights grow past 1: its
+    gradient norm climbs from 1 to 1e6 while the loss stays near 1, then overflows.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from nanscope.diagnose.context import Context
+from nanscope.diagnose.diagnosis import Evidence, Finding
+from nanscope.diagnose.rules._common import num
+
+CODE = "D006"
+CAUSE = "exploding_gradients"
+TITLE = "Exploding gradients"
+
+JUMP = 100.0
+
+
+def check(ctx: Context) -> Finding | None:
+    if not ctx.trace.has("grad_norm"):
+        return None
+    g = ctx.trace.column("grad_norm")
+    upto = ctx.end + 1 if ctx.fail is not None else ctx.end
+    upto = min(upto, ctx.n)
+    window = list(range(max(0, upto - 4), upto))
+    finite_idx = [j for j in window if math.isfinite(g[j]) and g[j] > 0]
+    nf = ctx.nonfinite
+    grad_first = (
+        ctx.fail is not None
+        and nf["grads"][ctx.fail] > 0
+        and math.isfinite(ctx.loss[ctx.fail])
+    )
+    if not finite_idx and not grad_first:
+        return None
+    k = max(finite_idx, key=lambda j: g[j]) if finite_idx else ctx.fail
+    assert k is not None
+    history = g[: max(0, k - 2)]
+    history = history[np.isfinite(history) & (history > 0)]
+    if history.size < 3:
+        return None
+    ref = float(np.median(history))
+    peak = float(g[k]) if math.isfinite(g[k]) else math.inf
+    ratio = peak / ref if ref > 0 else math.inf
+    loss_hist = ctx.loss[: max(0, k - 2)]
+    loss_hist = loss_hist[np.isfinite(loss_hist)]
+    loss_k = ctx.loss[k] if math.isfinite(ctx.loss[k]) else ctx.loss[max(0, k - 1)]
+    loss_ratio = math.nan
+    if loss_hist.size and float(np.median(loss_hist)) > 0 and math.isfinite(loss_k):
+        loss_ratio = float(loss_k / np.median(loss_hist))
+    if not (ratio >= JUMP or (grad_first and ratio >= 10)):
+        return None
+    broke = ctx.fail is not None or ctx.stop is not None
+    if not broke and ratio < 1e3:
+        return None
+    # loss ~ gradient^2 is an oversized step on a smooth bowl, not an explosion
+    elastic = (
+        math.isfinite(loss_ratio)
+        and loss_ratio > 1
+        and math.log(loss_ratio) >= 1.5 * math.log(max(ratio, 1.0 + 1e-9))
+    )
+    rows = ctx.rows_near(k, ("extreme",), back=1)
+    confidence = 0.85 if grad_first else 0.75
+    if elastic:
+        confidence = 0.3
+    if rows:
+        confidence -= 0.35
+    evidence = [
+        Evidence(
+            CODE,
+            f"the gradient norm reached {num(peak)} at update {ctx.step_at(k)}, {num(ratio)}x its "
+            f"median over the run ({num(ref)})"
+            + (f", while the loss moved only {num(loss_ratio)}x" if math.isfinite(loss_ratio)
+               else ""),
+            {"grad_norm": peak, "median_grad_norm": ref, "ratio": ratio, "loss_ratio": loss_ratio},
+        )
+    ]  # fmt: skip
+    if grad_first:
+        evidence.append(
+            Evidence(
+                CODE,
+                f"the gradient went non-finite at update {ctx.step_at(ctx.fail)} while the loss "
+                f"was still finite ({num(ctx.loss[ctx.fail])})",
+                {"step": ctx.step_at(ctx.fail)},
+            )
+        )
+    layer = _dominant_layer(ctx, k)
+    if layer is not None:
+        evidence.append(layer)
+    actions = [
+        "Clip the gradient norm before the optimizer step (e.g. "
+        "torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0)).",
+        "Regularise the weights (L2 / weight decay) so they cannot grow without bound.",
+        "In recurrent layers use tanh rather than relu and check the scale of the recurrent "
+        "weights; lower the learning rate if the gradient stays large after clipping.",
+    ]
+    return Finding(
+        rule=CODE,
+        cause=CAUSE,
+        confidence=confidence,
+        evidence=evidence,
+        actions=actions,
+        step=ctx.step_at(ctx.fail if ctx.fail is not None else k),
+        alternatives=[("step_size_too_large", 0.3)] if not elastic else [],
+    )
+
+
+def _dominant_layer(ctx: Context, k: int) -> Evidence | None:
+    norms = ctx.records[k].get("grad_norms")
+    if not isinstance(norms, dict) or len(norms) < 2:
+        return None
+    finite = {n: v for n, v in norms.items() if v is not None and math.isfinite(v)}
+    if not finite:
+        bad = [n for n, v in norms.items() if v is None or not math.isfinite(v)]
+        return Evidence(CODE, f"non-finite gradient in {', '.join(bad[:3])}", {"layers": bad})
+    total = sum(v * v for v in finite.values())
+    name = max(finite, key=lambda n: finite[n])
+    share = finite[name] ** 2 / total if total > 0 else math.nan
+    first = None
+    for record in ctx.records[:k]:
+        gn = record.get("grad_norms")
+        if isinstance(gn, dict) and gn.get(name) is not None and math.isfinite(gn[name]):
+            first = gn[name]
+            break
+    growth = finite[name] / first if first else math.nan
+    return Evidence(
+        CODE,
+        f"'{name}' carries {num(100 * share)}% of the squared gradient norm"
+        + (f" and its gradient grew {num(growth)}x since the start" if math.isfinite(growth)
+           else ""),
+        {"layer": name, "share": share, "growth": growth},
+    )  # fmt: skip

@@ -1,0 +1,420 @@
+"""The Monitor: per-update records, cheap detectors, and the policy when they fire.
+
+::
+
+    mon = nanscope.Monitor()
+    for step in range(n):
+        loss, g = loss_and_grad(w, X[b], y[b])
+        mon.update(loss, params={"w": w}, grads={"w": g}, lr=lr, inputs=X[b], targets=y[b])
+        w = w - lr * g
+
+Call ``update`` after the loss and gradient are computed and *before* the step is applied: then a
+non-finite gradient stops the fit before it reaches the weights, and ``mon.last_good`` holds the
+weights of the last update where everything was finite.
+"""
+
+from __future__ import annotations
+
+import atexit
+import math
+import os
+import secrets
+import sys
+import time
+import warnings
+import weakref
+from collections import deque
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from nanscope.capture.arrays import (
+    BatchChecker,
+    ParamTracker,
+    as_array,
+    as_named,
+    nonfinite_rows,
+    robust_rows,
+)
+from nanscope.detectors import Alarm, default_detectors
+from nanscope.errors import DivergenceError, UsageError
+from nanscope.trace import Trace, TraceWriter
+
+if TYPE_CHECKING:
+    from nanscope.diagnose.diagnosis import Diagnosis
+
+__all__ = ["POLICIES", "Monitor", "active_monitors", "set_defaults"]
+
+POLICIES = ("raise", "warn", "rollback")
+
+_DEFAULTS: dict[str, Any] = {}
+_LIVE: weakref.WeakSet[Monitor] = weakref.WeakSet()
+_CREATED: list[weakref.ref[Monitor]] = []
+
+#: what a probe receives and returns: evidence merged into the diagnosis
+Probe = Callable[["Monitor", Alarm], Mapping[str, Any]]
+
+
+def set_defaults(**values: Any) -> None:
+    """Defaults for Monitors created later (``nanscope run`` uses it for --policy and the run dir)."""
+    for key, value in values.items():
+        if value is None:
+            _DEFAULTS.pop(key, None)
+        else:
+            _DEFAULTS[key] = value
+
+
+def active_monitors() -> list[Monitor]:
+    """Every Monitor created in this process that is still alive, oldest first."""
+    return [m for m in (ref() for ref in _CREATED) if m is not None]
+
+
+def _default_root() -> Path:
+    root = _DEFAULTS.get("root") or os.environ.get("NANSCOPE_DIR")
+    return Path(root) if root else Path.cwd() / ".nanscope" / "runs"
+
+
+class Monitor:
+    """Watches a fit update by update and stops it loudly when it breaks.
+
+    policy: ``"raise"`` (default) raises :class:`nanscope.DivergenceError` at the first non-finite
+        loss, gradient or weight, or when the divergence fingerprint is confirmed; ``"warn"`` warns
+        once and lets the fit go on; ``"rollback"`` asks the framework adapter to restore the last
+        good state (plain numpy fits have none, so it raises). No policy ever replaces a NaN.
+    run_dir: where ``trace.jsonl`` and ``diagnosis.json`` go (default
+        ``./.nanscope/runs/<time>-<id>/``; the ``NANSCOPE_DIR`` environment variable moves the root).
+    write: ``False`` keeps the trace in memory only.
+    """
+
+    def __init__(
+        self,
+        *,
+        policy: str | None = None,
+        run_dir: str | os.PathLike[str] | None = None,
+        name: str | None = None,
+        write: bool = True,
+        meta: Mapping[str, Any] | None = None,
+    ) -> None:
+        policy = policy or _DEFAULTS.get("policy") or os.environ.get("NANSCOPE_POLICY") or "raise"
+        if policy not in POLICIES:
+            raise UsageError(f"policy must be one of {', '.join(POLICIES)}; got {policy!r}")
+        self.policy = policy
+        self.run_id = time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
+        self.name = name or "fit"
+        if run_dir is None:
+            run_dir = _default_root() / self.run_id
+        self.run_dir = Path(run_dir)
+        self.meta: dict[str, Any] = {
+            "run_id": self.run_id,
+            "name": self.name,
+            "started": time.time(),
+            "source": "monitor",
+            "granularity": "update",
+            "policy": policy,
+            "argv": list(sys.argv),
+            **dict(meta or {}),
+        }
+        self.trace = Trace(meta=self.meta)
+        self._writer: TraceWriter | None = None
+        self._write = write
+        self._params = ParamTracker()
+        self._inputs = BatchChecker("inputs")
+        self._targets = BatchChecker("targets")
+        self._detectors = default_detectors()
+        self._recent: deque[tuple[int, Any, Any, Any]] = deque(maxlen=3)
+        self._count = 0
+        self._disabled = False
+        self._warned: set[str] = set()
+        self.alarm: Alarm | None = None
+        self.diagnosis: Diagnosis | None = None
+        self.evidence: dict[str, Any] = {}
+        self.probes: list[Probe] = []
+        self.rollback_handler: Callable[[Monitor, Alarm], bool] | None = None
+        self.on_stop: list[Callable[[Monitor, Alarm], None]] = []
+        self._last_good: dict[str, np.ndarray] = {}
+        self._closed = False
+        _LIVE.add(self)
+        _CREATED.append(weakref.ref(self))
+
+    # ------------------------------------------------------------------ capture
+
+    def update(
+        self,
+        loss: Any,
+        *,
+        params: Any = None,
+        grads: Any = None,
+        lr: float | None = None,
+        inputs: Any = None,
+        targets: Any = None,
+        step: int | None = None,
+        index: Any = None,
+    ) -> dict[str, Any]:
+        """Record one update and run the detectors; returns the record.
+
+        ``loss`` is a float, a 0-d array or tensor (per-sample losses are averaged); ``params`` and
+        ``grads`` are ``{name: array}`` (or one array, or a list); ``inputs``/``targets`` the batch;
+        ``index`` the dataset row numbers of the batch rows, when known. Raises ``ValueError`` on
+        arguments that cannot be right, :class:`nanscope.DivergenceError` when the fit broke.
+        """
+        record = self._measure(loss, params, grads, lr, inputs, targets, step, index)
+        self.observe(record, batch=(inputs, targets, index))
+        return record
+
+    def _measure(
+        self,
+        loss: Any,
+        params: Any,
+        grads: Any,
+        lr: float | None,
+        inputs: Any,
+        targets: Any,
+        step: int | None,
+        index: Any,
+    ) -> dict[str, Any]:
+        loss_value, nf_loss = _loss_value(loss)
+        if lr is not None:
+            if isinstance(lr, (str, bytes)) or not isinstance(lr, (int, float, np.number)):
+                raise UsageError(f"lr must be a number, got {type(lr).__name__}")
+            if not lr >= 0:
+                raise UsageError(f"lr must be a non-negative number, got {lr!r}")
+        named_params = as_named(params, "params")
+        named_grads = as_named(grads, "grads")
+        record: dict[str, Any] = {"step": step, "loss": loss_value, "nf_loss": nf_loss}
+        if lr is not None:
+            record["lr"] = float(lr)
+        if self._disabled:
+            return record
+        try:
+            if named_params or named_grads:
+                record.update(self._params.measure(named_params, named_grads))
+            rows_index = None if index is None else np.asarray(index).reshape(-1)
+            if inputs is not None:
+                _merge_batch(record, self._inputs.check(inputs, rows_index))
+            if targets is not None:
+                _merge_batch(record, self._targets.check(targets, rows_index))
+        except UsageError:
+            raise
+        except Exception as exc:  # a bug in nanscope must never stop the user's fit
+            self._internal_fault("measure", exc)
+        return record
+
+    def observe(self, record: Mapping[str, Any], *, batch: Any = None) -> dict[str, Any]:
+        """Record an update whose measures were computed elsewhere (framework adapters).
+
+        ``record`` uses the keys of :mod:`nanscope.trace`; ``batch`` is kept by reference (the last
+        three) so the probes can look at the rows of a failing update.
+        """
+        rec = dict(record)
+        self._count += 1
+        if rec.get("step") is None:
+            rec["step"] = self._count
+        step = int(rec["step"])
+        if batch is not None:
+            if isinstance(batch, tuple):
+                self._recent.append((step, *batch))
+            else:
+                self._recent.append((step, batch, None, None))
+        alarm: Alarm | None = None
+        try:
+            for detector in self._detectors:
+                fired = detector.step(rec)
+                if fired is not None and alarm is None:
+                    alarm = fired
+            if self._write:
+                if self._writer is None:
+                    self.run_dir.mkdir(parents=True, exist_ok=True)
+                    self._writer = TraceWriter(self.run_dir / "trace.jsonl", self.meta)
+                self._writer.write(rec)
+        except Exception as exc:
+            self._internal_fault("observe", exc)
+        self.trace.append(rec)
+        if alarm is not None:
+            self._fire(alarm)
+        return rec
+
+    @property
+    def last_good(self) -> dict[str, np.ndarray]:
+        """Weights of the last update whose loss, gradient and weights were all finite (copies)."""
+        if self._last_good:
+            return {k: v.copy() for k, v in self._last_good.items()}
+        return self._params.snapshot_current()
+
+    # ------------------------------------------------------------------ policy
+
+    def _fire(self, alarm: Alarm) -> None:
+        first = self.alarm is None
+        if self.policy == "rollback" and self.rollback_handler is not None:
+            try:
+                handled = self.rollback_handler(self, alarm)
+            except Exception as exc:
+                self._internal_fault("rollback", exc)
+                handled = False
+            if handled:
+                self._reset_detectors()
+                return
+        if not first and self.policy == "warn":
+            return
+        self.alarm = alarm
+        self._freeze_last_good(alarm)
+        diagnosis = self.diagnose()
+        self._save_diagnosis(diagnosis)
+        for callback in self.on_stop:
+            try:
+                callback(self, alarm)
+            except Exception as exc:
+                self._internal_fault("on_stop", exc)
+        message = diagnosis.message()
+        if self.policy == "warn":
+            if alarm.kind not in self._warned:
+                self._warned.add(alarm.kind)
+                warnings.warn(message, RuntimeWarning, stacklevel=4)
+            return
+        raise DivergenceError(message, diagnosis)
+
+    def _freeze_last_good(self, alarm: Alarm) -> None:
+        last = self.trace.records[-1] if self.trace.records else {}
+        if last.get("nf_params"):
+            self._last_good = self._params.snapshot_previous()
+        else:
+            self._last_good = self._params.snapshot_current()
+        if self._last_good and self._write:
+            try:
+                self.run_dir.mkdir(parents=True, exist_ok=True)
+                np.savez(self.run_dir / "last_good.npz", **self._last_good)  # type: ignore[arg-type]
+                self.meta["last_good"] = str(self.run_dir / "last_good.npz")
+            except Exception as exc:
+                self._internal_fault("save last good weights", exc)
+
+    def _reset_detectors(self) -> None:
+        self._detectors = default_detectors()
+
+    # ------------------------------------------------------------------ diagnosis
+
+    def diagnose(self) -> Diagnosis:
+        """Run the probes (only now: they may be expensive) and the rules on the trace so far."""
+        from nanscope.diagnose import diagnose
+
+        evidence = dict(self.evidence)
+        if self.alarm is not None:
+            evidence["alarm"] = {
+                "kind": self.alarm.kind,
+                "step": self.alarm.step,
+                "text": self.alarm.text,
+                **self.alarm.data,
+            }
+            evidence.setdefault("rows", self._probe_rows())
+            for probe in self.probes:
+                try:
+                    evidence.update(probe(self, self.alarm))
+                except Exception as exc:
+                    self._internal_fault("probe", exc)
+        run = {"id": self.run_id, "dir": str(self.run_dir)}
+        if self._write:
+            run["trace"] = str(self.run_dir / "trace.jsonl")
+        if self.meta.get("last_good"):
+            run["last_good"] = self.meta["last_good"]
+        evidence["run"] = run
+        diagnosis = diagnose(self.trace, evidence=evidence)
+        self.diagnosis = diagnosis
+        return diagnosis
+
+    def _probe_rows(self) -> list[dict[str, Any]]:
+        """Rows of the last batches that hold non-finite or extreme values, newest batch first."""
+        found: list[dict[str, Any]] = []
+        for step, inputs, targets, index in reversed(self._recent):
+            rows_index = None if index is None else np.asarray(index).reshape(-1)
+            for source, batch in (("inputs", inputs), ("targets", targets)):
+                if batch is None:
+                    continue
+                try:
+                    array = as_array(batch, source)
+                    count, bad = nonfinite_rows(array, source, rows_index)
+                    if not count and array.dtype.kind == "f":
+                        _, bad = robust_rows(array, source, rows_index)
+                except Exception:
+                    continue
+                for row in bad:
+                    row["step"] = step
+                found.extend(bad)
+        return found
+
+    def _save_diagnosis(self, diagnosis: Diagnosis) -> None:
+        if not self._write:
+            return
+        try:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            (self.run_dir / "diagnosis.json").write_text(diagnosis.to_json() + "\n")
+        except Exception as exc:
+            self._internal_fault("write diagnosis.json", exc)
+
+    def close(self) -> Diagnosis:
+        """Finish the run: diagnose it (if nothing stopped it) and write ``diagnosis.json``."""
+        if self._closed and self.diagnosis is not None:
+            return self.diagnosis
+        self._closed = True
+        diagnosis = self.diagnosis if self.alarm is not None and self.diagnosis else None
+        if diagnosis is None:
+            diagnosis = self.diagnose()
+        self._save_diagnosis(diagnosis)
+        if self._writer is not None:
+            self._writer.close()
+        _LIVE.discard(self)
+        return diagnosis
+
+    def __enter__(self) -> Monitor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ faults
+
+    def _internal_fault(self, where: str, exc: BaseException) -> None:
+        if where not in self._warned:
+            self._warned.add(where)
+            warnings.warn(
+                f"nanscope: internal error in {where} ({type(exc).__name__}: {exc}); "
+                "that check is now off and your fit goes on. Please report this.",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+        if where in ("measure",):
+            self._disabled = True
+
+
+def _loss_value(loss: Any) -> tuple[float, int]:
+    if isinstance(loss, bool) or loss is None:
+        raise UsageError(f"loss must be a number or a 0-d array, got {loss!r}")
+    if isinstance(loss, (int, float)):
+        value = float(loss)
+        return value, 0 if math.isfinite(value) else 1
+    if isinstance(loss, (str, bytes)):
+        raise UsageError(f"loss must be a number, not a string ({loss!r})")
+    array = as_array(loss, "loss")
+    if array.size == 1:
+        value = float(array.reshape(-1)[0].real)
+        return value, 0 if math.isfinite(value) else 1
+    if array.size == 0:
+        raise UsageError("loss is an empty array")
+    nonfinite = int(array.size - np.count_nonzero(np.isfinite(array)))
+    return float(np.mean(array)), nonfinite
+
+
+def _merge_batch(record: dict[str, Any], result: Mapping[str, Any]) -> None:
+    for key, value in result.items():
+        if key == "rows":
+            record.setdefault("rows", []).extend(value)
+        else:
+            record[key] = value
+
+
+@atexit.register
+def _close_all() -> None:  # pragma: no cover - runs at interpreter exit
+    for monitor in list(_LIVE):
+        try:
+            monitor.close()
+        except Exception:
+            pass
