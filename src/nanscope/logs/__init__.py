@@ -140,14 +140,16 @@ def _sniff_text(path: Path, first: str, text: str) -> str | None:
         if isinstance(obj, dict):
             if obj.get("schema") == TRACE_SCHEMA:
                 return "nanscope"
-            if "log_history" in obj:
+            if "log_history" in obj or path.name == "trainer_state.json":
                 return "trainer_state"
             if "step" in obj and set(obj) <= _TRACE_KEYS:
                 return "nanscope"
             return "jsonl"
         if '"log_history"' in text or path.name == "trainer_state.json":
             return "trainer_state"
-        return "jsonl" if path.suffix in (".jsonl", ".ndjson") else None
+        if path.suffix in (".jsonl", ".ndjson"):
+            return "jsonl"
+        # not JSON: printed dicts ({'loss': nan, ...}) are text
     from nanscope.logs import csvlog, textlog
 
     if any(sep in first for sep in (",", "\t", ";")):
