@@ -1,0 +1,58 @@
+"""S001 nan-values: NaN in a numeric column.
+
+What it does
+    Counts the NaN values of every numeric column (features and target) and lists the first rows
+    that hold one.
+
+Why is this bad?
+    One NaN in a batch makes that batch's loss NaN, the averaged gradient NaN, and after one update
+    every weight NaN. The tell in a training log is a loss that is NaN from the first update that
+    sees the row, with no growth phase before it.
+
+Example
+    ``price`` is NaN at row 17 because a join found no match: ``[12.5, nan, 9.0]``.
+
+Use instead
+    Drop or impute those rows before they reach the model: ``[12.5, 10.75, 9.0]`` (the median).
+
+Fix
+    Drop or impute the listed rows (``df.drop_nans()``, ``fillna(median)``), then find the step
+    that produced them.
+"""
+
+from __future__ import annotations
+
+from nanscope.data._model import Finding
+from nanscope.data.checks._base import Context, Probe, Results, fmt_rows, make_finding, pct, plural
+
+CODE = "S001"
+NAME = "nan-values"
+FIX = "drop or impute the rows with NaN (df.drop_nans() / fillna(median)) before training"
+
+
+def probes(ctx: Context) -> list[Probe]:
+    return [Probe("nan", c.name) for c in ctx.numeric() if c.n_nan > 0]
+
+
+def run(ctx: Context, results: Results) -> list[Finding]:
+    out = []
+    for c in ctx.numeric():
+        if c.n_nan == 0:
+            continue
+        res = results.get(Probe("nan", c.name))
+        where = f", {fmt_rows(res.rows, c.n_nan)}" if res and res.rows else ""
+        role = "target" if c.name == ctx.target else "column"
+        out.append(
+            make_finding(
+                CODE,
+                NAME,
+                "error",
+                c.name,
+                f"{role} `{c.name}` has {plural(c.n_nan, 'NaN value')} ({pct(c.n_nan, c.count)}){where}",
+                FIX,
+                result=res,
+                count=c.n_nan,
+                predicate=("nan", {}),
+            )
+        )
+    return out

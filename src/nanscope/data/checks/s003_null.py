@@ -1,0 +1,59 @@
+"""S003 null-values: missing (null) values in a numeric column.
+
+What it does
+    Counts the nulls (empty CSV fields, Parquet/Arrow nulls, pandas ``NA``/``None``) of every numeric
+    column and lists the first rows that hold one.
+
+Why is this bad?
+    Converting a column with nulls to a float tensor turns them into NaN (pandas ``to_numpy``,
+    ``torch.tensor(df.values)``), and then S001 applies: the first batch holding one makes every
+    weight NaN. Some loaders fill them with 0 instead, which is silently wrong.
+
+Example
+    A CSV line ``3.2,,7`` leaves the second column empty.
+
+Use instead
+    Impute explicitly (``fill_null(median)``) or drop the rows, and keep a missing-indicator column
+    if missingness carries information.
+
+Fix
+    Impute or drop the null rows explicitly before converting to arrays.
+"""
+
+from __future__ import annotations
+
+from nanscope.data._model import Finding
+from nanscope.data.checks._base import Context, Probe, Results, fmt_rows, make_finding, pct, plural
+
+CODE = "S003"
+NAME = "null-values"
+FIX = "impute (fill_null(median)) or drop the rows with missing values before making tensors"
+
+
+def probes(ctx: Context) -> list[Probe]:
+    return [Probe("null", c.name) for c in ctx.numeric() if c.n_null > 0]
+
+
+def run(ctx: Context, results: Results) -> list[Finding]:
+    out = []
+    for c in ctx.numeric():
+        if c.n_null == 0:
+            continue
+        res = results.get(Probe("null", c.name))
+        where = f", {fmt_rows(res.rows, c.n_null)}" if res and res.rows else ""
+        role = "target" if c.name == ctx.target else "column"
+        out.append(
+            make_finding(
+                CODE,
+                NAME,
+                "error",
+                c.name,
+                f"{role} `{c.name}` has {plural(c.n_null, 'missing value')} "
+                f"({pct(c.n_null, c.count)}){where}",
+                FIX,
+                result=res,
+                count=c.n_null,
+                predicate=("null", {}),
+            )
+        )
+    return out

@@ -1,0 +1,65 @@
+"""``nanscope scan DATA [--target COL] [--json PATH] [--no-color]``.
+
+Exit codes: 0 clean (info findings at most), 1 a warning or an error found, 2 bad input or usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from nanscope.errors import UsageError
+
+__all__ = ["main"]
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UsageError(message)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog="nanscope scan",
+        description="Scan a data file (CSV, Parquet, Arrow/Feather, NPY/NPZ or a directory) for "
+        "what makes a fit go NaN: NaN/inf/null values, unscaled or constant columns, extreme "
+        "rows, broken targets, duplicated columns.",
+    )
+    p.add_argument("data", help="a data file or a directory of data files")
+    p.add_argument("--target", help="the target column (enables the target checks)")
+    p.add_argument("--loss", choices=["log", "ce", "mse"], help="the loss the target feeds")
+    p.add_argument("--num-classes", type=int, help="number of classes (labels 0..K-1)")
+    p.add_argument("--json", metavar="PATH", help="write the report as JSON ('-' for stdout)")
+    p.add_argument("--no-color", action="store_true", help="plain text, no colours")
+    p.add_argument("--no-progress", action="store_true", help="never show a progress bar")
+    p.add_argument("--max-rows", type=int, default=10, help="row indices listed per finding")
+    return p
+
+
+def main(argv: list[str]) -> int:
+    args = _parser().parse_args(argv)
+    from nanscope.data import render, scan
+
+    report = scan(
+        args.data,
+        args.target,
+        loss=args.loss,
+        num_classes=args.num_classes,
+        max_rows=args.max_rows,
+        progress=False if args.no_progress else None,
+    )
+    if args.json:
+        text = json.dumps(report.to_dict(), indent=2, allow_nan=False)
+        if args.json == "-":
+            sys.stdout.write(text + "\n")
+        else:
+            try:
+                with open(args.json, "w", encoding="utf-8") as fh:
+                    fh.write(text + "\n")
+            except OSError as exc:
+                raise UsageError(f"cannot write --json {args.json}: {exc.strerror}") from exc
+    if args.json != "-":
+        color = sys.stdout.isatty() and not args.no_color
+        sys.stdout.write(render(report, color=color))
+    return report.exit_code
