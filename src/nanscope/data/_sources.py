@@ -62,7 +62,7 @@ def resolve(obj: Any) -> Source:
     if isinstance(obj, np.ndarray):
         return _frame(f"array {obj.shape}", _from_arrays([("", obj)], "array"))
     if isinstance(obj, tuple) and obj and all(isinstance(a, np.ndarray) for a in obj):
-        parts = [("x", obj[0])] + [("y" if i == 1 else f"a{i}", a) for i, a in enumerate(obj)][1:]
+        parts = [("x", obj[0]), *(("y" if i == 1 else f"a{i}", a) for i, a in enumerate(obj) if i)]
         df = _from_arrays(parts, "arrays")
         return _frame("arrays", df, default_target="y" if len(obj) == 2 else None)
     if _is_torch_dataset(obj):

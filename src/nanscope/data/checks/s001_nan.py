@@ -48,7 +48,8 @@ def run(ctx: Context, results: Results) -> list[Finding]:
                 NAME,
                 "error",
                 c.name,
-                f"{role} `{c.name}` has {plural(c.n_nan, 'NaN value')} ({pct(c.n_nan, c.count)}){where}",
+                f"{role} `{c.name}` has {plural(c.n_nan, 'NaN value')} "
+                f"({pct(c.n_nan, c.count)}){where}",
                 FIX,
                 result=res,
                 count=c.n_nan,

@@ -1,8 +1,8 @@
 """S003 null-values: missing (null) values in a numeric column.
 
 What it does
-    Counts the nulls (empty CSV fields, Parquet/Arrow nulls, pandas ``NA``/``None``) of every numeric
-    column and lists the first rows that hold one.
+    Counts the nulls (empty CSV fields, Parquet/Arrow nulls, pandas ``NA``/``None``) of every
+    numeric column and lists the first rows that hold one.
 
 Why is this bad?
     Converting a column with nulls to a float tensor turns them into NaN (pandas ``to_numpy``,

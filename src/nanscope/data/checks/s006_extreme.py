@@ -98,7 +98,8 @@ def run(ctx: Context, results: Results) -> list[Finding]:
         if isolated:
             severity = "warning"
             msg = (
-                f"{role} `{c.name}` has {plural(res.count, 'extreme value')} beyond robust z ±{z:g} "
+                f"{role} `{c.name}` has {plural(res.count, 'extreme value')} "
+                f"beyond robust z ±{z:g} "
                 f"(median {fmt_num(c.median)}, scale {fmt_num(c.scale)}); worst "
                 f"{fmt_num(worst)}{at} (z = {fmt_num(round(worst_z, 1))}){where}"
             )

@@ -5,9 +5,9 @@ What it does
     values in [0, 1], or labels -1/+1 — reports the rows whose target lies outside [0, 1].
 
 Why is this bad?
-    Binary cross-entropy ``-[y log p + (1 - y) log(1 - p)]`` assumes ``0 <= y <= 1``. With ``y = -1``
-    or ``y = 2`` the loss is unbounded below: the fit drives ``p`` to exactly 0 or 1 to reward
-    itself, ``log(0)`` appears, and the loss goes to -inf then NaN.
+    Binary cross-entropy ``-[y log p + (1 - y) log(1 - p)]`` assumes ``0 <= y <= 1``. With
+    ``y = -1`` or ``y = 2`` the loss is unbounded below: the fit drives ``p`` to exactly 0 or 1
+    to reward itself, ``log(0)`` appears, and the loss goes to -inf then NaN.
 
 Example
     Labels coded -1/+1 for an SVM, fed to ``BCEWithLogitsLoss``; or a click count (2) in a
