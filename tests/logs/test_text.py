@@ -95,7 +95,10 @@ def test_keras_progress_with_carriage_returns_and_backspaces(tmp_path: Path) -> 
             f"\r {k}/10 [{'=' * k}>{'.' * (10 - k)}] - ETA: 1s - loss: {loss * 2:.4f}"
             for k in range(1, 10)
         )
-        final = f"\x08\x08\x0810/10 [==========] - 0s 2ms/step - loss: {loss:.4f} - val_loss: {loss + 1:.4f}"
+        final = (
+            "\x08\x08\x0810/10 [==========] - 0s 2ms/step"
+            f" - loss: {loss:.4f} - val_loss: {loss + 1:.4f}"
+        )
         lines.append(bar + final)
     path = tmp_path / "keras.txt"
     path.write_text("\n".join(lines) + "\n")
@@ -128,7 +131,8 @@ def test_tqdm_postfix_counts_on_across_epochs(tmp_path: Path) -> None:
     rows = []
     for epoch in range(2):
         segments = [
-            f"Epoch {epoch}: {n * 25}%|##| {n}/4 [00:0{n}<00:01, 9.1it/s, v_num=0, train_loss={0.9 - 0.1 * (4 * epoch + n):.2f}]"
+            f"Epoch {epoch}: {n * 25}%|##| {n}/4 [00:0{n}<00:01, 9.1it/s, v_num=0, "
+            f"train_loss={0.9 - 0.1 * (4 * epoch + n):.2f}]"
             for n in range(1, 5)
         ]
         rows.append("\r".join(segments))

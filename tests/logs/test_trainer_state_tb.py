@@ -179,5 +179,5 @@ def test_tensorboard_garbage_named_like_events(tmp_path: Path) -> None:
     pytest.importorskip("tensorboard")
     path = tmp_path / "events.out.tfevents.123.host"
     path.write_bytes(b"\x13\x00\x00\x00\x00\x00\x00\x00garbage garbage garbage")
-    with pytest.raises(TraceError, match="events.out.tfevents"):
+    with pytest.raises(TraceError, match=r"events\.out\.tfevents"):
         load_trace(path)

@@ -142,7 +142,7 @@ def _sniff_text(path: Path, first: str, text: str) -> str | None:
                 return "nanscope"
             if "log_history" in obj or path.name == "trainer_state.json":
                 return "trainer_state"
-            if "step" in obj and set(obj) <= _TRACE_KEYS:
+            if "step" in obj and set(obj) <= _TRACE_KEYS and _all_ours(text):
                 return "nanscope"
             return "jsonl"
         if '"log_history"' in text or path.name == "trainer_state.json":
@@ -174,6 +174,18 @@ def _sniff_text(path: Path, first: str, text: str) -> str | None:
     if window and textlog.looks_like(window):
         return "text"
     return None
+
+
+def _all_ours(text: str) -> bool:
+    """True when the first JSON lines all hold only nanscope record keys."""
+    for line in text.splitlines()[:20]:
+        try:
+            obj = json.loads(line)
+        except (ValueError, RecursionError):
+            continue
+        if isinstance(obj, dict) and not set(obj) <= _TRACE_KEYS:
+            return False
+    return True
 
 
 def _is_number(text: str) -> bool:

@@ -51,13 +51,15 @@ def read_head(path: Path, size: int = HEAD_BYTES) -> bytes:
         raise TraceError(f"{path}: cannot be read ({exc.strerror})") from None
 
 
-def iter_lines(path: Path, meta: dict[str, Any], max_line: int = MAX_LINE_BYTES) -> Iterator[str]:
+def iter_lines(path: Path, meta: dict[str, Any], max_line: int | None = None) -> Iterator[str]:
     """Decoded lines of ``path`` without their line ending, streaming.
 
     Bytes that are not UTF-8 become U+FFFD. A line longer than ``max_line`` bytes is never held in
     memory: it is skipped (counted in ``meta["skipped_long_lines"]``, warned about once).
     ``meta["lines"]`` counts the lines read, skipped ones included.
     """
+    if max_line is None:
+        max_line = MAX_LINE_BYTES
     count = 0
     long_lines = 0
     try:
@@ -78,7 +80,7 @@ def iter_lines(path: Path, meta: dict[str, Any], max_line: int = MAX_LINE_BYTES)
                 long_lines += 1
                 if long_lines == 1:
                     warnings.warn(
-                        f"{path}: skipped line {count}, longer than {max_line // (1024 * 1024)} MB",
+                        f"{path}: skipped line {count}, longer than {max_line} bytes",
                         stacklevel=2,
                     )
                 meta["skipped_long_lines"] = long_lines

@@ -19,18 +19,26 @@ from nanscope.trace import TRACE_SCHEMA, decode_record, read_trace
 NAME = "nanscope"
 DESCRIPTION = 'nanscope JSONL trace (header {"schema": "nanscope.trace/1"})'
 
-STREAM_ABOVE_BYTES = 64 * 1024 * 1024
+STREAM_ABOVE_BYTES = 16 * 1024 * 1024
 
 
 def iter_records(path: Path, meta: dict[str, Any]) -> Iterator[Record]:
     if path.is_dir():
         path = path / "trace.jsonl"
     if path.stat().st_size <= STREAM_ABOVE_BYTES:
-        trace = read_trace(path)
+        try:
+            trace = read_trace(path)
+        except (ValueError, RecursionError):
+            # json.loads raises these (not JSONDecodeError) for absurd lines, e.g. a 5000-digit
+            # integer or deep nesting: read line by line instead, skipping such lines.
+            yield from _stream(path, meta)
+            return
         meta.update({k: v for k, v in trace.meta.items() if k not in ("format", "source")})
         meta.setdefault("schema", TRACE_SCHEMA)
         lines = 0
         for index, record in enumerate(trace.records):
+            if any(v is None for v in record.values()):
+                record = {k: v for k, v in record.items() if v is not None}
             if not isinstance(record.get("step"), int) or isinstance(record.get("step"), bool):
                 record["step"] = index + 1
             lines += 1
@@ -57,7 +65,7 @@ def _stream(path: Path, meta: dict[str, Any]) -> Iterator[Record]:
         if "schema" in obj and count == 0:
             meta.update({k: v for k, v in obj.items() if k not in ("format", "source")})
             continue
-        record = decode_record(obj)
+        record = {k: v for k, v in decode_record(obj).items() if v is not None}
         step = record.get("step")
         if not isinstance(step, int) or isinstance(step, bool):
             record["step"] = count + 1

@@ -11,8 +11,8 @@ files directly in the given directory). The loss series is chosen as:
 
 ``meta["loss_tag"]`` says which was chosen and ``meta["tags"]`` lists every scalar series; a
 validation-loss series (``meta["val_loss_tag"]``), a learning-rate series (``lr_tag``) and a
-gradient-norm series (``grad_norm_tag``) are merged in by step. A chosen series with ``epoch`` in its
-name gives ``granularity = "epoch"``.
+gradient-norm series (``grad_norm_tag``) are merged in by step. A chosen series with ``epoch`` in
+its name gives ``granularity = "epoch"``.
 """
 
 from __future__ import annotations
@@ -185,4 +185,3 @@ def iter_records(path: Path, meta: dict[str, Any]) -> Iterator[Record]:
                 record[key] = value
         if len(record) > 1 + ("epoch" in record):
             yield mark_nonfinite(record)
-
