@@ -27,7 +27,7 @@ __all__ = ["BatchChecker", "ParamTracker", "as_array", "as_named", "nonfinite_ro
 
 FLIP_SAMPLE = 4096
 #: a row is "extreme" when one of its values lies this many robust standard deviations out
-EXTREME_Z = 10.0
+EXTREME_Z = 20.0
 #: a column max this many times its recent typical max triggers the row analysis
 COLUMN_JUMP = 8.0
 MAX_ROWS = 5

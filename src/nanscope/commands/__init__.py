@@ -1,1 +1,1 @@
-"""nanscope.commands."""
+"""The core commands: run, diagnose, demo (each ``main(argv) -> int``)."""

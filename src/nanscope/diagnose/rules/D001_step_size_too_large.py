@@ -43,6 +43,8 @@ CAUSE = "step_size_too_large"
 TITLE = "Step size too large"
 
 UNSCALED_RATIO = 100.0
+#: a row this far out is worth naming next to a too-large step (heavy tails reach ~20 routinely)
+OUTLIER_Z = 50.0
 
 
 def check(ctx: Context) -> Finding | None:
@@ -168,7 +170,7 @@ def _contributing(ctx: Context) -> list[Evidence]:
                 )
             )
             break
-    extreme = [r for r in ctx.rows if r.get("why") == "extreme"]
+    extreme = [r for r in ctx.rows if r.get("why") == "extreme" and (r.get("z") or 0) >= OUTLIER_Z]
     if extreme:
         row = max(extreme, key=lambda r: r.get("z") or 0.0)
         out.append(

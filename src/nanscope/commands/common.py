@@ -1,0 +1,57 @@
+"""Small pieces the commands share: writing the JSON, printing the report, the exit code."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from nanscope.diagnose.diagnosis import Diagnosis
+from nanscope.errors import UsageError
+from nanscope.trace import Trace
+
+__all__ = ["write_json", "show", "add_output_options"]
+
+
+def add_output_options(parser: object) -> None:
+    import argparse
+
+    assert isinstance(parser, argparse.ArgumentParser)
+    parser.add_argument("--json", metavar="PATH", help="write the diagnosis as JSON ('-' = stdout)")
+    parser.add_argument("--html", metavar="PATH", help="write a self-contained HTML report")
+    parser.add_argument("--no-color", action="store_true", help="plain text, no colour")
+
+
+def write_json(diagnosis: Diagnosis, path: str | None) -> None:
+    if not path:
+        return
+    text = diagnosis.to_json() + "\n"
+    if path == "-":
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        return
+    target = Path(path)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text)
+    except OSError as exc:
+        raise UsageError(f"cannot write --json {path}: {exc.strerror}") from None
+
+
+def write_html(diagnosis: Diagnosis, trace: Trace | None, path: str | None) -> None:
+    if not path:
+        return
+    try:
+        from nanscope.report.html import write_report
+    except ImportError as exc:
+        print(f"nanscope: HTML report unavailable ({exc})", file=sys.stderr)
+        return
+    if trace is None:
+        trace = Trace()
+    write_report(trace, diagnosis, Path(path))
+    print(f"nanscope: report written to {path}", file=sys.stderr)
+
+
+def show(diagnosis: Diagnosis, trace: Trace | None, *, no_color: bool) -> None:
+    from nanscope.report.terminal import print_report
+
+    print_report(diagnosis, trace, file=sys.stderr, color=False if no_color else None)
