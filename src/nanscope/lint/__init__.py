@@ -1,1 +1,36 @@
-"""nanscope.lint."""
+"""nanscope.lint: find the numerical hazards that make a loss go NaN, in the source, before it runs.
+
+>>> from nanscope.lint import lint_source
+>>> [f.code for f in lint_source("import torch\\np = torch.sigmoid(z)\\nloss = -torch.log(p)\\n")]
+['L001']
+
+Rules have stable codes ``L001``... (table in :mod:`nanscope.lint.registry`); ``L000`` is a file
+that does not parse. ``# nanscope: noqa`` (or ``# nanscope: noqa: L001,L003``) on a line
+suppresses its findings.
+"""
+
+from __future__ import annotations
+
+from nanscope.lint._engine import (
+    LintReport,
+    lint_file,
+    lint_near,
+    lint_paths,
+    lint_source,
+    select_rules,
+)
+from nanscope.lint._types import LintFinding, Rule
+from nanscope.lint.registry import RULES, SYNTAX_ERROR_CODE
+
+__all__ = [
+    "RULES",
+    "SYNTAX_ERROR_CODE",
+    "LintFinding",
+    "LintReport",
+    "Rule",
+    "lint_file",
+    "lint_near",
+    "lint_paths",
+    "lint_source",
+    "select_rules",
+]

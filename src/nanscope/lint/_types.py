@@ -1,0 +1,66 @@
+"""The finding record and the rule base class shared by the engine and every rule."""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:
+    from nanscope.lint._analysis import FileContext, Site
+
+__all__ = ["Hit", "LintFinding", "Rule"]
+
+
+@dataclass(frozen=True)
+class LintFinding:
+    """One problem found in one file: a stable code, where it is, what is wrong and the fix.
+
+    ``line`` and ``col`` are 1-based, like every editor and like ruff.
+    """
+
+    code: str
+    name: str
+    path: str
+    line: int
+    col: int
+    message: str
+    fix: str
+    end_line: int | None = None
+    end_col: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def format(self) -> str:
+        """``path:line:col: L###  message``, the line a terminal or an editor understands."""
+        return f"{self.path}:{self.line}:{self.col}: {self.code}  {self.message}"
+
+
+@dataclass(frozen=True)
+class Hit:
+    """What a rule reports: the node it points at, the problem, and (optionally) a specific fix."""
+
+    node: ast.AST
+    message: str
+    fix: str | None = None
+
+
+class Rule:
+    """Base class of the lint rules.
+
+    A rule declares the node types it wants (``node_types``); the engine walks the tree once and
+    hands each rule the nodes of those types, in source order, with the :class:`Site` they were
+    found at. A rule's docstring carries the sections *What it does*, *Why is this bad?*,
+    *Example* and *Use instead*; the docs pages are generated from it.
+    """
+
+    code: ClassVar[str] = ""
+    name: ClassVar[str] = ""
+    #: the default fix text, used when a hit does not carry its own
+    fix: ClassVar[str] = ""
+    node_types: ClassVar[tuple[type[ast.AST], ...]] = ()
+
+    def check(self, node: ast.AST, site: Site, ctx: FileContext) -> Iterator[Hit]:
+        raise NotImplementedError

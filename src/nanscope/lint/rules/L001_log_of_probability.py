@@ -1,0 +1,97 @@
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+
+from nanscope.lint._analysis import FileContext, K, Site
+from nanscope.lint._types import Hit, Rule
+
+_LOGS = frozenset({"log", "log2", "log10"})
+
+
+class LogOfProbability(Rule):
+    """Log of a probability that can be exactly 0.
+
+    ## What it does
+    Flags `log` (`torch.log`, `np.log`, `tf.math.log`, `math.log`, `p.log()`) applied to the output
+    of a sigmoid or softmax, to `1 - p` of one, or to a probability that was not clamped and has no
+    epsilon added. It follows simple assignments inside a function, so
+    `p = torch.sigmoid(z)` followed by `torch.log(p)` is flagged, while
+    `p = torch.sigmoid(z).clamp(1e-7, 1 - 1e-7)` is not.
+
+    ## Why is this bad?
+    A sigmoid or softmax saturates to exactly 0.0 (or 1.0) in floating point once its input is
+    large: in float32 `sigmoid(-104) == 0`. The log of that is `-inf`, the loss becomes `inf`, and
+    its gradient `0 * inf` is NaN. This is the `log_of_zero` cause: the weights and the data are
+    finite and the loss still goes NaN, often late in training when the model grows confident.
+
+    ## Example
+    ```python
+    p = torch.sigmoid(logits)
+    loss = -(y * torch.log(p) + (1 - y) * torch.log(1 - p)).mean()
+
+    probs = F.softmax(scores, dim=-1)
+    nll = -torch.log(probs[range(n), target]).mean()
+    ```
+
+    ## Use instead
+    ```python
+    loss = F.binary_cross_entropy_with_logits(logits, y)   # or F.logsigmoid(logits)
+    nll = F.cross_entropy(scores, target)                  # or F.log_softmax(scores, dim=-1)
+
+    # numpy: clip the probability away from 0 and 1
+    p = np.clip(p, 1e-12, 1 - 1e-12)
+    loss = -np.mean(y * np.log(p) + (1 - y) * np.log(1 - p))
+    ```
+    """
+
+    code = "L001"
+    name = "log-of-probability"
+    fix = "clip the probability into [eps, 1-eps] (torch.clamp / np.clip) or add an epsilon"
+    node_types = (ast.Call,)
+
+    def check(self, node: ast.AST, site: Site, ctx: FileContext) -> Iterator[Hit]:
+        assert isinstance(node, ast.Call)
+        root, last, recv = ctx.func_parts(node)
+        if last in _LOGS:
+            if recv is not None:
+                if node.args or node.keywords:
+                    return  # logger.log("loss", x), self.log(...): not a math log
+                arg: ast.expr | None = recv
+            elif root in ("torch", "numpy", "tensorflow", "math", "jax", "keras", "cupy"):
+                arg = node.args[0] if node.args else None
+            else:
+                return
+        elif last == "log1p" and (
+            recv is not None or root in ("torch", "numpy", "tensorflow", "math", "jax")
+        ):
+            arg = recv if recv is not None else (node.args[0] if node.args else None)
+            if not (isinstance(arg, ast.UnaryOp) and isinstance(arg.op, ast.USub)):
+                return
+            arg = arg.operand
+            k = ctx.kind(arg, site.scope, site.comps)
+            if k & K.PROB and not k & K.SAFE:
+                yield Hit(node, "log1p(-p) of a probability is -inf when p reaches 1")
+            return
+        else:
+            return
+        if arg is None:
+            return
+        k = ctx.kind(arg, site.scope, site.comps)
+        if not k & K.PROB or k & K.SAFE:
+            return
+        if k & K.SIGMOID:
+            yield Hit(
+                node,
+                "log of a sigmoid output is -inf once the sigmoid saturates to 0 or 1",
+                "compute it from the logits: F.logsigmoid(z) (log(1 - sigmoid(z)) = "
+                "F.logsigmoid(-z)), tf.math.log_sigmoid, or BCEWithLogitsLoss",
+            )
+        elif k & K.SOFTMAX:
+            yield Hit(
+                node,
+                "log of a softmax output is -inf once a probability underflows to 0",
+                "use log_softmax (F.log_softmax / tf.nn.log_softmax) or cross_entropy on logits",
+            )
+        else:
+            yield Hit(node, "log of a probability with no clamp or epsilon is -inf at p == 0")

@@ -1,0 +1,85 @@
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+
+from nanscope.lint._analysis import FileContext, K, Site
+from nanscope.lint._types import Hit, Rule
+
+_DIV_FUNCS = frozenset({"div", "divide", "true_divide", "truediv", "realdiv", "div_"})
+
+
+class DivisionWithoutEpsilon(Rule):
+    """Division by a norm, standard deviation, sum or count with no epsilon.
+
+    ## What it does
+    Flags `x / d`, `x /= d`, `torch.div(x, d)`, `np.divide(x, d)` and `x.div(d)` where `d` is a
+    norm (`x.norm()`, `np.linalg.norm`, `tf.norm`, `sqrt(sum(x ** 2))`), a product of norms (a
+    hand-written cosine similarity), a standard deviation (`x.std()`, `np.std`, `sqrt(var)`), or a
+    sum or count (`mask.sum()`, `np.count_nonzero`), with nothing keeping it away from zero. It
+    follows simple assignments, so `n = x.norm(dim=-1, keepdim=True)` then `x / n` is flagged.
+    `x / (n + eps)`, `x / n.clamp(min=eps)`, `max(n, eps)`, `np.where(...)` and a denominator
+    patched with `s[s == 0] = 1` are fine.
+
+    ## Why is this bad?
+    A zero vector has norm 0, a constant feature or a batch of identical rows has standard
+    deviation 0, and an all-padding batch has a mask sum of 0. Then `0 / 0` is NaN in the forward
+    pass, and even a denominator that is only close to 0 makes the gradient huge. This is the
+    `zero_division` cause.
+
+    ## Example
+    ```python
+    cos = (a * b).sum(-1) / (a.norm(dim=-1) * b.norm(dim=-1))
+    x = (x - x.mean(0)) / x.std(0)
+    loss = (loss * mask).sum() / mask.sum()
+    ```
+
+    ## Use instead
+    ```python
+    cos = F.cosine_similarity(a, b, dim=-1, eps=1e-8)   # or F.normalize(x, dim=-1)
+    x = (x - x.mean(0)) / (x.std(0) + 1e-8)
+    loss = (loss * mask).sum() / mask.sum().clamp(min=1)
+    ```
+    """
+
+    code = "L003"
+    name = "division-without-epsilon"
+    fix = "add an epsilon to the denominator (d + eps) or clamp it (d.clamp(min=eps))"
+    node_types = (ast.BinOp, ast.AugAssign, ast.Call)
+
+    def check(self, node: ast.AST, site: Site, ctx: FileContext) -> Iterator[Hit]:
+        denominator: ast.expr | None = None
+        if isinstance(node, (ast.BinOp, ast.AugAssign)):
+            if isinstance(node.op, ast.Div):
+                denominator = node.right if isinstance(node, ast.BinOp) else node.value
+        elif isinstance(node, ast.Call):
+            root, last, recv = ctx.func_parts(node)
+            if last in _DIV_FUNCS:
+                if recv is not None and node.args:
+                    denominator = node.args[0]
+                elif root in ("torch", "numpy", "tensorflow", "jax") and len(node.args) > 1:
+                    denominator = node.args[1]
+        if denominator is None:
+            return
+        k = ctx.kind(denominator, site.scope, site.comps)
+        if k & K.SAFE or not k & K.ZERO:
+            return
+        if k & K.NORM:
+            yield Hit(
+                node,
+                "division by a norm with no epsilon is 0/0 = NaN for a zero vector",
+                "use F.normalize(x, dim=..., eps=1e-12) / F.cosine_similarity(..., eps=1e-8) / "
+                "tf.math.l2_normalize, or divide by (norm + eps)",
+            )
+        elif k & K.STD:
+            yield Hit(
+                node,
+                "division by a standard deviation with no epsilon is NaN for a constant input",
+                "divide by (std + eps), or replace zero deviations first (s[s == 0] = 1)",
+            )
+        else:
+            yield Hit(
+                node,
+                "division by a sum or count with no epsilon is 0/0 = NaN when it is empty",
+                "divide by s.clamp(min=1) / max(s, 1) or (s + eps)",
+            )

@@ -1,0 +1,80 @@
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+
+from nanscope.lint._analysis import FileContext, K, Site, is_number
+from nanscope.lint._types import Hit, Rule
+
+_AUTOGRAD = ("torch", "tensorflow", "jax", "keras")
+
+
+class SqrtOfSumOfSquares(Rule):
+    """Square root of a sum of squares with no epsilon, in differentiated code.
+
+    ## What it does
+    Flags `torch.sqrt(s)`, `tf.sqrt(s)`, `s.sqrt()`, `s.rsqrt()` and `s ** 0.5` (in a file that
+    imports torch, TensorFlow or JAX) where `s` is a sum or mean of squares
+    (`(x ** 2).sum(-1)`, `torch.sum(d * d)`, `tf.reduce_sum(tf.square(x))`, `dx ** 2 + dy ** 2`)
+    with no epsilon added. Code under `torch.no_grad()` and NumPy code (no autograd) are not
+    flagged.
+
+    ## Why is this bad?
+    The derivative of `sqrt(s)` is `1 / (2 sqrt(s))`, infinite at `s = 0`. A zero vector (two
+    identical embeddings, a padded row) makes the forward value a harmless 0 but the backward pass
+    `0 * inf = NaN`, and the NaN reaches every weight in one step. This is the `zero_division`
+    cause, seen only in the gradient.
+
+    ## Example
+    ```python
+    dist = torch.sqrt(((a - b) ** 2).sum(-1))
+    rms = x.pow(2).mean(-1).sqrt()
+    ```
+
+    ## Use instead
+    ```python
+    dist = torch.sqrt(((a - b) ** 2).sum(-1) + 1e-12)
+    dist = torch.linalg.vector_norm(a - b, dim=-1)   # defines the gradient at 0 as 0
+    rms = (x.pow(2).mean(-1) + 1e-6).sqrt()
+    ```
+    """
+
+    code = "L004"
+    name = "sqrt-of-sum-of-squares"
+    fix = "add an epsilon inside the sqrt (sqrt(s + 1e-12)) or use torch.linalg.vector_norm"
+    node_types = (ast.Call, ast.BinOp)
+
+    def check(self, node: ast.AST, site: Site, ctx: FileContext) -> Iterator[Hit]:
+        if site.no_grad:
+            return
+        arg: ast.expr | None = None
+        if isinstance(node, ast.Call):
+            root, last, recv = ctx.func_parts(node)
+            if last not in ("sqrt", "rsqrt"):
+                return
+            if recv is not None:
+                if node.args:
+                    return
+                arg = recv
+            elif root in _AUTOGRAD and node.args:
+                arg = node.args[0]
+        elif (
+            isinstance(node, ast.BinOp)
+            and isinstance(node.op, ast.Pow)
+            and is_number(node.right, 0.5)
+            and any(
+                r in ctx.imports.values()
+                or any(v.startswith(r + ".") for v in ctx.imports.values())
+                for r in _AUTOGRAD
+            )
+        ):
+            arg = node.left
+        if arg is None:
+            return
+        k = ctx.kind(arg, site.scope, site.comps)
+        if k & K.SUMSQ and not k & K.SAFE:
+            yield Hit(
+                node,
+                "sqrt of a sum of squares has an infinite gradient at 0: NaN after "
+                "backward for a zero vector",
+            )

@@ -1,0 +1,75 @@
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Iterator
+
+from nanscope.lint._analysis import FileContext, K, Site
+from nanscope.lint._types import Hit, Rule
+
+_OPTIMIZER_NAME = re.compile(
+    r"^(opt|optim|optimi[sz]er\w*|\w+_opt|opt_\w+|\w+_optimi[sz]er\w*|"
+    r"optimi[sz]ers?)$",
+    re.I,
+)
+
+
+class StepWithoutZeroGrad(Rule):
+    """`optimizer.step()` in a loop that never clears the gradients.
+
+    ## What it does
+    In a file that calls `.backward()`, flags `optimizer.step()` inside a `for` / `while` loop when
+    nothing in that loop clears the gradients: no `optimizer.zero_grad()`, `model.zero_grad()`,
+    `p.grad = None`, `p.grad.zero_()`, and no call to a function of the same file that does one of
+    these. A `zero_grad()` before the loop does not count: it runs once.
+
+    ## Why is this bad?
+    PyTorch *adds* each `backward()` into `.grad`. Without clearing, the gradient used at update `t`
+    is the sum of all gradients so far, so the effective step grows with every update: the fit
+    behaves like one whose learning rate keeps increasing, and diverges (`step_size_too_large`).
+    Gradient accumulation is fine, as long as the loop clears the gradients after its step.
+
+    ## Example
+    ```python
+    optimizer.zero_grad()
+    for x, y in loader:
+        loss = criterion(model(x), y)
+        loss.backward()
+        optimizer.step()
+    ```
+
+    ## Use instead
+    ```python
+    for x, y in loader:
+        optimizer.zero_grad(set_to_none=True)
+        loss = criterion(model(x), y)
+        loss.backward()
+        optimizer.step()
+    ```
+    """
+
+    code = "L010"
+    name = "step-without-zero-grad"
+    fix = "call optimizer.zero_grad() in the loop, before backward() (or after step())"
+    node_types = (ast.Call,)
+
+    def check(self, node: ast.AST, site: Site, ctx: FileContext) -> Iterator[Hit]:
+        assert isinstance(node, ast.Call)
+        if not site.loops or node.args or node.keywords or "backward" not in ctx.idents:
+            return
+        _root, last, recv = ctx.func_parts(node)
+        if last != "step" or recv is None:
+            return
+        name = recv.attr if isinstance(recv, ast.Attribute) else getattr(recv, "id", "")
+        if not (_OPTIMIZER_NAME.match(name) or ctx.kind(recv, site.scope) & K.OPTIM):
+            return
+        for loop in site.loops:
+            if id(loop) in ctx.zero_loops:
+                return
+            if ctx.loop_calls.get(id(loop), set()) & ctx.zero_funcs:
+                return
+        yield Hit(
+            node,
+            "optimizer.step() in a loop that never clears the gradients: they "
+            "accumulate across updates and the effective step keeps growing",
+        )

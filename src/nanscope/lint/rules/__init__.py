@@ -1,0 +1,1 @@
+"""The lint rules, one per module, named after their code (``L001_log_of_probability``)."""
