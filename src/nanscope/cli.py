@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 
 from nanscope.errors import InputError, UsageError
 
-__all__ = ["main", "COMMANDS"]
+__all__ = ["COMMANDS", "main"]
 
 EXIT_OK = 0
 EXIT_FINDINGS = 1

@@ -1,14 +1,14 @@
 """Detectors: cheap checks run on every update that decide *when* to stop, nothing more.
 
-Each detector is a small object with ``step(record) -> Alarm | None``; it keeps a few floats of state
-and never looks at arrays. Thresholds are scale-free: ratios between successive updates, counts of
-consecutive updates, deviations measured against the run's own history. A loss of 1e10 that falls
-is fine; a gradient norm of 400 can be normal.
+Each detector is a small object with ``step(record) -> Alarm | None``; it keeps a few floats of
+state and never looks at arrays. Thresholds are scale-free: ratios between successive updates,
+counts of consecutive updates, deviations measured against the run's own history. A loss of 1e10
+that falls is fine; a gradient norm of 400 can be normal.
 
 * :class:`NonFinite` fires at the first non-finite loss, gradient or weight.
-* :class:`Divergence` fires on the divergence fingerprint: ``RISES`` consecutive rising updates whose
-  increments grow (geometric growth) by a total factor of at least ``GROWTH``, with the gradient
-  reversing direction or the weights flipping sign (an oversized step overshooting the minimum).
+* :class:`Divergence` fires on the divergence fingerprint: ``RISES`` consecutive rising updates
+  whose increments grow (geometric growth) by a total factor of at least ``GROWTH``, with the
+  gradient reversing direction or the weights flipping sign (an oversized step overshooting).
   Without gradients it needs ``LOSS_ONLY_GROWTH`` instead.
 * :class:`Ascent` fires when ``ASCENT_RISES`` consecutive updates raise the loss while the applied
   update points along the gradient (cosine > 0.5): the update's sign is flipped.
@@ -18,6 +18,7 @@ is fine; a gradient norm of 400 can be normal.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import deque
 from dataclasses import dataclass, field
@@ -38,6 +39,13 @@ class Alarm:
 
 def _finite(value: Any) -> bool:
     return isinstance(value, (int, float)) and math.isfinite(value)
+
+
+def _num(value: Any) -> float | None:
+    """The value as a float when it is a finite number, else None."""
+    if isinstance(value, (int, float)) and math.isfinite(value):
+        return float(value)
+    return None
 
 
 class NonFinite:
@@ -80,22 +88,26 @@ class Divergence:
             return None
         assert isinstance(loss, (int, float))
         self._loss.append(float(loss))
-        grad_cos = record.get("grad_cos")
-        flip = record.get("flip_frac")
+        grad_cos = _num(record.get("grad_cos"))
+        flip = _num(record.get("flip_frac"))
         osc: bool | None = None
-        if _finite(grad_cos) or _finite(flip):
-            osc = (_finite(grad_cos) and grad_cos < 0) or (_finite(flip) and flip >= 0.2)
+        if grad_cos is not None or flip is not None:
+            osc = (grad_cos is not None and grad_cos < 0) or (flip is not None and flip >= 0.2)
         self._osc.append(osc)
         # either convention (update vs previous or vs current gradient) saying "downhill" counts
-        cosines = [c for c in (record.get("update_cos"), record.get("update_cos_same")) if _finite(c)]
+        cosines = [
+            c
+            for c in (_num(record.get("update_cos")), _num(record.get("update_cos_same")))
+            if c is not None
+        ]
         self._descent.append(min(cosines) < 0 if cosines else None)
         if len(self._loss) <= self.RISES:
             return None
         losses = list(self._loss)
-        deltas = [b - a for a, b in zip(losses, losses[1:])]
+        deltas = [b - a for a, b in itertools.pairwise(losses)]
         if not all(d > 0 for d in deltas):
             return None
-        accelerating = sum(b >= self.ACCEL * a for a, b in zip(deltas, deltas[1:]))
+        accelerating = sum(b >= self.ACCEL * a for a, b in itertools.pairwise(deltas))
         if accelerating < len(deltas) - 2:
             return None
         growth = _growth(losses)
@@ -142,9 +154,11 @@ class Ascent:
             self._run = 0
             return None
         assert isinstance(loss, (int, float))
-        cos = record.get("update_cos")
-        same = record.get("update_cos_same")
-        along = [c for c in (cos, same) if _finite(c)]
+        along = [
+            c
+            for c in (_num(record.get("update_cos")), _num(record.get("update_cos_same")))
+            if c is not None
+        ]
         rising = self._prev is not None and loss > self._prev
         self._prev = float(loss)
         if rising and along and max(along) > 0.5 and min(along) > 0:
@@ -163,7 +177,7 @@ class Ascent:
 
 
 class Spikes:
-    """Tags loss spikes and gradient-norm jumps against an exponential moving history (log space)."""
+    """Tags loss spikes and gradient-norm jumps against a moving history (in log space)."""
 
     WARMUP = 8
     LOSS_FACTOR = 10.0
@@ -175,16 +189,20 @@ class Spikes:
 
     def step(self, record: dict[str, Any]) -> Alarm | None:
         events: list[str] = []
-        loss = record.get("loss")
-        if _finite(loss) and loss > 0:
-            assert isinstance(loss, (int, float))
-            if self._loss.is_jump(math.log(loss), self.LOSS_FACTOR, self.WARMUP):
-                events.append("loss_spike")
-        grad = record.get("grad_norm")
-        if _finite(grad) and grad > 0:
-            assert isinstance(grad, (int, float))
-            if self._grad.is_jump(math.log(grad), self.GRAD_FACTOR, self.WARMUP):
-                events.append("grad_jump")
+        loss = _num(record.get("loss"))
+        if (
+            loss is not None
+            and loss > 0
+            and self._loss.is_jump(math.log(loss), self.LOSS_FACTOR, self.WARMUP)
+        ):
+            events.append("loss_spike")
+        grad = _num(record.get("grad_norm"))
+        if (
+            grad is not None
+            and grad > 0
+            and self._grad.is_jump(math.log(grad), self.GRAD_FACTOR, self.WARMUP)
+        ):
+            events.append("grad_jump")
         if events:
             record.setdefault("events", []).extend(events)
         return None

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from nanscope.diagnose.diagnosis import Diagnosis
 
-__all__ = ["NanscopeError", "DivergenceError", "UsageError", "InputError", "TraceError"]
+__all__ = ["DivergenceError", "InputError", "NanscopeError", "TraceError", "UsageError"]
 
 
 class NanscopeError(Exception):

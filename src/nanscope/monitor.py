@@ -16,6 +16,7 @@ weights of the last update where everything was finite.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import math
 import os
 import secrets
@@ -58,7 +59,7 @@ Probe = Callable[["Monitor", Alarm], Mapping[str, Any]]
 
 
 def set_defaults(**values: Any) -> None:
-    """Defaults for Monitors created later (``nanscope run`` uses it for --policy and the run dir)."""
+    """Defaults for Monitors created later (``nanscope run`` sets --policy and the run root)."""
     for key, value in values.items():
         if value is None:
             _DEFAULTS.pop(key, None)
@@ -84,7 +85,7 @@ class Monitor:
         once and lets the fit go on; ``"rollback"`` asks the framework adapter to restore the last
         good state (plain numpy fits have none, so it raises). No policy ever replaces a NaN.
     run_dir: where ``trace.jsonl`` and ``diagnosis.json`` go (default
-        ``./.nanscope/runs/<time>-<id>/``; the ``NANSCOPE_DIR`` environment variable moves the root).
+        ``./.nanscope/runs/<time>-<id>/``; the ``NANSCOPE_DIR`` environment variable moves it).
     write: ``False`` keeps the trace in memory only.
     """
 
@@ -414,7 +415,5 @@ def _merge_batch(record: dict[str, Any], result: Mapping[str, Any]) -> None:
 @atexit.register
 def _close_all() -> None:  # pragma: no cover - runs at interpreter exit
     for monitor in list(_LIVE):
-        try:
+        with contextlib.suppress(Exception):
             monitor.close()
-        except Exception:
-            pass

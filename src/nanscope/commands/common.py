@@ -9,7 +9,7 @@ from nanscope.diagnose.diagnosis import Diagnosis
 from nanscope.errors import UsageError
 from nanscope.trace import Trace
 
-__all__ = ["write_json", "show", "add_output_options"]
+__all__ = ["add_output_options", "show", "write_json"]
 
 
 def add_output_options(parser: object) -> None:

@@ -19,7 +19,7 @@ from nanscope.errors import DivergenceError
 from nanscope.monitor import Monitor
 from nanscope.report.terminal import print_report, sparkline
 
-__all__ = ["main", "ad_clicks", "fit_value_model"]
+__all__ = ["ad_clicks", "fit_value_model", "main"]
 
 COLUMNS = ("spend_usd", "ctr", "position", "is_mobile", "hour_sin")
 
@@ -78,7 +78,8 @@ def main(argv: list[str]) -> int:
         diagnosis = monitor.close()
     except DivergenceError as stop:
         diagnosis = stop.diagnosis
-        _say(f"   stopped: DivergenceError at update {stop.diagnosis.step if stop.diagnosis else '?'}"
+        step = stop.diagnosis.step if stop.diagnosis else "?"
+        _say(f"   stopped: DivergenceError at update {step}"
              " (before any weight became inf)")  # fmt: skip
     assert diagnosis is not None
     print_report(diagnosis, monitor.trace, color=False if args.no_color else None)

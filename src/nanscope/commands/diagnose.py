@@ -16,15 +16,13 @@ from nanscope.diagnose import diagnose
 from nanscope.errors import TraceError
 from nanscope.trace import Trace
 
-__all__ = ["main", "load"]
+__all__ = ["load", "main"]
 
 
 def load(path: str) -> Trace:
     """A trace from a nanscope run (file or run directory) or from any log format we read."""
-    try:
-        from nanscope.logs import load_trace
-    except ImportError:  # pragma: no cover - the readers ship with nanscope
-        from nanscope.trace import read_trace as load_trace
+    from nanscope.logs import load_trace
+
     return load_trace(path)
 
 

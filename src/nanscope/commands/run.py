@@ -24,7 +24,7 @@ from nanscope.diagnose.diagnosis import Diagnosis
 from nanscope.errors import DivergenceError, UsageError
 from nanscope.monitor import POLICIES, Monitor, active_monitors, set_defaults
 
-__all__ = ["main", "split_command", "Target"]
+__all__ = ["Target", "main", "split_command"]
 
 EXIT_STOPPED = 3
 EXPERIMENT_CAUSES = ("step_size_too_large", "exploding_gradients", "update_sign_error")
@@ -58,7 +58,7 @@ def split_command(command: list[str]) -> Target:
     first = Path(command[0]).name
     if first.startswith("python") or command[0] == sys.executable:
         command = command[1:]
-        while command and command[0] in ("-u", "-B", "-O", "-X") or (
+        while (command and command[0] in ("-u", "-B", "-O", "-X")) or (
             command and command[0].startswith("-W")
         ):
             command = command[2:] if command[0] == "-X" else command[1:]
@@ -224,7 +224,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--policy", choices=POLICIES, default=None,
                         help="what to do when the fit breaks (default: raise)")  # fmt: skip
     parser.add_argument("--experiment", action="store_true",
-                        help="on a step-size, sign or gradient diagnosis, run the lr sweep")  # fmt: skip
+                        help="on a step-size/sign/gradient cause, run the lr sweep")  # fmt: skip
     parser.add_argument("--data", metavar="PATH", help="the data file, to link scan findings")
     parser.add_argument("--run-dir", metavar="DIR", help="root folder for run directories")
     args = parser.parse_args(options)

@@ -216,7 +216,9 @@ class Context:
                     out.append(row)
         return out
 
-    def rows_near(self, index: int | None, why: tuple[str, ...], back: int = 1) -> list[dict[str, Any]]:
+    def rows_near(
+        self, index: int | None, why: tuple[str, ...], back: int = 1
+    ) -> list[dict[str, Any]]:
         """Rows of the given kinds seen at update ``index`` or up to ``back`` updates before it."""
         if index is None:
             return []

@@ -147,7 +147,9 @@ class Diagnosis:
             Evidence(e.get("rule", ""), e.get("text", ""), e.get("data") or {})
             for e in data.get("evidence", [])
         ]
-        extra = {k: v for k, v in data.items() if k not in known and k not in ("schema", "evidence")}
+        extra = {
+            k: v for k, v in data.items() if k not in known and k not in ("schema", "evidence")
+        }
         return cls(**kwargs, extra=extra)
 
     def headline(self) -> str:

@@ -72,8 +72,9 @@ def diagnose(trace: Trace | Any, evidence: Mapping[str, Any] | None = None) -> D
             step=ctx.step_at(ctx.n - 1),
             evidence=[Evidence("engine", _healthy_text(ctx), summary)],
             actions=[],
-            alternatives=[{"cause": f.cause, "confidence": round(f.confidence, 3)}
-                          for f in findings[:3]],  # fmt: skip
+            alternatives=[
+                {"cause": f.cause, "confidence": round(f.confidence, 3)} for f in findings[:3]
+            ],
             run=run,
             granularity=ctx.granularity,
             summary=summary,
@@ -107,8 +108,10 @@ def diagnose(trace: Trace | Any, evidence: Mapping[str, Any] | None = None) -> D
         first_nonfinite=ctx.first_nonfinite,
         evidence=list(top.evidence),
         actions=actions,
-        alternatives=[{"cause": c, "confidence": round(v, 3)}
-                      for c, v in sorted(alternatives.items(), key=lambda kv: -kv[1])],  # fmt: skip
+        alternatives=[
+            {"cause": c, "confidence": round(v, 3)}
+            for c, v in sorted(alternatives.items(), key=lambda kv: -kv[1])
+        ],
         contributing=contributing,
         located=located,
         rows=[_public_row(r) for r in top.rows[:10]],
@@ -151,7 +154,9 @@ def _unknown(
             missing.append(what)
     actions = []
     if missing:
-        actions.append("Record more per update so the rules can decide: " + ", ".join(missing) + ".")
+        actions.append(
+            "Record more per update so the rules can decide: " + ", ".join(missing) + "."
+        )
     actions.append(
         "Run the script under `nanscope run` (PyTorch) so the failing update is replayed and the "
         "op, module and source line are named."

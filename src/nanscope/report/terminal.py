@@ -17,7 +17,7 @@ from nanscope.diagnose.diagnosis import Diagnosis
 from nanscope.diagnose.rules._common import num, row_text
 from nanscope.trace import Trace
 
-__all__ = ["sparkline", "render", "print_report"]
+__all__ = ["print_report", "render", "sparkline"]
 
 _BARS = "▁▂▃▄▅▆▇█"
 _VERDICT_STYLE = {
@@ -51,7 +51,7 @@ def sparkline(values: Sequence[float] | np.ndarray, width: int = 60) -> str:
             out.append("×")
             continue
         value = float(np.max(scaled[bucket]))
-        level = int(round((value - lo) / span * (len(_BARS) - 1)))
+        level = round((value - lo) / span * (len(_BARS) - 1))
         out.append(_BARS[max(0, min(len(_BARS) - 1, level))])
     return "".join(out)
 
@@ -83,8 +83,8 @@ def _plain(diagnosis: Diagnosis, trace: Trace | None) -> str:
             lines.append(f"  {row_text(row)} ({row.get('why')}, update {row.get('step')})")
     if diagnosis.contributing:
         lines.append("contributing:")
-        for item in diagnosis.contributing:
-            lines.append(f"  {item.get('text')}")
+        for note in diagnosis.contributing:
+            lines.append(f"  {note.get('text')}")
     if diagnosis.alternatives:
         alts = ", ".join(f"{a['cause']} ({a['confidence']:.2f})" for a in diagnosis.alternatives)
         lines.append(f"alternatives: {alts}")
@@ -151,8 +151,8 @@ def _rich(diagnosis: Diagnosis, trace: Trace | None, file: IO[str], width: int |
                 str(row.get("why", "")) + (f" z={num(row['z'])}" if row.get("z") else ""),
             )
         console.print(table)
-    for item in diagnosis.contributing:
-        console.print(Text("contributing: ", style="bold") + Text(str(item.get("text"))))
+    for note in diagnosis.contributing:
+        console.print(Text("contributing: ", style="bold") + Text(str(note.get("text"))))
     if diagnosis.alternatives:
         alts = ", ".join(f"{a['cause']} ({a['confidence']:.2f})" for a in diagnosis.alternatives)
         console.print(Text("alternatives: ", style="dim") + Text(alts))

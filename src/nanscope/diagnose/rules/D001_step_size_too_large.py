@@ -142,7 +142,9 @@ def check(ctx: Context) -> Finding | None:
             )
     actions.append("If the loss is still fragile after the cut, clip the gradient norm.")
     actions.append("Record the learning rate that worked so the next run starts from it.")
-    step_index = ctx.fail if ctx.fail is not None else (ctx.stop if ctx.stop is not None else rise.end)
+    step_index = (
+        ctx.fail if ctx.fail is not None else (ctx.stop if ctx.stop is not None else rise.end)
+    )
     return Finding(
         rule=CODE,
         cause=CAUSE,

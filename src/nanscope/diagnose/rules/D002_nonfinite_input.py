@@ -74,7 +74,8 @@ def check(ctx: Context) -> Finding | None:
             )
         where = ", ".join(f"row {r.get('dataset_row', r.get('batch_row'))}" for r in rows[:5])
         actions = [
-            f"Drop or impute the non-finite rows ({where})." if where
+            f"Drop or impute the non-finite rows ({where})."
+            if where
             else "Drop or impute the rows holding NaN or inf.",
             "Check the data pipeline that produced them; `nanscope scan DATA` lists every such "
             "row before training.",

@@ -63,9 +63,8 @@ def check(ctx: Context) -> Finding | None:
     input_zero = bool(located.get("input_zero")) or "exactly 0" in str(located.get("inputs", ""))
     if nf["inputs"][i] > 0 or nf["targets"][i] > 0 or nf["params"][i] > 0:
         return None
-    if not (nf["loss"][i] > 0 or ctx.filtered_nan[i]):
-        if not op_is_log:
-            return None
+    if not (nf["loss"][i] > 0 or ctx.filtered_nan[i]) and not op_is_log:
+        return None
     evidence: list[Evidence] = []
     loss_value = ctx.loss[i]
     grad = ctx.trace.column("grad_norm")[i]

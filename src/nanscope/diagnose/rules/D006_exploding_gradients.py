@@ -55,9 +55,7 @@ def check(ctx: Context) -> Finding | None:
     finite_idx = [j for j in window if math.isfinite(g[j]) and g[j] > 0]
     nf = ctx.nonfinite
     grad_first = (
-        ctx.fail is not None
-        and nf["grads"][ctx.fail] > 0
-        and math.isfinite(ctx.loss[ctx.fail])
+        ctx.fail is not None and nf["grads"][ctx.fail] > 0 and math.isfinite(ctx.loss[ctx.fail])
     )
     if not finite_idx and not grad_first:
         return None
