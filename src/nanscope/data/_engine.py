@@ -91,27 +91,32 @@ def _run(
     n_rows = _guard(src, lambda: int(src.make().select(pl.len()).collect().item()))
     if n_rows == 0:
         raise InputError(f"{src.name}: the data has no rows")
-    schema = _guard(src, lambda: src.make().collect_schema())  # a CSV retry may change it
-    columns = {
-        name: ColumnStats(name=name, dtype=str(dt), kind=_kind(dt), count=n_rows)
-        for name, dt in schema.items()
-    }
-    if tname is not None:
-        columns[tname].is_target = True
-    numeric = [c for c in columns.values() if c.numeric]
-    if not numeric:
-        raise InputError(
-            f"{src.name}: no numeric columns to scan "
-            f"({', '.join(f'{c.name}: {c.dtype}' for c in columns.values())})"
-        )
     show = (
         progress
         if progress is not None
         else (sys.stderr.isatty() and (n_rows >= _PROGRESS_ROWS or len(src.files) > 1))
     )
     stride = max(1, math.ceil(n_rows / sample_rows))
+
+    def stage1() -> tuple[dict[str, ColumnStats], list[ColumnStats], dict[str, np.ndarray]]:
+        # re-run as a whole when a CSV retry reads a column as text: the schema changed
+        schema = src.make().collect_schema()
+        columns = {
+            name: ColumnStats(name=name, dtype=str(dt), kind=_kind(dt), count=n_rows)
+            for name, dt in schema.items()
+        }
+        if tname is not None:
+            columns[tname].is_target = True
+        numeric = [c for c in columns.values() if c.numeric]
+        if not numeric:
+            raise InputError(
+                f"{src.name}: no numeric columns to scan "
+                f"({', '.join(f'{c.name}: {c.dtype}' for c in columns.values())})"
+            )
+        return columns, numeric, _pass1(src, numeric, stride)
+
     with _progress(src.name, bool(show)) as step:
-        samples = _guard(src, lambda: _pass1(src, numeric, stride))
+        columns, numeric, samples = _guard(src, stage1)
         step("statistics")
         ctx = Context(
             source=src.name,

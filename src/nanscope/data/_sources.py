@@ -81,7 +81,7 @@ def _from_pandas(obj: Any) -> pl.DataFrame:
     try:
         frame = obj.reset_index(drop=True)
         frame.columns = [str(c) for c in frame.columns]
-        return pl.from_pandas(frame)
+        return pl.from_pandas(frame, nan_to_null=False)
     except Exception as exc:  # pragma: no cover - exotic pandas dtypes
         raise InputError(f"cannot convert the pandas DataFrame: {_first_line(exc)}") from exc
 

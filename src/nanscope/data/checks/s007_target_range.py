@@ -32,7 +32,7 @@ NAME = "target-outside-unit"
 FIX = "map the target into {0, 1} (e.g. (y + 1) / 2 for -1/+1 labels) before a log loss"
 
 
-def _applies(ctx: Context) -> bool:
+def applies(ctx: Context) -> bool:
     t = ctx.target_stats()
     if t is None or not t.numeric or t.n_finite == 0 or ctx.options.loss in ("ce", "mse"):
         return False
@@ -49,13 +49,13 @@ def _applies(ctx: Context) -> bool:
 
 
 def probes(ctx: Context) -> list[Probe]:
-    if not _applies(ctx) or ctx.target is None:
+    if not applies(ctx) or ctx.target is None:
         return []
     return [Probe("outside", ctx.target, lo=0.0, hi=1.0)]
 
 
 def run(ctx: Context, results: Results) -> list[Finding]:
-    if not _applies(ctx) or ctx.target is None:
+    if not applies(ctx) or ctx.target is None:
         return []
     t = ctx.columns[ctx.target]
     res = results.get(Probe("outside", t.name, lo=0.0, hi=1.0))

@@ -2,9 +2,10 @@
 
 What it does
     When the target holds class labels — ``loss="ce"``, ``num_classes`` given, or an integer-valued
-    target with 3 to 1,000 distinct values — checks that the labels are integers in
-    ``0 .. num_classes - 1``: it reports negative labels, non-integer labels, labels at or above
-    ``num_classes``, and labels that start at 1 (``1 .. K``, a classic off-by-one).
+    target with 3 to 1,000 distinct values that is not mostly binary (S007's case) — checks that
+    the labels are integers in ``0 .. num_classes - 1``: it reports negative labels, non-integer
+    labels, labels at or above ``num_classes``, and labels that start at 1 (``1 .. K``, a classic
+    off-by-one).
 
 Why is this bad?
     ``CrossEntropyLoss`` and sparse categorical cross-entropy index the logits with the label. A
@@ -28,6 +29,7 @@ import math
 import numpy as np
 
 from nanscope.data._model import ColumnStats, Finding
+from nanscope.data.checks import s007_target_range
 from nanscope.data.checks._base import Context, Probe, Results, fmt_num, fmt_rows, make_finding
 
 CODE = "S008"
@@ -41,6 +43,8 @@ def _labels(ctx: Context) -> ColumnStats | None:
         return None
     if ctx.options.loss == "ce" or ctx.options.num_classes is not None:
         return t
+    if s007_target_range.applies(ctx):  # a mostly-binary target: S007 says it better
+        return None
     sample = ctx.samples.get(t.name)
     if sample is None or sample.size == 0 or not 3 <= t.distinct_sample <= 1000:
         return None
