@@ -1,0 +1,174 @@
+"""``nanscope report RUN_DIR|TRACE|LOG [-o report.html] [--png DIR]``: write the HTML report.
+
+A run directory (what :class:`nanscope.Monitor` writes) gives its ``trace.jsonl`` and its
+``diagnosis.json`` (the trace is diagnosed when there is none). Any other path -- a nanscope
+trace, a log in a format :mod:`nanscope.logs` reads, a TensorBoard or Trainer folder, or a
+``diagnosis.json`` that names its trace -- is read and diagnosed. The page goes to
+``RUN_DIR/report.html`` for a run directory and to ``./report.html`` otherwise, unless ``-o`` says
+where.
+
+Exit codes: 0 written (the path is printed), 2 bad arguments or unreadable input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any, NoReturn
+
+from nanscope.diagnose.diagnosis import SCHEMA, Diagnosis
+from nanscope.errors import InputError, UsageError
+from nanscope.trace import TRACE_SCHEMA, Trace
+
+__all__ = ["load_inputs", "main"]
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{message} (see 'nanscope report --help')")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="nanscope report",
+        description="Write one self-contained HTML report (verdict, evidence, actions, per-update "
+        "plots) for a run directory, a trace or a training log.",
+    )
+    parser.add_argument("path", help="a run directory, a nanscope trace, or a training log")
+    parser.add_argument(
+        "-o",
+        "--output",
+        help="where to write the page (default: RUN_DIR/report.html, else ./report.html)",
+    )
+    parser.add_argument("--png", metavar="DIR", help="also write each plot as DIR/<plot>.png")
+    parser.add_argument("--title", help="the page title")
+    return parser
+
+
+def _read_diagnosis(path: Path) -> Diagnosis | None:
+    """The diagnosis stored in a run directory, or None when it is missing or unreadable."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        print(
+            f"nanscope report: {path} is unreadable ({exc}); diagnosing the trace instead",
+            file=sys.stderr,
+        )
+        return None
+    if not isinstance(data, dict) or "verdict" not in data:
+        print(
+            f"nanscope report: {path} holds no diagnosis; diagnosing the trace instead",
+            file=sys.stderr,
+        )
+        return None
+    try:
+        return Diagnosis.from_dict(data)
+    except (TypeError, ValueError):
+        return None
+
+
+def _load(path: Path) -> Trace:
+    """A nanscope trace through the core reader, any other log through :mod:`nanscope.logs`."""
+    if path.name == "trace.jsonl" or _is_nanscope_trace(path):
+        from nanscope.trace import read_trace
+
+        return read_trace(path)
+    from nanscope.logs import load_trace
+
+    try:
+        return load_trace(path)
+    except InputError:
+        raise
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise InputError(f"{path}: cannot be read as a trace or a log ({exc})") from None
+
+
+def _is_nanscope_trace(path: Path) -> bool:
+    if not path.is_file():
+        return False
+    try:
+        with path.open("rb") as handle:
+            head = handle.readline(64 * 1024)
+    except OSError:
+        return False
+    return b'"schema"' in head and TRACE_SCHEMA.encode() in head
+
+
+def _diagnose(trace: Trace) -> Diagnosis:
+    from nanscope.diagnose import diagnose
+
+    return diagnose(trace)
+
+
+def _as_diagnosis_file(path: Path) -> dict[str, Any] | None:
+    if path.suffix != ".json" or path.stat().st_size > 32 * 1024 * 1024:
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    if isinstance(data, dict) and data.get("schema") == SCHEMA:
+        return data
+    return None
+
+
+def load_inputs(target: str | Path) -> tuple[Trace | None, Diagnosis, Path]:
+    """``(trace, diagnosis, default output path)`` for what the user pointed at."""
+    path = Path(target)
+    if not path.exists():
+        raise InputError(f"{path}: no such file or directory")
+    if path.is_dir() and (path / "trace.jsonl").is_file():
+        run_trace = _load(path / "trace.jsonl")
+        stored = None
+        if (path / "diagnosis.json").is_file():
+            stored = _read_diagnosis(path / "diagnosis.json")
+        return run_trace, stored or _diagnose(run_trace), path / "report.html"
+    if path.is_file():
+        data = _as_diagnosis_file(path)
+        if data is not None:
+            diagnosis = Diagnosis.from_dict(data)
+            trace_path = (data.get("run") or {}).get("trace")
+            sibling = path.parent / "trace.jsonl"
+            trace: Trace | None = None
+            if trace_path and Path(trace_path).is_file():
+                trace = _load(Path(trace_path))
+            elif sibling.is_file():
+                trace = _load(sibling)
+            return trace, diagnosis, path.parent / "report.html"
+    loaded = _load(path)
+    return loaded, _diagnose(loaded), Path("report.html")
+
+
+def main(argv: list[str]) -> int:
+    parser = _parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help
+        return int(exc.code or 0)
+    trace, diagnosis, default_out = load_inputs(args.path)
+    out = Path(args.output) if args.output else default_out
+    if out.is_dir():
+        out = out / "report.html"
+    from nanscope.report import html as report_html
+    from nanscope.report import plots
+
+    if args.png and not plots.have_matplotlib():
+        raise UsageError("--png needs matplotlib: pip install 'nanscope[plots]'")
+    if args.png and trace is None:
+        raise InputError(f"{args.path}: no trace to plot (the diagnosis names no readable trace)")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(
+            report_html.render_report(trace, diagnosis, title=args.title), encoding="utf-8"
+        )
+        written = []
+        if args.png and trace is not None:
+            written = plots.write_pngs(plots.build_panels(trace, diagnosis), args.png)
+    except OSError as exc:
+        raise UsageError(f"cannot write the report: {exc}") from None
+    print(out)
+    for png in written:
+        print(png)
+    return 0

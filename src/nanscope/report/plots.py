@@ -1,0 +1,487 @@
+"""Per-update plots of a trace: the data of each panel, and its picture through matplotlib.
+
+Two layers, so the HTML page and the tests can reason about a plot without pixels:
+
+* :func:`build_panels` turns a trace (and its diagnosis) into :class:`Panel` objects: plain numbers
+  per line, the non-finite updates to mark (:class:`Mark`), the detection step, the x range shared
+  by every panel. No matplotlib here.
+* :func:`render` draws one panel to SVG or PNG bytes. matplotlib is imported only inside it, on an
+  ``Agg`` canvas (no pyplot, no global backend switch), so importing this module never needs
+  matplotlib.
+
+Every panel of one report uses the same figure width, the same axes box (:data:`AXES_BOX`) and the
+same x limits, so stacked vertically the panels line up update for update: the loss spike sits
+above the gradient jump that caused it. :func:`x_to_pixel` maps an update to its pixel column in a
+rendered image, which is what the tests use to check that a marker is drawn where the failure
+happened.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from nanscope.trace import Trace
+
+__all__ = [
+    "AXES_BOX",
+    "FIG_SIZE",
+    "Line",
+    "Mark",
+    "Panel",
+    "build_panels",
+    "have_matplotlib",
+    "render",
+    "write_pngs",
+    "x_to_pixel",
+]
+
+#: figure size in inches (width, height) and the dpi of the PNG pictures
+FIG_SIZE: tuple[float, float] = (10.0, 2.3)
+PNG_DPI = 100
+#: the axes box in figure fractions (left, bottom, right, top), the same for every panel
+AXES_BOX: tuple[float, float, float, float] = (0.09, 0.19, 0.80, 0.86)
+
+#: the colour of non-finite markers (the tests look for it in the pixels)
+NONFINITE_COLOR = "#d62728"
+#: colour of the detection line, by verdict
+VERDICT_COLORS: Mapping[str, str] = {
+    "healthy": "#2ca02c",
+    "diverging": "#e08a00",
+    "nonfinite": "#d62728",
+    "suspect": "#7b4fb3",
+}
+#: most per-layer gradient lines drawn (the largest ones); the rest are counted in the title
+MAX_LAYERS = 8
+#: longer series are reduced to a min/max envelope of this many buckets before drawing
+MAX_POINTS = 4000
+#: a positive series goes on a log axis when it spans more than this many powers of ten (below
+#: that a log axis only shows odd minor ticks and the picture is the same)
+LOG_DECADES = 0.5
+#: at most this many non-finite runs get their own labelled line
+MAX_MARKS = 12
+
+
+@dataclass(frozen=True)
+class Mark:
+    """A non-finite update to mark: where (``step``), what it was (``label``: nan, inf, -inf)."""
+
+    step: int
+    label: str
+    #: how many consecutive updates were non-finite from here on (1 = just this one)
+    span: int = 1
+    #: the last update of that run of non-finite updates
+    last: int | None = None
+
+
+@dataclass
+class Line:
+    label: str
+    x: np.ndarray
+    y: np.ndarray
+    style: str = "-"
+    width: float = 1.6
+    color: str | None = None
+
+
+@dataclass
+class Panel:
+    """One plot: its lines, scale, and the updates to mark."""
+
+    key: str  # file stem and element id: loss, grad_norm, update_ratio, flip_frac, lr
+    title: str
+    ylabel: str
+    lines: list[Line]
+    log: bool
+    xlim: tuple[float, float]
+    xlabel: str = "update"
+    marks: list[Mark] = field(default_factory=list)
+    label_marks: bool = False
+    detect_step: int | None = None
+    detect_color: str = "#444444"
+    ylim: tuple[float, float] | None = None
+    note: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        """The metadata the HTML page exposes (data attributes) and tests read."""
+        return {
+            "key": self.key,
+            "title": self.title,
+            "log": self.log,
+            "xlim": list(self.xlim),
+            "axes": list(AXES_BOX),
+            "marks": [{"step": m.step, "label": m.label, "span": m.span} for m in self.marks],
+            "detect_step": self.detect_step,
+            "lines": [ln.label for ln in self.lines],
+        }
+
+
+# ---------------------------------------------------------------------------- building the data
+
+
+def _nonfinite_label(value: float) -> str:
+    if math.isnan(value):
+        return "nan"
+    return "inf" if value > 0 else "-inf"
+
+
+def _runs(steps: np.ndarray, bad: np.ndarray, labels: Sequence[str]) -> list[Mark]:
+    """Group consecutive bad updates into marks (one per run, labelled by its first value)."""
+    marks: list[Mark] = []
+    idx = np.flatnonzero(bad)
+    if idx.size == 0:
+        return marks
+    start = prev = int(idx[0])
+    for i in [int(v) for v in idx[1:]] + [-1]:
+        if i == prev + 1:
+            prev = i
+            continue
+        marks.append(
+            Mark(int(steps[start]), labels[start], span=prev - start + 1, last=int(steps[prev]))
+        )
+        if i < 0:
+            break
+        start = prev = i
+    return marks
+
+
+def loss_marks(trace: Trace) -> list[Mark]:
+    """The updates where the loss, the gradient or the weights went non-finite, in runs.
+
+    A non-finite loss is labelled by its value (``nan``, ``inf``, ``-inf``); a loss a logger zeroed
+    to hide a NaN is ``nan (hidden)``; a finite loss with a non-finite gradient or weight is
+    ``nan grad`` / ``inf grad`` / ``nan weights``.
+    """
+    n = len(trace)
+    if n == 0:
+        return []
+    steps = trace.steps()
+    loss = trace.column("loss")
+    grad = trace.column("grad_norm")
+    loss_bad = (trace.present("loss") & ~np.isfinite(loss)) | (trace.nonfinite("loss") > 0)
+    grad_bad = trace.nonfinite("grads") > 0
+    params_bad = trace.nonfinite("params") > 0
+    filtered = np.array(["loss_nan_filtered" in (r.get("events") or []) for r in trace.records])
+    bad = loss_bad | grad_bad | params_bad | filtered
+    labels = []
+    for i in range(n):
+        if not np.isfinite(loss[i]) and trace.present("loss")[i]:
+            labels.append(_nonfinite_label(float(loss[i])))
+        elif loss_bad[i]:
+            labels.append("nan")  # counted non-finite elements behind a finite mean
+        elif filtered[i]:
+            labels.append("nan (hidden)")
+        elif grad_bad[i]:
+            g = float(grad[i])
+            labels.append(("inf" if np.isinf(g) else "nan") + " grad")
+        else:
+            labels.append("nan weights")
+    return _runs(steps, bad, labels)
+
+
+def _positive(y: np.ndarray) -> np.ndarray:
+    """``y`` where it is finite and > 0, NaN elsewhere (what a log axis can show)."""
+    out = np.array(y, dtype=np.float64, copy=True)
+    out[~np.isfinite(out) | (out <= 0)] = np.nan
+    return out
+
+
+def _finite(y: np.ndarray) -> np.ndarray:
+    out = np.array(y, dtype=np.float64, copy=True)
+    out[~np.isfinite(out)] = np.nan
+    return out
+
+
+def _has_values(y: np.ndarray) -> bool:
+    return bool(np.isfinite(y).any())
+
+
+def _log_ok(y: np.ndarray, decades: float = 1.0) -> bool:
+    """A log axis suits a positive series that spans more than ``decades`` powers of ten."""
+    finite = y[np.isfinite(y)]
+    if not finite.size or not bool((finite > 0).all()):
+        return False
+    return float(finite.max()) > 10**decades * float(finite.min())
+
+
+def _reduce(x: np.ndarray, y: np.ndarray, limit: int = MAX_POINTS) -> tuple[np.ndarray, np.ndarray]:
+    """A min/max envelope of a long series (keeps spikes, gaps stay gaps)."""
+    n = x.size
+    if n <= limit:
+        return x, y
+    buckets = limit // 2
+    edges = np.linspace(0, n, buckets + 1).astype(int)
+    xs: list[float] = []
+    ys: list[float] = []
+    for a, b in itertools.pairwise(edges):
+        if b <= a:
+            continue
+        seg = y[a:b]
+        finite = np.isfinite(seg)
+        if not finite.any():
+            xs.append(float(x[a]))
+            ys.append(math.nan)
+            continue
+        lo = a + int(np.nanargmin(np.where(finite, seg, np.nan)))
+        hi = a + int(np.nanargmax(np.where(finite, seg, np.nan)))
+        for j in sorted({lo, hi}):
+            xs.append(float(x[j]))
+            ys.append(float(y[j]))
+    return np.array(xs), np.array(ys)
+
+
+def build_panels(trace: Trace, diagnosis: Any = None) -> list[Panel]:
+    """The panels a trace supports, in report order: loss, gradient norms, update/weight ratio,
+    sign-flip fraction, learning rate. A panel is left out when the trace has no value for it."""
+    n = len(trace)
+    if n == 0:
+        return []
+    steps = trace.steps().astype(np.float64)
+    lo, hi = float(steps.min()), float(steps.max())
+    pad = max(0.5, (hi - lo) * 0.02)
+    xlim = (lo - pad, hi + pad)
+    xlabel = "epoch" if trace.granularity == "epoch" else "update"
+    marks = loss_marks(trace)
+    verdict = str(_get(diagnosis, "verdict") or "")
+    detect = _get(diagnosis, "step")
+    detect_step = int(detect) if isinstance(detect, (int, float)) and verdict != "healthy" else None
+    common: dict[str, Any] = {
+        "xlim": xlim,
+        "xlabel": xlabel,
+        "marks": marks,
+        "detect_step": detect_step,
+        "detect_color": VERDICT_COLORS.get(verdict, "#444444"),
+    }
+    panels: list[Panel] = []
+
+    loss = trace.column("loss")
+    if trace.has("loss"):
+        lines = [Line("loss", steps, loss)]
+        val = trace.column("val_loss")
+        if _has_values(val):
+            lines.append(Line("val_loss", steps, val, style="--", width=1.2))
+        log = all(_log_ok(ln.y, LOG_DECADES) for ln in lines)
+        for ln in lines:
+            ln.y = _positive(ln.y) if log else _finite(ln.y)
+        panels.append(
+            Panel(
+                "loss",
+                "loss" + (" (log scale)" if log else ""),
+                "loss",
+                lines,
+                log,
+                label_marks=True,
+                **common,
+            )
+        )
+
+    grad_lines: list[Line] = []
+    if trace.has("grad_norm"):
+        grad_lines.append(
+            Line("global", steps, _positive(trace.column("grad_norm")), width=2.0, color="#222222")
+        )
+    note = ""
+    if trace.has("grad_norms"):
+        names: list[str] = []
+        for record in trace.records:
+            for name in record.get("grad_norms") or {}:
+                if name not in names:
+                    names.append(name)
+        series = {}
+        for name in names:
+            ys = np.full(n, np.nan)
+            for i, record in enumerate(trace.records):
+                value = (record.get("grad_norms") or {}).get(name)
+                if isinstance(value, (int, float)):
+                    ys[i] = float(value)
+            series[name] = _positive(ys)
+        ranked = sorted(names, key=lambda k: -np.nanmax(np.append(series[k], 0.0)))
+        for name in ranked[:MAX_LAYERS]:
+            grad_lines.append(Line(str(name), steps, series[name], width=1.1))
+        if len(ranked) > MAX_LAYERS:
+            note = f"{MAX_LAYERS} largest of {len(ranked)} layers shown"
+    if grad_lines and any(_has_values(ln.y) for ln in grad_lines):
+        log = _log_ok(np.concatenate([ln.y for ln in grad_lines]), LOG_DECADES)
+        panels.append(
+            Panel(
+                "grad_norm",
+                "gradient norm" + (" (log scale)" if log else ""),
+                "L2 norm",
+                grad_lines,
+                log,
+                note=note,
+                **common,
+            )
+        )
+
+    if trace.has("update_norm") and trace.has("weight_norm"):
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratio = trace.column("update_norm") / trace.column("weight_norm")
+        ratio = _positive(ratio)
+        if _has_values(ratio):
+            log = _log_ok(ratio, LOG_DECADES)
+            panels.append(
+                Panel(
+                    "update_ratio",
+                    "update / weight norm" + (" (log scale)" if log else ""),
+                    "ratio",
+                    [Line("update_norm / weight_norm", steps, ratio)],
+                    log,
+                    **common,
+                )
+            )
+
+    flip = _finite(trace.column("flip_frac"))
+    if _has_values(flip):
+        panels.append(
+            Panel(
+                "flip_frac",
+                "fraction of weights that flipped sign",
+                "fraction",
+                [Line("flip_frac", steps, flip)],
+                False,
+                ylim=(-0.03, 1.03),
+                **common,
+            )
+        )
+
+    lr = trace.column("lr")
+    if _has_values(lr):
+        log = _log_ok(lr)
+        panels.append(
+            Panel(
+                "lr",
+                "learning rate" + (" (log scale)" if log else ""),
+                "lr",
+                [Line("lr", steps, _positive(lr) if log else _finite(lr))],
+                log,
+                **common,
+            )
+        )
+    return panels
+
+
+def _get(obj: Any, key: str) -> Any:
+    if obj is None:
+        return None
+    if isinstance(obj, Mapping):
+        return obj.get(key)
+    return getattr(obj, key, None)
+
+
+# ---------------------------------------------------------------------------- drawing
+
+
+def have_matplotlib() -> bool:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def render(panel: Panel, fmt: str = "svg") -> bytes:
+    """Draw one panel; ``fmt`` is ``"svg"`` or ``"png"``. Needs matplotlib."""
+    if fmt not in ("svg", "png"):
+        raise ValueError(f"fmt must be 'svg' or 'png', got {fmt!r}")
+    from io import BytesIO
+
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    # a bare Figure on an Agg canvas: no pyplot, no global backend switch (safe inside Jupyter)
+    fig = Figure(figsize=FIG_SIZE, dpi=PNG_DPI)
+    FigureCanvasAgg(fig)
+    left, bottom, right, top = AXES_BOX
+    ax = fig.add_axes((left, bottom, right - left, top - bottom))
+    for line in panel.lines:
+        x, y = _reduce(line.x, line.y)
+        ax.plot(
+            x,
+            y,
+            line.style,
+            lw=line.width,
+            color=line.color,
+            label=line.label,
+            marker="o" if x.size <= 60 else None,
+            ms=2.5,
+        )
+    if panel.log:
+        ax.set_yscale("log")
+    if panel.ylim is not None:
+        ax.set_ylim(*panel.ylim)
+    ax.set_xlim(*panel.xlim)
+    ax.set_xlabel(panel.xlabel)
+    ax.set_ylabel(panel.ylabel)
+    title = panel.title + (f"  ({panel.note})" if panel.note else "")
+    ax.set_title(title, loc="left", fontsize=10)
+    ax.grid(True, which="major", alpha=0.3)
+    transform = ax.get_xaxis_transform()  # x in data, y in axes fraction
+    for k, mark in enumerate(panel.marks):
+        if mark.span > 1 and mark.last is not None:
+            ax.axvspan(mark.step, mark.last, color=NONFINITE_COLOR, alpha=0.08, lw=0)
+        if k >= MAX_MARKS:
+            continue
+        ax.axvline(mark.step, color=NONFINITE_COLOR, lw=1.8, zorder=5)
+        if panel.label_marks:
+            text = mark.label + (f" x{mark.span}" if mark.span > 1 else "")
+            ax.text(
+                mark.step,
+                0.97,
+                f" {text} @ {mark.step}",
+                transform=transform,
+                color=NONFINITE_COLOR,
+                fontsize=8,
+                va="top",
+                ha="left",
+                fontweight="bold",
+                zorder=6,
+            )
+    if panel.detect_step is not None:
+        ax.axvline(panel.detect_step, color=panel.detect_color, lw=1.4, ls="--", zorder=4)
+        if panel.label_marks:
+            ax.text(
+                panel.detect_step,
+                0.03,
+                f"detected @ {panel.detect_step} ",
+                transform=transform,
+                color=panel.detect_color,
+                fontsize=8,
+                va="bottom",
+                ha="right",
+                zorder=6,
+            )
+    if len(panel.lines) > 1:
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7, frameon=False)
+    buffer = BytesIO()
+    if fmt == "svg":
+        fig.savefig(buffer, format="svg", metadata={"Date": None})
+    else:
+        fig.savefig(buffer, format="png", dpi=PNG_DPI)
+    return buffer.getvalue()
+
+
+def x_to_pixel(panel: Panel, step: float, width_px: int) -> int:
+    """The pixel column of update ``step`` in a rendered image ``width_px`` wide."""
+    left, _, right, _ = AXES_BOX
+    x0, x1 = panel.xlim
+    frac = left + (float(step) - x0) / (x1 - x0) * (right - left)
+    return round(frac * width_px)
+
+
+def write_pngs(panels: Sequence[Panel], directory: str | Path) -> list[Path]:
+    """Write each panel as ``<key>.png`` in ``directory`` (created); returns the paths."""
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for panel in panels:
+        path = out / f"{panel.key}.png"
+        path.write_bytes(render(panel, "png"))
+        paths.append(path)
+    return paths
