@@ -81,7 +81,7 @@ _PROB_NAME = re.compile(
 )
 _LOSS_NAME = re.compile(r"^(loss|losses|cost|nll|objective|\w+_loss|loss_\w+)$", re.I)
 _GRAD_NAME = re.compile(
-    r"^(g|grad|grads|gradient|gradients|\w+_grads?|grads?_\w+|d[wb]|dw\d*|db\d*|dtheta|d_\w+|"
+    r"^(g|grad|grads|gradient|gradients|g_?[wbWB]\d*|g_?theta|\w+_grads?|grads?_\w+|d[wb]|dw\d*|db\d*|dtheta|d_\w+|"
     r"dl_?d\w+|dloss\w*)$",
     re.I,
 )
@@ -325,6 +325,8 @@ def same_expr(a: ast.AST, b: ast.AST) -> bool:
         return a.id == b.id  # type: ignore[attr-defined,no-any-return]
     if ta is ast.Attribute:
         return a.attr == b.attr and same_expr(a.value, b.value)  # type: ignore[attr-defined]
+    if ta is ast.Subscript:
+        return same_expr(a.value, b.value) and ast.dump(a.slice) == ast.dump(b.slice)  # type: ignore[attr-defined]
     return ast.dump(a) == ast.dump(b)
 
 
@@ -1041,7 +1043,7 @@ class FileContext:
 
     def _kind_binop(self, e: ast.BinOp, scope: Scope, comps: tuple[ast.comprehension, ...]) -> int:
         op = type(e.op)
-        if op is ast.Div and is_number(e.left) and self.one_plus_exp(e.right) is not None:
+        if op is ast.Div and self.is_one(e.left, scope) and self.one_plus_exp(e.right, scope):
             return K.PROB | K.SIGMOID
         kl = self.kind(e.left, scope, comps)
         kr = self.kind(e.right, scope, comps)
@@ -1084,13 +1086,27 @@ class FileContext:
             return kl & (K.HALF | K.LOSS)
         return 0
 
-    def one_plus_exp(self, expr: ast.AST) -> ast.Call | None:
+    def is_one(self, expr: ast.expr, scope: Scope) -> bool:
+        """A literal, ``np.float32(1.0)`` / ``torch.tensor(1.0)``, or a name bound to one."""
+        if isinstance(expr, ast.Name):
+            expr, _ = self.value_of(expr, scope)
+        if is_number(expr):
+            return True
+        return (
+            isinstance(expr, ast.Call)
+            and len(expr.args) == 1
+            and is_number(expr.args[0])
+            and self.func_parts(expr)[1]
+            in ("float32", "float64", "float16", "float", "tensor", "array", "asarray")
+        )
+
+    def one_plus_exp(self, expr: ast.AST, scope: Scope | None = None) -> ast.Call | None:
         """The exp call in ``1 + exp(...)`` (either order), else None."""
         if not (isinstance(expr, ast.BinOp) and isinstance(expr.op, ast.Add)):
             return None
         for a, b in ((expr.left, expr.right), (expr.right, expr.left)):
             if (
-                is_number(a)
+                self.is_one(a, scope or self.module)
                 and isinstance(b, ast.Call)
                 and self.is_framework_call(b, frozenset({"exp"}))
             ):

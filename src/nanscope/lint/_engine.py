@@ -73,7 +73,7 @@ def _syntax_enabled(select: str | Sequence[str] | None, ignore: str | Sequence[s
 
 def _noqa_codes(line: str) -> set[str] | None:
     """None: no noqa on this line; empty set: blanket noqa; else the suppressed codes."""
-    if "noqa" not in line:
+    if "noqa" not in line.lower():
         return None
     match = _NOQA.search(line)
     if match is None:

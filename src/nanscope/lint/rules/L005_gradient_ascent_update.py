@@ -17,6 +17,8 @@ _NOT_WEIGHTS = re.compile(
     r"loss\w*|cost\w*|score\w*|reward\w*|ret\w*|value\w*|q\w*|count\w*|n)$",
     re.I,
 )
+#: a first-moment estimate is a gradient for the purpose of the sign (hand-written Adam)
+_MOMENT = re.compile(r"^(m|m_?hat|m_?t|mt|exp_avg|m_corr\w*|first_moment\w*)$", re.I)
 _ADD_METHODS = frozenset({"add_", "assign_add"})
 _SUB_METHODS = frozenset({"sub_", "assign_sub"})
 
@@ -159,7 +161,9 @@ class GradientAscentUpdate(Rule):
         for f in factors:
             if self._is_lr(f, site, ctx):
                 has_lr = True
-            elif not has_grad and ctx.kind(f, site.scope, site.comps) & K.GRAD:
+            elif not has_grad and (
+                ctx.kind(f, site.scope, site.comps) & K.GRAD or _MOMENT.match(_base_name(f) or "")
+            ):
                 has_grad = True
                 value, _ = ctx.value_of(f, site.scope, site.comps)
                 if value is not f:

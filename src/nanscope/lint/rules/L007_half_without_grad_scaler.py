@@ -95,7 +95,10 @@ class HalfWithoutGradScaler(Rule):
                     "compute and reduce the loss in float32",
                 )
                 return
-            name = recv.attr if isinstance(recv, ast.Attribute) else getattr(recv, "id", "")
+            base = recv
+            while isinstance(base, ast.Call) and isinstance(base.func, ast.Attribute):
+                base = base.func.value  # model.cuda().half()
+            name = base.attr if isinstance(base, ast.Attribute) else getattr(base, "id", "")
             if unscaled and (k & K.MODEL or _MODEL_NAME.match(name)):
                 yield Hit(
                     node,

@@ -3,7 +3,7 @@ from __future__ import annotations
 import ast
 from collections.abc import Iterator
 
-from nanscope.lint._analysis import FileContext, K, Site, is_number
+from nanscope.lint._analysis import FileContext, K, Site
 from nanscope.lint._types import Hit, Rule
 
 _EXP = frozenset({"exp", "exp2"})
@@ -55,8 +55,8 @@ class ExpOfLinearOutput(Rule):
     def check(self, node: ast.AST, site: Site, ctx: FileContext) -> Iterator[Hit]:
         if isinstance(node, ast.BinOp):
             # 1 / (1 + exp(-z)): exp overflows to inf there, and 1 / inf == 0 is the right limit
-            if isinstance(node.op, ast.Div) and is_number(node.left):
-                call = ctx.one_plus_exp(node.right)
+            if isinstance(node.op, ast.Div) and ctx.is_one(node.left, site.scope):
+                call = ctx.one_plus_exp(node.right, site.scope)
                 if call is not None:
                     self._skip.add(id(call))
             return
