@@ -924,6 +924,10 @@ class FileContext:
             if last in ("norm", "vector_norm", "matrix_norm"):
                 return K.NORM
             if last in ("std", "reduce_std", "nanstd"):
+                # NumPy feature standardisation (np.std, .std(axis=...)) is data preparation: a
+                # constant column is reported by `nanscope scan`, not here
+                if root == "numpy" or keyword(e, "axis") is not None:
+                    return 0
                 return K.STD
             if last in ("var", "reduce_variance", "nanvar"):
                 return K.VAR
@@ -1058,7 +1062,7 @@ class FileContext:
         if op is ast.Sub:
             if kr & K.MAX:
                 return K.SAFE | (kl & (K.HALF | K.LOSS | K.GRAD))
-            if is_number(e.left):
+            if self.is_one(e.left, scope):
                 return kr & (K.PROBS | K.SAFE | K.ARITH)
             return both & (K.ARITH | (kl & K.SAFE))
         if op is ast.Mult:

@@ -19,7 +19,9 @@ class DivisionWithoutEpsilon(Rule):
     sum or count (`mask.sum()`, `np.count_nonzero`), with nothing keeping it away from zero. It
     follows simple assignments, so `n = x.norm(dim=-1, keepdim=True)` then `x / n` is flagged.
     `x / (n + eps)`, `x / n.clamp(min=eps)`, `max(n, eps)`, `np.where(...)` and a denominator
-    patched with `s[s == 0] = 1` are fine.
+    patched with `s[s == 0] = 1` are fine. NumPy feature standardisation (`np.std(X, axis=0)`,
+    `X.std(axis=0)`) is data preparation and is left to `nanscope scan`, which reports constant
+    columns; tensor code (`x.std(0)`, `x.std(dim=-1)`, `torch.std`) is flagged.
 
     ## Why is this bad?
     A zero vector has norm 0, a constant feature or a batch of identical rows has standard
