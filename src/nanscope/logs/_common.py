@@ -94,10 +94,18 @@ def iter_lines(path: Path, meta: dict[str, Any], max_line: int | None = None) ->
 def to_float(value: Any) -> float | None:
     """A float from a logged value: numbers, numeric strings, ``nan``/``inf``/``Infinity`` in any
     case, ``tensor(0.5)``; None when it is not a number."""
+    cls = value.__class__
+    if cls is float:
+        return value  # type: ignore[no-any-return]
+    if cls is str:
+        try:
+            return float(value)
+        except ValueError:
+            pass
     if isinstance(value, bool):
         return None
     if isinstance(value, float):
-        return value
+        return float(value)
     if isinstance(value, int):
         return float(value)
     if isinstance(value, str):
@@ -115,6 +123,11 @@ def to_float(value: Any) -> float | None:
 
 def to_step(value: Any) -> int | None:
     """An integer step / epoch from a logged value; None for non-integers and non-finite values."""
+    cls = value.__class__
+    if cls is int:
+        return value if abs(value) <= 10**15 else None  # type: ignore[no-any-return]
+    if cls is str and value.isdigit() and len(value) < 16:
+        return int(value)
     number = to_float(value)
     if number is None or not math.isfinite(number) or number != int(number):
         return None

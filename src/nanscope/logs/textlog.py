@@ -81,11 +81,25 @@ _MESSAGE_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("traceback", re.compile(r"^\s*Traceback \(most recent call last\)")),
     ("terminate_on_nan", re.compile(r"Invalid loss, terminating training", re.I)),
 )
-_ANY_MESSAGE = re.compile(
-    r"loss scale|overflow|OVERFLOW|returned nan values|Error detected in|out of memory|"
-    r"OutOfMemory|RESOURCE_EXHAUSTED|NCCL|nccl|Traceback|Invalid loss",
-    re.I,
+#: Lower-case words one of which every message line holds: a cheap filter before the patterns.
+_MESSAGE_WORDS = (
+    "loss scale",
+    "overflow",
+    "returned nan",
+    "error detected in",
+    "out of memory",
+    "outofmemory",
+    "resource_exhausted",
+    "nccl",
+    "traceback",
+    "invalid loss",
 )
+#: ... and one of which a line with a value we read holds.
+_VALUE_WORDS = ("lr", "learning", "norm", "epoch")
+
+
+def _has_message(low: str) -> bool:
+    return any(word in low for word in _MESSAGE_WORDS)
 _EXCEPTION_LINE = re.compile(
     r"^[A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit|Warning)\b.*|^\w+Error$"
 )
@@ -112,7 +126,7 @@ def looks_like(lines: Iterable[str]) -> bool:
             found = _pairs(segment)
             if "loss" in found or "val_loss" in found:
                 return True
-            if _ANY_MESSAGE.search(segment) and any(
+            if _has_message(segment.lower()) and any(
                 pattern.search(segment) for _, pattern in _MESSAGE_PATTERNS
             ):
                 return True
@@ -178,16 +192,19 @@ class _State:
         ):
             self.traceback["exception"] = segment.strip()[:300]
             self.traceback = None
-        if _ANY_MESSAGE.search(segment):
+        low = segment.lower()
+        if _has_message(low):
             self.scan_message(lineno, segment)
+        if "loss" not in low and not any(word in low for word in _VALUE_WORDS):
+            return
         found = _pairs(segment)
         if not found:
             return
         step: int | None = None
         tqdm = _TQDM.search(segment) if "<" in segment else None
         if "step" in found:
-            number = to_float(found["step"][1])
-            if number is not None and number == number and abs(number) < 1e15:
+            number = float(found["step"][1])
+            if number == number and abs(number) < 1e15:
                 step = int(number)
         elif tqdm is not None:
             n, total = int(tqdm.group(1)), int(tqdm.group(2))
@@ -198,15 +215,13 @@ class _State:
             self.tqdm_last, self.tqdm_total = n, total
             step = self.tqdm_base + n
         if "epoch" in found:
-            number = to_float(found["epoch"][1])
-            if number is not None and number == number and number == int(number):
+            number = float(found["epoch"][1])
+            if abs(number) < 1e15 and number == int(number):
                 self.epoch = int(number)
         record: Record = {}
         for key in ("loss", "val_loss", "lr", "grad_norm"):
             if key in found:
-                value = to_float(found[key][1])
-                if value is not None:
-                    record[key] = value
+                record[key] = float(found[key][1])
         if not record:
             return
         if step is not None:
