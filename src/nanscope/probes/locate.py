@@ -1,0 +1,839 @@
+"""Localisation: replay the failing PyTorch update and name the op, module and line that broke it.
+
+The adapter calls :func:`locate` with a :class:`~nanscope.probes.failure.TorchFailure` only after a
+detector fired, so a healthy run never pays for any of this. The replay:
+
+1. runs the model's forward again on the failing batch, with the parameters of the failing update
+   (the step has not run), the same autocast dtype and, when the adapter saved it, the same RNG
+   state, under anomaly mode (every autograd node records the stack that created it), with forward
+   hooks on every submodule (which module is running, how large its output is) and a
+   ``TorchFunctionMode`` that checks each op's output: the first op whose output is non-finite
+   while its inputs are finite is where the NaN or inf was *made*;
+2. replays the loss: ``failure.loss_module`` on the replayed output when there is one, otherwise
+   the autograd graph of ``failure.loss`` while it still holds its saved tensors;
+3. when the forward is clean, runs the backward (``torch.autograd.grad``, so ``.grad`` is never
+   touched) with a hook on every autograd node: the first node whose output gradient is non-finite
+   while the gradient it received is finite is the backward op (``SqrtBackward0`` at 0,
+   ``DivBackward0`` by 0 ...);
+4. names the user's source line: anomaly mode's traceback of the node, else the stack at the op,
+   else the ``loss.backward()`` function scanned for the op's spelling.
+
+Buffers (batch-norm statistics) are restored after the replay, and parameters' ``.grad`` is never
+written. Everything is caught: a bug here returns ``{}`` with one warning, never an exception.
+
+The result (merged into the diagnosis evidence)::
+
+    {"located": {"phase", "op", "module", "source": {"file", "line"}, "inputs", "dtype", ...},
+     "rows": [...], "activations": {...}, "weight_scale": {...}}
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import math
+import os
+import re
+import traceback
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+from nanscope.probes.failure import TorchFailure
+
+__all__ = ["HALF_MAX", "locate"]
+
+#: the largest finite float16
+HALF_MAX = 65504.0
+
+#: backward nodes (by name fragment) that turn a zero or a huge input into inf/NaN
+_HAZARD_NODES = ("Log", "Div", "Sqrt", "Rsqrt", "Norm", "Pow", "Reciprocal", "Exp", "Xlogy",
+                 "BinaryCrossEntropy", "Atan2", "Acos", "Asin", "Cdist", "Erfinv")  # fmt: skip
+
+#: how an op is spelled in source code, for the last-resort line scan
+_SPELLING: dict[str, tuple[str, ...]] = {
+    "log": ("log(", ".log", "log_softmax", "xlogy"),
+    "div": ("/", "div(", "true_divide"),
+    "sqrt": ("sqrt(", ".sqrt", "** 0.5", "**0.5"),
+    "rsqrt": ("rsqrt",),
+    "norm": ("norm(", ".norm"),
+    "pow": ("**", "pow("),
+    "exp": ("exp(", ".exp"),
+    "reciprocal": ("reciprocal", "1 /", "1/"),
+    "cosine": ("cosine", "cos_sim"),
+    "binary_cross_entropy": ("BCELoss", "binary_cross_entropy"),
+}
+
+_NAME_FIXES = {
+    "truediv": "div", "rtruediv": "div", "true_divide": "div", "divide": "div", "rpow": "pow",
+    "rdiv": "div", "rmul": "mul", "rsub": "sub", "radd": "add",
+}  # fmt: skip
+
+
+def locate(failure: TorchFailure) -> dict[str, Any]:
+    """Replay the failing update and say where the first non-finite value appeared.
+
+    Returns ``{"located": {...}, "rows": [...], ...}`` with whatever could be found, or ``{}``
+    (and one warning) when the probe itself failed.
+    """
+    try:
+        return _Locator(failure).run()
+    except Exception as exc:  # a probe bug must never kill the user's run
+        warnings.warn(
+            f"nanscope: the localisation replay failed ({type(exc).__name__}: {exc}); the "
+            "diagnosis goes on without the op and module. Please report this.",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        return {}
+
+
+# ---------------------------------------------------------------------------------- helpers
+
+
+def _library_dirs() -> tuple[str, ...]:
+    import torch
+
+    import nanscope
+
+    dirs = [os.path.dirname(torch.__file__), os.path.dirname(nanscope.__file__)]
+    for mod in ("contextlib", "functools"):
+        with contextlib.suppress(Exception):
+            dirs.append(os.path.dirname(str(__import__(mod).__file__)))  # stdlib
+    return tuple(os.path.realpath(d) + os.sep for d in dirs)
+
+
+def _is_user_file(path: str, lib: tuple[str, ...]) -> bool:
+    if not path or path.startswith("<"):
+        return False
+    real = os.path.realpath(path)
+    return not any(real.startswith(d) for d in lib)
+
+
+_FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>[^\n]+)')
+
+
+_REPLAY_FUNCS = ("_replay", "_replay_loss")
+
+
+def _inside_replay(files: list[tuple[str, str]]) -> int:
+    """Index of the first frame below the replay's own call (frames outside it are not the op's)."""
+    here = os.path.realpath(__file__)
+    start = 0
+    for i, (file, func) in enumerate(files):
+        if func in _REPLAY_FUNCS and os.path.realpath(file) == here:
+            start = i + 1
+    return start
+
+
+def _source_from_traceback(entries: Any, lib: tuple[str, ...]) -> dict[str, Any] | None:
+    """The innermost user frame of anomaly mode's recorded traceback (a list of strings)."""
+    if not entries:
+        return None
+    text = "".join(entries) if isinstance(entries, (list, tuple)) else str(entries)
+    frames = [m for m in _FRAME.finditer(text)]
+    frames = frames[_inside_replay([(m.group("file"), m.group("func").strip()) for m in frames]):]
+    for m in reversed(frames):
+        if _is_user_file(m.group("file"), lib):
+            return {"file": m.group("file"), "line": int(m.group("line")),
+                    "function": m.group("func").strip()}  # fmt: skip
+    return None
+
+
+def _source_from_stack(stack: list[traceback.FrameSummary], lib: tuple[str, ...]) -> dict | None:
+    stack = stack[_inside_replay([(f.filename, f.name) for f in stack]):]
+    for frame in reversed(stack):
+        if _is_user_file(frame.filename, lib):
+            out: dict[str, Any] = {"file": frame.filename, "line": frame.lineno,
+                                   "function": frame.name}  # fmt: skip
+            if frame.line:
+                out["code"] = frame.line.strip()
+            return out
+    return None
+
+
+def _op_family(op: str) -> str:
+    low = op.lower()
+    for family in ("rsqrt", "sqrt", "reciprocal", "binary_cross_entropy", "binarycrossentropy",
+                   "xlogy", "log", "div", "norm", "pow", "exp", "cosine"):  # fmt: skip
+        if family in low:
+            return "binary_cross_entropy" if family == "binarycrossentropy" else family
+    return low
+
+
+def _scan_function(site: Any, op: str) -> dict[str, Any] | None:
+    """Last resort: the line of the ``loss.backward()`` function that spells the op."""
+    if site is None or not getattr(site, "file", None):
+        return None
+    spellings = _SPELLING.get(_op_family(op))
+    if not spellings:
+        return None
+    try:
+        with open(site.file, encoding="utf-8") as fh:
+            lines = fh.read().splitlines()
+    except OSError:
+        return None
+    start, end = 0, min(len(lines), int(site.line))
+    # the enclosing function: walk up from the backward line to its `def`
+    indent_of = lambda s: len(s) - len(s.lstrip())  # noqa: E731
+    for i in range(end - 1, -1, -1):
+        stripped = lines[i].lstrip()
+        if stripped.startswith(("def ", "async def ")) and indent_of(lines[i]) < indent_of(
+            lines[end - 1]
+        ):
+            start = i
+            break
+    for i in range(end - 1, start - 1, -1):
+        code = lines[i].split("#", 1)[0]
+        if any(s in code for s in spellings):
+            return {"file": site.file, "line": i + 1, "code": lines[i].strip(), "guessed": True}
+    return None
+
+
+def _tensors(obj: Any, depth: int = 0) -> Iterator[Any]:
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif depth < 3 and isinstance(obj, (list, tuple)):
+        for item in obj:
+            yield from _tensors(item, depth + 1)
+    elif depth < 3 and isinstance(obj, dict):
+        for item in obj.values():
+            yield from _tensors(item, depth + 1)
+
+
+def _float_tensors(obj: Any) -> list[Any]:
+    return [t for t in _tensors(obj) if t.is_floating_point() and t.numel() and not t.is_meta]
+
+
+def _all_finite(tensors: list[Any]) -> bool:
+    import torch
+
+    return all(bool(torch.isfinite(t).all()) for t in tensors)
+
+
+def _has_nonfinite_scalar(args: Any, kwargs: Any) -> bool:
+    for value in list(args) + list((kwargs or {}).values()):
+        if isinstance(value, float) and not math.isfinite(value):
+            return True
+    return False
+
+
+def _summary(t: Any) -> dict[str, Any]:
+    """What a tensor holds, in the terms the rules use."""
+    import torch
+
+    with torch.no_grad():
+        x = t.detach()
+        finite = torch.isfinite(x)
+        out: dict[str, Any] = {"dtype": str(x.dtype).replace("torch.", ""),
+                               "shape": list(x.shape)}  # fmt: skip
+        if not bool(finite.all()):
+            out["nonfinite"] = int((~finite).sum())
+            out["nan"] = bool(torch.isnan(x).any())
+        xf = torch.where(finite, x, torch.zeros((), dtype=x.dtype, device=x.device)).float()
+        out["absmax"] = float(xf.abs().max()) if xf.numel() else 0.0
+        out["zeros"] = int((x == 0).sum())
+        out["numel"] = int(x.numel())
+    return out
+
+
+def _describe(op: str, summaries: list[dict[str, Any]], out_dtype: str | None) -> str:
+    """'exactly zero' / 'huge (max |x| = ...)' / 'past the half range' / 'non-finite'."""
+    family = _op_family(op)
+    if any(s.get("nonfinite") for s in summaries):
+        return "non-finite (" + ("nan" if any(s.get("nan") for s in summaries) else "inf") + ")"
+    half = out_dtype == "float16" or any(s["dtype"] == "float16" for s in summaries)
+    absmax = max((s["absmax"] for s in summaries), default=0.0)
+    zero_ops = ("log", "xlogy", "sqrt", "rsqrt", "norm", "reciprocal", "cosine",
+                "binary_cross_entropy")  # fmt: skip
+    if family in zero_ops and any(s["zeros"] for s in summaries):
+        return "exactly zero"
+    if family == "div":
+        divisor = summaries[1] if len(summaries) > 1 else summaries[0] if summaries else None
+        if divisor is not None and divisor["zeros"]:
+            return "exactly zero"
+    if family == "pow" and any(s["zeros"] for s in summaries):
+        return "exactly zero"
+    if half and (absmax > HALF_MAX / 64 or family == "exp"):
+        return "past the half range"
+    if family == "exp" and absmax > 80:
+        return f"huge (max |x| = {absmax:.3g})"
+    if absmax > 1e15:
+        return f"huge (max |x| = {absmax:.3g})"
+    if half:
+        return "past the half range"
+    if any(s["zeros"] for s in summaries):
+        return "exactly zero"
+    return f"finite (max |x| = {absmax:.3g})"
+
+
+def _saved_tensors(node: Any) -> dict[str, Any]:
+    """The saved tensors of an autograd node (``_saved_self``, ``_saved_other``, ...)."""
+    import torch
+
+    saved: dict[str, Any] = {}
+    for attr in dir(node):
+        if not attr.startswith("_saved_") or attr.endswith(("_sym_sizes", "_sizes", "_strides")):
+            continue
+        try:
+            value = getattr(node, attr)
+        except RuntimeError:
+            raise  # freed graph: the caller decides
+        except Exception:
+            continue
+        if isinstance(value, torch.Tensor) and value.is_floating_point() and value.numel():
+            saved[attr[len("_saved_"):]] = value
+    return saved
+
+
+def _walk(root: Any, limit: int = 20000) -> list[Any]:
+    """Every autograd node reachable from ``root``, root first (breadth first)."""
+    seen: set[int] = set()
+    order: list[Any] = []
+    queue = [root]
+    while queue and len(order) < limit:
+        node = queue.pop(0)
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        order.append(node)
+        for nxt, _ in getattr(node, "next_functions", ()):
+            if nxt is not None:
+                queue.append(nxt)
+    return order
+
+
+# ---------------------------------------------------------------------------------- the replay
+
+
+class _Locator:
+    def __init__(self, failure: TorchFailure) -> None:
+        import torch
+
+        self.torch = torch
+        self.f = failure
+        self.lib = _library_dirs()
+        self.module_stack: list[str] = []
+        self.names: dict[int, str] = {}
+        self.first: dict[str, Any] | None = None  # origin: non-finite out, finite in
+        self.first_nan: dict[str, Any] | None = None  # inf -> nan
+        self.first_any: dict[str, Any] | None = None
+        self.node_info: dict[int, dict[str, Any]] = {}
+        self.activations: list[dict[str, Any]] = []
+        self.first_bad_module: str | None = None
+
+    # ---------------------------------------------------------------- entry
+
+    def run(self) -> dict[str, Any]:
+        result: dict[str, Any] = {}
+        rows = self._rows()
+        if rows:
+            result["rows"] = rows
+        located: dict[str, Any] | None = None
+        model = self.f.model
+        if model is not None and hasattr(model, "named_modules"):
+            self.names = {id(m): (n or type(model).__name__) for n, m in model.named_modules()}
+            located = self._replay(model)
+            if self.activations:
+                result["activations"] = self._activation_summary()
+            scale = self._weight_scale(model)
+            if scale:
+                result["weight_scale"] = scale
+        elif self.f.loss is not None:
+            located = self._from_loss_graph(self.f.loss)
+        if located:
+            located.setdefault("step", self.f.step)
+            result["located"] = {k: v for k, v in located.items() if v is not None}
+        return result
+
+    # ---------------------------------------------------------------- rows
+
+    def _rows(self) -> list[dict[str, Any]]:
+        import numpy as np
+
+        from nanscope.capture.arrays import nonfinite_rows, robust_rows
+
+        index = self.f.batch_index
+        if index is not None:
+            try:
+                index = np.asarray(
+                    index.detach().cpu() if hasattr(index, "detach") else index
+                ).reshape(-1)
+            except Exception:
+                index = None
+        found: list[dict[str, Any]] = []
+        sources: list[tuple[str, Any]] = []
+        inputs = _float_tensors(self.f.args) or _float_tensors(self.f.kwargs)
+        if inputs:
+            sources.append(("inputs", inputs[0]))
+        if self.f.targets is not None:
+            targets = list(_tensors(self.f.targets))
+            if targets:
+                sources.append(("targets", targets[0]))
+        for source, tensor in sources:
+            try:
+                array = tensor.detach().float().cpu().numpy()
+                count, bad = nonfinite_rows(array, source, index)
+                if not count and array.ndim >= 1 and array.shape[0] >= 3:
+                    _, bad = robust_rows(array, source, index)
+            except Exception:
+                continue
+            for row in bad:
+                row["step"] = self.f.step
+            found.extend(bad)
+        return found
+
+    # ---------------------------------------------------------------- forward replay
+
+    def _replay(self, model: Any) -> dict[str, Any] | None:
+        torch = self.torch
+        f = self.f
+        params = [p for p in model.parameters() if p.requires_grad]
+        device = next((p.device for p in model.parameters()), torch.device("cpu"))
+        buffers = {n: b.detach().clone() for n, b in model.named_buffers()}
+        hooks = []
+        for module in model.modules():
+            hooks.append(module.register_forward_pre_hook(self._pre_hook))
+            hooks.append(module.register_forward_hook(self._post_hook))
+        loss_module = f.loss_module
+        if loss_module is not None and hasattr(loss_module, "register_forward_pre_hook"):
+            self.names.setdefault(id(loss_module), type(loss_module).__name__)
+            hooks.append(loss_module.register_forward_pre_hook(self._pre_hook))
+            hooks.append(loss_module.register_forward_hook(self._post_hook))
+        out = loss = None
+        try:
+            with contextlib.ExitStack() as stack:
+                stack.enter_context(warnings.catch_warnings())
+                warnings.simplefilter("ignore")
+                stack.enter_context(self._rng(device))
+                stack.enter_context(torch.enable_grad())
+                stack.enter_context(torch.autograd.detect_anomaly(check_nan=False))
+                if f.autocast is not None:
+                    stack.enter_context(torch.autocast(device.type, dtype=f.autocast))
+                stack.enter_context(_OpWatch(self))
+                out = model(*f.args, **f.kwargs)
+                self.module_stack = []
+                loss = self._replay_loss(out)
+        finally:
+            for h in hooks:
+                h.remove()
+            with torch.no_grad():
+                named = dict(model.named_buffers())
+                for n, b in buffers.items():
+                    if n in named:
+                        named[n].copy_(b)
+        origin = self.first or self.first_nan or self.first_any
+        if origin is not None:
+            return self._forward_located(origin)
+        # the forward is clean: the loss part of the original graph, then the backward
+        if loss is None and f.loss is not None:
+            graph = self._from_loss_graph(f.loss, forward_only=True)
+            if graph:
+                return graph
+        return self._backward(model, out, loss, params)
+
+    def _rng(self, device: Any) -> Any:
+        torch = self.torch
+        devices = [device] if device.type == "cuda" else []
+        ctx = torch.random.fork_rng(devices=devices)
+        state = self.f.extra.get("rng_state")
+        cuda_state = self.f.extra.get("cuda_rng_state")
+
+        @contextlib.contextmanager
+        def restore() -> Iterator[None]:
+            with ctx:
+                if state is not None:
+                    torch.set_rng_state(state)
+                if cuda_state is not None and devices:
+                    torch.cuda.set_rng_state(cuda_state, device)
+                yield
+
+        return restore()
+
+    def _replay_loss(self, out: Any) -> Any:
+        """The loss on the replayed output: the loss module's, when the adapter saw one."""
+        f = self.f
+        module = f.loss_module
+        if module is None or not f.loss_args:
+            return None
+        args = list(f.loss_args)
+        first = args[0]
+        if first is f.output or (
+            hasattr(first, "shape") and hasattr(out, "shape") and first.shape == out.shape
+        ):
+            args[0] = out
+        return module(*args)
+
+    def _pre_hook(self, module: Any, args: Any) -> None:
+        self.module_stack.append(self.names.get(id(module), type(module).__name__))
+
+    def _post_hook(self, module: Any, args: Any, output: Any) -> None:
+        torch = self.torch
+        name = self.names.get(id(module), type(module).__name__)
+        if self.module_stack:
+            self.module_stack.pop()
+        try:
+            outs = _float_tensors(output)
+            if not outs:
+                return
+            t = outs[0].detach()
+            if self.first_bad_module is None and not _all_finite(outs):
+                self.first_bad_module = name
+            has_params = any(True for _ in module.parameters(recurse=False))
+            if has_params and module is not self.f.loss_module:
+                with torch.no_grad():
+                    tf = t.float()
+                    finite = torch.isfinite(tf)
+                    rms = float(tf[finite].pow(2).mean().sqrt()) if bool(finite.any()) else math.nan
+                self.activations.append(
+                    {"module": name, "rms": rms, "finite": bool(finite.all()),
+                     "dtype": str(t.dtype).replace("torch.", "")}
+                )
+        except Exception:
+            pass
+
+    def _note_op(self, func: Any, args: Any, kwargs: Any, out: Any) -> None:
+        """Called by the op watcher for each op of the replay."""
+        outs = _float_tensors(out)
+        if not outs:
+            return
+        name = _op_name(func)
+        module = self.module_stack[-1] if self.module_stack else None
+        for t in outs:
+            fn = getattr(t, "grad_fn", None)
+            if fn is not None and id(fn) not in self.node_info:
+                self.node_info[id(fn)] = {"op": name, "module": module}
+        if self.first is not None:
+            return
+        if _all_finite(outs):
+            return
+        ins = _float_tensors(args) + _float_tensors(kwargs)
+        in_finite = _all_finite(ins)
+        entry: dict[str, Any] = {
+            "op": name, "module": module, "ins": [_summary(t) for t in ins[:4]],
+            "out": _summary(outs[0]), "stack": traceback.extract_stack()[:-3],
+        }  # fmt: skip
+        if in_finite and not _has_nonfinite_scalar(args, kwargs or {}):
+            self.first = entry
+        elif self.first_nan is None and entry["out"].get("nan") and not any(
+            s.get("nan") for s in entry["ins"]
+        ):
+            self.first_nan = entry
+        if self.first_any is None:
+            self.first_any = entry
+
+    def _forward_located(self, origin: dict[str, Any]) -> dict[str, Any]:
+        out_dtype = origin["out"]["dtype"]
+        located: dict[str, Any] = {
+            "phase": "forward",
+            "op": origin["op"],
+            "module": origin["module"] or self.first_bad_module,
+            "source": _source_from_stack(origin["stack"], self.lib),
+            "inputs": _describe(origin["op"], origin["ins"], out_dtype),
+            "dtype": out_dtype,
+            "input_absmax": max((s["absmax"] for s in origin["ins"]), default=None),
+            "output": "nan" if origin["out"].get("nan") else "inf",
+        }
+        located["input_zero"] = located["inputs"] == "exactly zero"
+        if origin is not self.first:
+            located["note"] = "the op's inputs were already non-finite"
+        if self.f.autocast is not None:
+            located["autocast"] = str(self.f.autocast).replace("torch.", "")
+        if located["source"] is None:
+            located["source"] = _scan_function(self.f.backward_site, origin["op"])
+        return located
+
+    # ---------------------------------------------------------------- backward replay
+
+    def _backward(self, model: Any, out: Any, loss: Any, params: list[Any]) -> dict | None:
+        torch = self.torch
+        f = self.f
+        if not params:
+            return None
+        if loss is not None and getattr(loss, "grad_fn", None) is not None:
+            root, grad_out = loss, None
+            if root.numel() != 1:
+                grad_out = torch.ones_like(root)
+        else:
+            outs = [t for t in _float_tensors(out) if t.grad_fn is not None]
+            if not outs:
+                return self._from_loss_graph(f.loss) if f.loss is not None else None
+            root = outs[0]
+            grad_out = f.extra.get("output_grad")
+            if grad_out is None or getattr(grad_out, "shape", None) != root.shape:
+                grad_out = torch.ones_like(root)
+            elif not bool(torch.isfinite(grad_out).all()):
+                # the loss code (after the model) made the non-finite gradient
+                graph = self._from_loss_graph(f.loss) if f.loss is not None else None
+                return graph or {"phase": "backward", "op": None, "module": None,
+                                 "note": "the gradient reaching the model's output is already "
+                                         "non-finite: the loss code made it"}  # fmt: skip
+        found = self._hooked_backward(root, grad_out, params)
+        if found is None and loss is None and f.loss is not None:
+            return self._from_loss_graph(f.loss)
+        return found
+
+    def _hooked_backward(self, root: Any, grad_out: Any, params: list[Any]) -> dict | None:
+        torch = self.torch
+        nodes = _walk(root.grad_fn)
+        hits: list[Any] = []
+        handles = []
+
+        def make(node: Any) -> Any:
+            def hook(grad_inputs: Any, grad_outputs: Any) -> None:
+                if hits:
+                    return
+                gi = [g for g in grad_inputs if g is not None and g.is_floating_point()]
+                go = [g for g in grad_outputs if g is not None and g.is_floating_point()]
+                if gi and not _all_finite(gi) and _all_finite(go):
+                    hits.append(node)
+
+            return hook
+
+        for node in nodes:
+            if type(node).__name__ == "AccumulateGrad":
+                continue
+            with contextlib.suppress(Exception):
+                handles.append(node.register_hook(make(node)))
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                torch.autograd.grad(root, params, grad_outputs=grad_out, allow_unused=True,
+                                    retain_graph=True)  # fmt: skip
+        finally:
+            for h in handles:
+                h.remove()
+        if not hits:
+            return None
+        return self._node_located(hits[0], "backward")
+
+    def _node_located(self, node: Any, phase: str) -> dict[str, Any]:
+        name = type(node).__name__
+        info = self.node_info.get(id(node), {})
+        try:
+            saved = _saved_tensors(node)
+        except Exception:
+            saved = {}
+        summaries = [_summary(t) for t in saved.values()]
+        source = None
+        with contextlib.suppress(Exception):
+            source = _source_from_traceback(node.metadata.get("traceback_"), self.lib)
+        if source is None:
+            source = _scan_function(self.f.backward_site, name)
+        located: dict[str, Any] = {
+            "phase": phase,
+            "op": name,
+            "module": info.get("module"),
+            "forward_op": info.get("op"),
+            "source": source,
+        }
+        if summaries:
+            located["inputs"] = _backward_inputs(name, saved, summaries)
+            located["dtype"] = summaries[0]["dtype"]
+            located["input_absmax"] = max(s["absmax"] for s in summaries)
+            located["input_zero"] = located["inputs"] == "exactly zero"
+        return located
+
+    # ---------------------------------------------------------------- the original loss graph
+
+    def _from_loss_graph(self, loss: Any, forward_only: bool = False) -> dict[str, Any] | None:
+        """Inspect ``failure.loss``'s autograd graph: saved tensors if alive, names if freed."""
+        torch = self.torch
+        root = getattr(loss, "grad_fn", None)
+        if root is None:
+            return None
+        stop: set[int] = set()
+        out = self.f.output
+        for t in _float_tensors(out):
+            if t.grad_fn is not None:
+                stop.add(id(t.grad_fn))
+        nodes: list[Any] = []
+        seen: set[int] = set()
+        queue = [root]
+        while queue and len(nodes) < 5000:
+            node = queue.pop(0)
+            if node is None or id(node) in seen or id(node) in stop:
+                continue
+            seen.add(id(node))
+            nodes.append(node)
+            queue.extend(n for n, _ in node.next_functions if n is not None)
+        alive = True
+        hazards: list[tuple[Any, str | None]] = []
+        for node in reversed(nodes):  # deepest (earliest in the forward) first
+            name = type(node).__name__
+            if not any(h in name for h in _HAZARD_NODES):
+                continue
+            try:
+                saved = _saved_tensors(node)
+            except RuntimeError:
+                alive = False
+                saved = {}
+            if not saved:
+                hazards.append((node, None))
+                continue
+            summaries = [_summary(t) for t in saved.values()]
+            hazards.append((node, _backward_inputs(name, saved, summaries)))
+        bad = [(n, why) for n, why in hazards if why and why != "finite"]
+        if bad:
+            node, _why = bad[0]
+            loss_finite = bool(torch.isfinite(loss.detach()).all())
+            located = self._node_located(node, "backward" if loss_finite else "forward")
+            if not loss_finite:
+                located["op"] = _forward_name(type(node).__name__)
+                located["backward_op"] = type(node).__name__
+            located["module"] = located.get("module") or "loss"
+            return located
+        if forward_only and alive:
+            return None
+        if hazards and not alive:
+            loss_finite = bool(torch.isfinite(loss.detach()).all())
+            node = _likeliest(hazards, "backward" if loss_finite else "forward")
+            if node is None:
+                return None
+            name = type(node).__name__
+            return {
+                "phase": "backward" if loss_finite else "forward",
+                "op": name if loss_finite else _forward_name(name),
+                "module": "loss",
+                "source": _scan_function(self.f.backward_site, name),
+                "note": "the loss's graph was freed; the op is the one hazardous op found in it",
+                "guessed": True,
+            }
+        return None
+
+    # ---------------------------------------------------------------- first-batch evidence
+
+    def _activation_summary(self) -> dict[str, Any]:
+        acts = self.activations
+        rms = [a["rms"] for a in acts]
+        finite = [r for r in rms if math.isfinite(r) and r > 0]
+        out: dict[str, Any] = {"layers": acts[:64]}
+        if len(finite) >= 2:
+            ratios = [b / a for a, b in itertools.pairwise(finite)]
+            ratios.sort()
+            out["growth"] = finite[-1] / finite[0]
+            out["median_ratio"] = ratios[len(ratios) // 2]
+            out["rising"] = sum(1 for r in ratios if r > 1.5)
+        out["nonfinite_at"] = next((a["module"] for a in acts if not a["finite"]), None)
+        return out
+
+    def _weight_scale(self, model: Any) -> dict[str, Any]:
+        """std(W) * sqrt(fan_in) per weight matrix: about 0.5..1.5 for standard initialisers."""
+        torch = self.torch
+        layers: list[dict[str, Any]] = []
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if p.dim() < 2 or not p.is_floating_point() or p.is_meta or not name.endswith(
+                    "weight"
+                ):
+                    continue
+                fan_in = p[0].numel()
+                if fan_in < 2:
+                    continue
+                w = p.detach().float()
+                if not bool(torch.isfinite(w).all()):
+                    continue
+                ratio = float(w.std() * math.sqrt(fan_in))
+                layers.append({"param": name, "fan_in": int(fan_in), "ratio": ratio})
+                if len(layers) >= 64:
+                    break
+        if not layers:
+            return {}
+        ratios = sorted(x["ratio"] for x in layers)
+        return {"layers": layers, "median_ratio": ratios[len(ratios) // 2],
+                "max_ratio": ratios[-1], "min_ratio": ratios[0]}  # fmt: skip
+
+
+#: with the saved tensors gone, which op most often makes the non-finite value, per phase
+_LIKELY = {
+    "forward": ("Log", "Xlogy", "Div", "Reciprocal", "Rsqrt", "Exp", "Pow", "Sqrt"),
+    "backward": ("Sqrt", "Norm", "Rsqrt", "Cdist", "Pow", "Div", "Atan2", "Acos", "Asin", "Log"),
+}
+
+
+def _likeliest(hazards: list[tuple[Any, str | None]], phase: str) -> Any:
+    nodes = []
+    for node, _ in hazards:
+        exponent = getattr(node, "_saved_exponent", None)
+        if isinstance(exponent, (int, float)) and exponent >= 1 and "Pow" in type(node).__name__:
+            continue  # x ** 2 is harmless
+        nodes.append(node)
+    for fragment in _LIKELY[phase]:
+        for node in nodes:
+            if fragment in type(node).__name__:
+                return node
+    return nodes[0] if nodes else None
+
+
+def _backward_inputs(name: str, saved: dict[str, Any], summaries: list[dict[str, Any]]) -> str:
+    """Why a backward node's saved inputs make a non-finite gradient."""
+    family = _op_family(name)
+    if any(s.get("nonfinite") for s in summaries):
+        return "non-finite"
+    if family == "div":
+        other = saved.get("other")
+        if other is not None and bool((other == 0).any()):
+            return "exactly zero"
+        return "finite"
+    if family in ("sqrt", "rsqrt", "norm"):
+        target = saved.get("result", saved.get("self"))
+        if target is not None and bool((target == 0).any()):
+            return "exactly zero"
+        return "finite"
+    if family in ("log", "reciprocal", "pow", "xlogy", "binary_cross_entropy"):
+        target = saved.get("self")
+        if target is None and saved:
+            target = next(iter(saved.values()))
+        if target is not None and bool((target == 0).any()):
+            return "exactly zero"
+        if family == "binary_cross_entropy" and target is not None and bool((target == 1).any()):
+            return "exactly zero"  # 1 - p == 0
+        return "finite"
+    if family == "exp":
+        absmax = max(s["absmax"] for s in summaries)
+        if any(s["dtype"] == "float16" for s in summaries) and absmax > HALF_MAX / 64:
+            return "past the half range"
+        return f"huge (max |x| = {absmax:.3g})" if absmax > 80 else "finite"
+    return "finite"
+
+
+def _forward_name(node_name: str) -> str:
+    base = re.sub(r"Backward\d*$", "", node_name)
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", base).lower()
+
+
+def _op_name(func: Any) -> str:
+    name = getattr(func, "__name__", None) or str(func)
+    if name == "__get__":
+        name = getattr(getattr(func, "__self__", None), "__name__", name)
+    name = name.strip("_")
+    return _NAME_FIXES.get(name, name)
+
+
+class _OpWatch:
+    """A TorchFunctionMode that reports every op's output to the locator (built lazily)."""
+
+    def __init__(self, locator: _Locator) -> None:
+        from torch.overrides import TorchFunctionMode
+
+        loc = locator
+
+        class Mode(TorchFunctionMode):
+            def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+                kwargs = kwargs or {}
+                out = func(*args, **kwargs)
+                with contextlib.suppress(Exception):
+                    loc._note_op(func, args, kwargs, out)
+                return out
+
+        self.mode = Mode()
+
+    def __enter__(self) -> _OpWatch:
+        self.mode.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.mode.__exit__(*exc)
+

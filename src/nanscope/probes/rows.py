@@ -1,0 +1,193 @@
+"""Which dataset rows a batch holds: follow a DataLoader's sampler, batch by batch.
+
+A bad row is only useful to a user as a row of *their data*. A ``DataLoader`` knows which dataset
+indices it put in each batch (its sampler draws them), but forgets them at once. Tracking keeps the
+indices of the batch the loader handed out last, for the price of one list per batch::
+
+    tracker = nanscope.probes.rows.track_dataloader(loader)
+    for x, y in loader:
+        ...
+        tracker.current          # dataset indices of (x, y), in row order
+        current_batch_index()    # the same, from whichever tracked loader yielded last
+
+With ``num_workers > 0`` the sampler runs ahead of the batches (prefetching); the tracker queues
+the indices it saw drawn and pops one list per batch *yielded*, so ``current`` is the batch the
+training loop holds, not the one being prefetched. Iterable-style datasets have no indices:
+``current`` stays ``None``. ``install()`` does the same for every DataLoader of the process
+(``nanscope run``); ``uninstall()`` undoes it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections import deque
+from collections.abc import Iterator
+from typing import Any
+
+__all__ = ["LoaderTracker", "current_batch_index", "install", "track_dataloader", "uninstall"]
+
+_ATTR = "_nanscope_tracker"
+_last: dict[str, Any] = {"index": None}
+_patched: dict[str, Any] = {}
+_lock = threading.Lock()
+
+
+def current_batch_index() -> list[int] | None:
+    """Dataset indices of the batch most recently yielded by any tracked DataLoader."""
+    index = _last["index"]
+    return list(index) if index is not None else None
+
+
+class _Recording:
+    """Wraps a (batch) sampler: passes its indices through and queues a copy of each batch's."""
+
+    def __init__(self, inner: Any, tracker: LoaderTracker, batched: bool) -> None:
+        self._inner = inner
+        self._tracker = tracker
+        self._batched = batched
+
+    def __iter__(self) -> Iterator[Any]:
+        for item in self._inner:
+            self._tracker._drawn.append(list(item) if self._batched else [item])
+            yield item
+
+    def __len__(self) -> int:
+        return len(self._inner)
+
+    def __getattr__(self, name: str) -> Any:  # batch_size, drop_last, sampler ...
+        return getattr(self._inner, name)
+
+
+class LoaderTracker:
+    """The dataset indices of the batch a DataLoader yielded last (``current``)."""
+
+    def __init__(self) -> None:
+        self._drawn: deque[list[int]] = deque()
+        self.current: list[int] | None = None
+        self.batches = 0
+
+    def _yielded(self) -> None:
+        self.batches += 1
+        self.current = self._drawn.popleft() if self._drawn else None
+        _last["index"] = self.current
+
+    def _reset(self) -> None:
+        self._drawn.clear()
+
+
+class _TrackedIter:
+    def __init__(self, inner: Any, tracker: LoaderTracker) -> None:
+        self._inner = inner
+        self._tracker = tracker
+
+    def __iter__(self) -> _TrackedIter:
+        return self
+
+    def __next__(self) -> Any:
+        batch = next(self._inner)
+        with contextlib.suppress(Exception):
+            self._tracker._yielded()
+        return batch
+
+    def __len__(self) -> int:
+        return len(self._inner)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+def _prepare(loader: Any) -> LoaderTracker | None:
+    """Attach a tracker to a DataLoader (once); None when its batches have no indices."""
+    tracker = loader.__dict__.get(_ATTR)
+    if tracker is not None:
+        return tracker  # type: ignore[no-any-return]
+    if type(getattr(loader, "dataset", None)).__name__ == "IterableDataset" or getattr(
+        loader, "_dataset_kind", 0
+    ) == 1:
+        return None
+    tracker = LoaderTracker()
+    batch_sampler = getattr(loader, "batch_sampler", None)
+    if batch_sampler is not None:
+        object.__setattr__(loader, "batch_sampler", _Recording(batch_sampler, tracker, True))
+    elif getattr(loader, "sampler", None) is not None:
+        object.__setattr__(loader, "sampler", _Recording(loader.sampler, tracker, False))
+    else:
+        return None
+    object.__setattr__(loader, _ATTR, tracker)
+    return tracker
+
+
+def _tracked_class(cls: type) -> type:
+    cached = _patched.get(f"class:{id(cls)}")
+    if cached is not None:
+        return cached  # type: ignore[no-any-return]
+
+    def __iter__(self: Any) -> Any:
+        return _wrap_iter(self, lambda: cls.__iter__(self))  # type: ignore[attr-defined]
+
+    sub = type(cls.__name__, (cls,), {"__iter__": __iter__, "__module__": cls.__module__})
+    _patched[f"class:{id(cls)}"] = sub
+    return sub
+
+
+def _wrap_iter(loader: Any, make: Any) -> Any:
+    """Reset the tracker, then build the loader's iterator (it may prefetch at once)."""
+    tracker = loader.__dict__.get(_ATTR)
+    if tracker is None:
+        return make()
+    tracker._reset()
+    return _TrackedIter(make(), tracker)
+
+
+def track_dataloader(loader: Any) -> LoaderTracker | None:
+    """Record the dataset indices of every batch ``loader`` yields; returns the tracker.
+
+    Safe to call more than once (the same tracker comes back) and on anything: a loader whose
+    batches have no indices (iterable datasets) or a non-DataLoader returns ``None``.
+    """
+    try:
+        with _lock:
+            if not hasattr(loader, "_get_iterator"):
+                return None
+            tracker = _prepare(loader)
+            if tracker is None:
+                return None
+            if "__iter__" not in _patched and type(loader).__iter__ is not _patched.get("iter"):
+                loader.__class__ = _tracked_class(type(loader))
+            return tracker
+    except Exception:
+        return None
+
+
+def install() -> None:
+    """Track every ``torch.utils.data.DataLoader`` of the process from its first iteration."""
+    from torch.utils.data import DataLoader
+
+    with _lock:
+        if "__iter__" in _patched:
+            return
+        original = DataLoader.__iter__
+
+        def __iter__(self: Any) -> Any:
+            try:
+                with _lock:
+                    _prepare(self)  # before the iterator is built, so it draws from the wrapper
+            except Exception:
+                pass
+            return _wrap_iter(self, lambda: original(self))
+
+        _patched["__iter__"] = original
+        _patched["iter"] = __iter__
+        DataLoader.__iter__ = __iter__  # type: ignore[method-assign]
+
+
+def uninstall() -> None:
+    """Undo :func:`install` (loaders already tracked keep their trackers)."""
+    from torch.utils.data import DataLoader
+
+    with _lock:
+        original = _patched.pop("__iter__", None)
+        _patched.pop("iter", None)
+        if original is not None:
+            DataLoader.__iter__ = original  # type: ignore[method-assign]
