@@ -1,0 +1,250 @@
+"""Thin, process-wide patches shared by every Watcher, and the guard that keeps faults contained.
+
+Patched once, on first use, and dispatched to the live watchers (a weak set):
+
+* ``torch.Tensor.backward`` and ``torch.autograd.backward``: the tensor backward is called on is the
+  loss (a re-entrancy flag keeps ``Tensor.backward -> autograd.backward`` from counting twice);
+* ``torch.nn.modules.loss._Loss.__call__``: what a loss module receives (output, target);
+* ``torch.nn.utils.clip_grad_norm_``: the norm it returns is the *pre-clip* gradient norm;
+* ``torch.amp.GradScaler.scale`` / ``.step``: which backward tensor is scaled, and the steps the
+  scaler skips (the optimizer's own hooks never see those).
+
+Each patch calls the original first or last and does nothing else when no watcher is live. A fault
+inside nanscope's part of a patch is caught by :class:`Guard`: one warning, that hook off, training
+goes on. :class:`nanscope.DivergenceError` is the only exception allowed through: it is how a
+watcher stops the step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import sys
+import threading
+import warnings
+import weakref
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import torch
+
+from nanscope.errors import DivergenceError
+from nanscope.probes.failure import CallSite
+
+__all__ = ["GUARD", "Guard", "install", "live_watchers", "user_site"]
+
+T = TypeVar("T")
+
+REPORT = "Please report this to the nanscope issue tracker, with the warning text."
+
+
+class Guard:
+    """Runs nanscope's hook code; on an internal bug: warn once, switch that hook off, go on."""
+
+    def __init__(self) -> None:
+        self.off: set[str] = set()
+        self.faults: dict[str, str] = {}
+
+    def run(self, name: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T | None:
+        if name in self.off:
+            return None
+        try:
+            return fn(*args, **kwargs)
+        except DivergenceError:
+            raise
+        except Exception as exc:
+            self.fault(name, exc)
+            return None
+
+    def fault(self, name: str, exc: BaseException) -> None:
+        if name in self.off:
+            return
+        self.off.add(name)
+        self.faults[name] = f"{type(exc).__name__}: {exc}"
+        warnings.warn(
+            f"nanscope: internal error in its {name} hook ({type(exc).__name__}: {exc}); that "
+            f"hook is now off and your training goes on. {REPORT}",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+
+
+#: the guard of the process-wide patches
+GUARD = Guard()
+
+_LIVE: weakref.WeakSet[Any] = weakref.WeakSet()
+_LOCK = threading.Lock()
+_INSTALLED = False
+_STATE = threading.local()
+_SCALED: weakref.WeakKeyDictionary[torch.Tensor, Any] = weakref.WeakKeyDictionary()
+
+_LIBRARY_DIRS = tuple(
+    os.sep + part + os.sep
+    for part in ("torch", "nanscope", "lightning", "pytorch_lightning", "lightning_fabric",
+                 "transformers", "accelerate", "runpy")
+)
+_SITE_CACHE: dict[tuple[int, int], CallSite | None] = {}
+
+
+def live_watchers() -> list[Any]:
+    return list(_LIVE)
+
+
+def register(watcher: Any) -> None:
+    install()
+    _LIVE.add(watcher)
+
+
+def unregister(watcher: Any) -> None:
+    _LIVE.discard(watcher)
+
+
+def user_site(depth: int = 2) -> CallSite | None:
+    """The first frame outside torch, nanscope and the trainers: where the user's code called in."""
+    try:
+        frame = sys._getframe(depth)
+    except ValueError:
+        return None
+    key = (id(frame.f_code), frame.f_lineno)
+    if key in _SITE_CACHE:
+        return _SITE_CACHE[key]
+    found: CallSite | None = None
+    f: Any = frame
+    while f is not None:
+        filename = f.f_code.co_filename
+        if not any(part in filename for part in _LIBRARY_DIRS) and not filename.startswith("<"):
+            found = CallSite(filename, f.f_lineno, f.f_code.co_name)
+            break
+        f = f.f_back
+    if len(_SITE_CACHE) > 256:
+        _SITE_CACHE.clear()
+    _SITE_CACHE[key] = found
+    return found
+
+
+def scaled_by(tensor: torch.Tensor) -> Any:
+    """The GradScaler whose ``scale()`` produced ``tensor``, if one did."""
+    try:
+        return _SCALED.get(tensor)
+    except TypeError:
+        return None
+
+
+def _notify_backward(tensors: Any) -> None:
+    if isinstance(tensors, torch.Tensor):
+        tensor = tensors
+    elif isinstance(tensors, (list, tuple)) and len(tensors) == 1:
+        tensor = tensors[0]
+    else:
+        return
+    if not isinstance(tensor, torch.Tensor) or tensor.numel() != 1:
+        return
+    site = user_site(4)
+    for watcher in list(_LIVE):
+        watcher.on_backward(tensor, site)
+
+
+def install() -> None:
+    """Patch once per process (idempotent, thread-safe)."""
+    global _INSTALLED
+    with _LOCK:
+        if _INSTALLED:
+            return
+        _INSTALLED = True
+        _patch_backward()
+        _patch_loss()
+        _patch_clip()
+        _patch_scaler()
+
+
+def _patch_backward() -> None:
+    tensor_backward = torch.Tensor.backward
+    autograd_backward = torch.autograd.backward
+
+    @functools.wraps(tensor_backward)
+    def backward(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        if _LIVE and not getattr(_STATE, "inside", False):
+            GUARD.run("backward", _notify_backward, self)
+            _STATE.inside = True
+            try:
+                return tensor_backward(self, *args, **kwargs)
+            finally:
+                _STATE.inside = False
+        return tensor_backward(self, *args, **kwargs)
+
+    @functools.wraps(autograd_backward)
+    def autograd_bw(tensors: Any, *args: Any, **kwargs: Any) -> Any:
+        if _LIVE and not getattr(_STATE, "inside", False):
+            GUARD.run("backward", _notify_backward, tensors)
+            _STATE.inside = True
+            try:
+                return autograd_backward(tensors, *args, **kwargs)
+            finally:
+                _STATE.inside = False
+        return autograd_backward(tensors, *args, **kwargs)
+
+    torch.Tensor.backward = backward  # type: ignore[method-assign]
+    torch.autograd.backward = autograd_bw
+
+
+def _patch_loss() -> None:
+    from torch.nn.modules.loss import _Loss
+
+    call = torch.nn.Module.__call__
+
+    def loss_call(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if _LIVE:
+            for watcher in list(_LIVE):
+                GUARD.run("loss module", watcher.on_loss_module, self, args, kwargs)
+        return call(self, *args, **kwargs)
+
+    _Loss.__call__ = loss_call  # type: ignore[method-assign]
+
+
+def _patch_clip() -> None:
+    import torch.nn.utils as nn_utils
+    import torch.nn.utils.clip_grad as clip_mod
+
+    original = nn_utils.clip_grad_norm_
+
+    @functools.wraps(original)
+    def clip_grad_norm_(*args: Any, **kwargs: Any) -> Any:
+        total = original(*args, **kwargs)
+        if _LIVE:
+            for watcher in list(_LIVE):
+                GUARD.run("clip_grad_norm_", watcher.on_clip, total)
+        return total
+
+    nn_utils.clip_grad_norm_ = clip_grad_norm_
+    if getattr(clip_mod, "clip_grad_norm_", None) is original:
+        clip_mod.clip_grad_norm_ = clip_grad_norm_  # type: ignore[assignment]
+
+
+def _patch_scaler() -> None:
+    scaler_cls = getattr(torch.amp, "GradScaler", None)
+    if scaler_cls is None:  # pragma: no cover - very old torch
+        return
+    scale = scaler_cls.scale
+    step = scaler_cls.step
+
+    @functools.wraps(scale)
+    def scale_(self: Any, outputs: Any) -> Any:
+        out = scale(self, outputs)
+        if _LIVE and isinstance(out, torch.Tensor) and out is not outputs:
+            with contextlib.suppress(TypeError):
+                _SCALED[out] = self
+        return out
+
+    @functools.wraps(step)
+    def step_(self: Any, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
+        watchers = [w for w in list(_LIVE) if w.owns(optimizer)] if _LIVE else []
+        for watcher in watchers:
+            watcher.scaler_step_begin(self)
+        out = step(self, optimizer, *args, **kwargs)
+        for watcher in watchers:
+            GUARD.run("GradScaler.step", watcher.scaler_step_end, self)
+        return out
+
+    scaler_cls.scale = scale_
+    scaler_cls.step = step_
