@@ -1,0 +1,143 @@
+"""D007 zero_division: a division, sqrt, rsqrt or norm met an exact zero.
+
+What it does
+    Reads the op the PyTorch replay located as the first place a non-finite value appeared. When it
+    is a division, a reciprocal, a square root, an rsqrt or a norm (forward or backward) and the
+    value it divided by, or took the root of, is exactly 0, that is the cause.
+
+Why is this bad?
+    ``0 / 0`` is NaN, ``x / 0`` is inf; the square root and the norm are finite at 0 but their
+    gradients are not (``d sqrt(x) / dx = 1 / (2 sqrt(x))``), so the forward looks clean and the
+    NaN appears in the backward, in every weight at once. Zero vectors come from padding, from
+    masked positions, from duplicated pairs in a distance, from a ReLU layer that died.
+
+Fingerprint
+    NaN from 0/0, or from the gradient of sqrt/norm at 0; often late in training, on the first
+    batch that holds a padded (all-zero) sequence or a pair at distance exactly 0.
+
+Evidence
+    The located op (``div``, ``DivBackward0``, ``SqrtBackward0``, ``LinalgVectorNormBackward0``...),
+    its module, the user's source line, and that its input was exactly zero.
+
+Action
+    Add an epsilon where it divides or takes the root (``x / (n + eps)``, ``sqrt(s + eps)``);
+    mask the padding out of the loss; use the library's safe forms
+    (``F.normalize(x, eps=...)``, ``F.cosine_similarity(a, b, eps=...)``).
+
+Example
+    A cosine distance written by hand, ``(a * b).sum(-1) / (a.norm(dim=-1) * b.norm(dim=-1))``, on
+    zero-padded sequences: every padded position is 0/0, the loss is NaN on the first batch with
+    padding (seed 000: an LSTM whose loss went NaN after 85 epochs).
+"""
+
+from __future__ import annotations
+
+from nanscope.diagnose.context import Context
+from nanscope.diagnose.diagnosis import Evidence, Finding
+
+CODE = "D007"
+CAUSE = "zero_division"
+TITLE = "Division, sqrt or norm at exactly zero"
+
+_DIVISION = ("div", "reciprocal", "cosine")
+_ROOTS = ("sqrt", "rsqrt", "norm", "cdist")
+
+
+def _family(op: str) -> str | None:
+    low = op.lower()
+    if "log" in low:
+        return None  # log_of_zero's
+    for name in _ROOTS:
+        if name in low:
+            return "root"
+    for name in _DIVISION:
+        if name in low:
+            return "division"
+    if "pow" in low:
+        return "root"  # a fractional power at 0
+    return None
+
+
+def _where(located: dict) -> str:
+    text = f"{located.get('op')}"
+    if located.get("module"):
+        text += f" in {located['module']}"
+    source = located.get("source") or {}
+    if source.get("file"):
+        text += f" ({source['file']}:{source.get('line')})"
+    return text
+
+
+def check(ctx: Context) -> Finding | None:
+    located = ctx.located
+    if not located:
+        return None
+    op = str(located.get("op") or "")
+    family = _family(op) or _family(str(located.get("forward_op") or ""))
+    if family is None:
+        return None
+    inputs = str(located.get("inputs") or "")
+    zero = bool(located.get("input_zero")) or inputs.startswith("exactly zero")
+    if inputs.startswith("non-finite") or inputs == "past the half range":
+        return None  # the value was already broken, or it is an fp16 story
+    phase = located.get("phase", "forward")
+    i = ctx.fail
+    if i is not None and (ctx.nonfinite["inputs"][i] > 0 or ctx.nonfinite["targets"][i] > 0):
+        return None
+    evidence: list[Evidence] = []
+    if zero:
+        confidence = 0.92
+        if family == "root" and phase == "backward":
+            what = (
+                f"the gradient of {located.get('forward_op') or op} is infinite at 0: "
+                f"{_where(located)} received exactly 0 in the backward"
+            )
+        elif family == "root":
+            what = f"{_where(located)} took the root/norm of exactly 0"
+        else:
+            what = f"{_where(located)} divided by exactly 0 (0/0 is NaN, x/0 is inf)"
+        evidence.append(Evidence(CODE, what, {"op": op, "module": located.get("module"),
+                                              "phase": phase, "inputs": inputs}))  # fmt: skip
+    elif located.get("guessed") or not inputs:
+        confidence = 0.6
+        evidence.append(
+            Evidence(
+                CODE,
+                f"the first non-finite value is in the {phase} and the only op in the loss that "
+                f"can make one from a finite value is {_where(located)}; its inputs were no "
+                "longer kept, so whether they were exactly 0 is inferred",
+                {"op": op, "phase": phase, "guessed": True},
+            )
+        )
+    else:
+        return None
+    if "div" in op.lower() or family == "root":
+        evidence.append(
+            Evidence(
+                CODE,
+                "zero vectors in a normalisation or a distance usually come from padding, masked "
+                "positions or identical pairs",
+                {},
+            )
+        )
+    actions = [
+        "Add an epsilon where it divides or takes the root: x / (norm + 1e-8), "
+        "torch.sqrt(s + 1e-12), or clamp the divisor with .clamp_min(eps).",
+        "Mask padded / empty positions out before the division and out of the loss.",
+        "Use the safe library forms: F.normalize(x, dim=-1, eps=1e-8), "
+        "F.cosine_similarity(a, b, dim=-1, eps=1e-8), torch.linalg.vector_norm instead of "
+        "sqrt(sum(x**2)).",
+    ]
+    source = located.get("source") or {}
+    if source.get("file"):
+        actions.insert(0, f"Fix {source['file']}:{source.get('line')}: {actions.pop(0)}")
+    return Finding(
+        rule=CODE,
+        cause=CAUSE,
+        confidence=confidence,
+        evidence=evidence,
+        actions=actions,
+        step=ctx.step_at(i) if i is not None else located.get("step"),
+        located=located,
+        alternatives=[("log_of_zero", 0.1)] if not zero else [],
+    )

@@ -1,0 +1,161 @@
+"""D008 fp16_overflow: a value passed float16's range (65504) and became inf.
+
+What it does
+    Reads the dtype where the replay found the first non-finite value: float16 (a ``.half()``
+    model, or autocast to float16) with inputs near or past 65504. Without a replay it reads the
+    gradient scaler's story: the loss scale falling again and again (``extra.loss_scale``, skipped
+    steps, ``loss_scale_collapse``) or the log lines of a scaler that overflowed at its minimum.
+
+Why is this bad?
+    float16 holds numbers up to 65504 only. A matmul whose activations are a few hundred, a sum of
+    squares, an ``exp`` of 12 or a loss multiplied by the loss scale all pass it and become inf,
+    then NaN; float32 would have been fine. A dynamic loss scaler hides this for a while by
+    skipping steps and halving the scale, until the scale cannot go lower.
+
+Fingerprint
+    inf in half precision: activations, the loss or the (scaled) gradients past 65504; the loss
+    scale collapses; the same fit in float32 or bfloat16 runs.
+
+Evidence
+    The located op and module, the dtype float16, the largest input magnitude against 65504; the
+    loss-scale history and the count of skipped steps.
+
+Action
+    Run that op (or the model) in bfloat16 or float32 (``torch.autocast(dtype=torch.bfloat16)``,
+    keep the loss, softmax and norms in float32); use a dynamic loss scaler
+    (``torch.amp.GradScaler``); normalise activations that grow.
+
+Example
+    A model cast with ``.half()`` whose second linear layer sees activations of a few thousand:
+    its output passes 65504, the loss is inf on the first update.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from nanscope.diagnose.context import Context
+from nanscope.diagnose.diagnosis import Evidence, Finding
+from nanscope.diagnose.rules._common import num
+
+CODE = "D008"
+CAUSE = "fp16_overflow"
+TITLE = "float16 overflow (past 65504)"
+
+HALF_MAX = 65504.0
+#: this many halvings of the loss scale in the window before the failure is a collapse
+HALVINGS = 8
+
+ACTIONS = [
+    "Run the op that overflowed in bfloat16 or float32: torch.autocast(device_type, "
+    "dtype=torch.bfloat16), or keep that module in float32 (module.float()) and cast its input.",
+    "Use a dynamic loss scaler (torch.amp.GradScaler) rather than a fixed scale or a bare "
+    ".half() model; keep the loss, softmax, norms and exp in float32.",
+    "Normalise the activations that grow (LayerNorm / smaller init) so they stay far below "
+    "65504.",
+]
+
+
+def _scale_story(ctx: Context) -> tuple[float, list[Evidence]]:
+    """Confidence and evidence from the loss-scale history and scaler log lines."""
+    scales: list[float] = []
+    skipped = 0
+    collapse = False
+    for record in ctx.records[: (ctx.fail + 1) if ctx.fail is not None else ctx.n]:
+        extra = record.get("extra") or {}
+        events = record.get("events") or []
+        if isinstance(extra, dict) and isinstance(extra.get("loss_scale"), (int, float)):
+            scales.append(float(extra["loss_scale"]))
+        if "skipped_step" in events or (isinstance(extra, dict) and extra.get("skipped_step")):
+            skipped += 1
+        if "loss_scale_collapse" in events:
+            collapse = True
+    halvings = 0.0
+    if len(scales) >= 2 and scales[0] > 0 and scales[-1] > 0:
+        peak = max(scales)
+        halvings = math.log2(peak / scales[-1]) if scales[-1] < peak else 0.0
+    minimum = ctx.messages_of("loss_scale_min")
+    overflow = ctx.messages_of("loss_scale_overflow")
+    evidence: list[Evidence] = []
+    confidence = 0.0
+    if collapse or halvings >= HALVINGS or minimum:
+        confidence = 0.85 if (collapse or minimum) else 0.75
+        text = "the loss scale collapsed"
+        if scales:
+            text += f": {num(max(scales))} -> {num(scales[-1])} ({num(halvings)} halvings)"
+        if skipped:
+            text += f", {skipped} steps skipped for inf/NaN gradients"
+        if minimum:
+            text += f"; the log says the scale is at its minimum (line {minimum[0].get('line')})"
+        evidence.append(Evidence(CODE, text, {"scales": scales[-16:], "skipped": skipped,
+                                              "halvings": halvings}))  # fmt: skip
+    elif len(overflow) >= HALVINGS:
+        confidence = 0.6
+        evidence.append(
+            Evidence(
+                CODE,
+                f"the log reports {len(overflow)} loss-scale overflows (skipped steps): the "
+                "float16 gradients overflow again and again",
+                {"overflows": len(overflow)},
+            )
+        )
+    return confidence, evidence
+
+
+def check(ctx: Context) -> Finding | None:
+    located: dict[str, Any] = ctx.located or {}
+    dtype = str(located.get("dtype") or "")
+    autocast = str(located.get("autocast") or "")
+    inputs = str(located.get("inputs") or "")
+    absmax = located.get("input_absmax")
+    evidence: list[Evidence] = []
+    confidence = 0.0
+    half = dtype == "float16" or autocast == "float16"
+    if located and half and not inputs.startswith("non-finite"):
+        near = isinstance(absmax, (int, float)) and absmax >= HALF_MAX / 256
+        where = f"{located.get('op')}" + (f" in {located['module']}" if located.get("module")
+                                          else "")  # fmt: skip
+        if inputs == "past the half range" or near:
+            confidence = 0.92
+            evidence.append(
+                Evidence(
+                    CODE,
+                    f"the first non-finite value appeared in float16, at {where}"
+                    + (f", whose inputs reached {num(absmax)}" if near else "")
+                    + f": its result passed the half range ({num(HALF_MAX)})",
+                    {"op": located.get("op"), "module": located.get("module"),
+                     "dtype": "float16", "input_absmax": absmax},
+                )
+            )
+        elif inputs.startswith("exactly zero"):
+            confidence = 0.4  # an underflow to 0 in half precision, then a log/division of it
+            evidence.append(
+                Evidence(
+                    CODE,
+                    f"{where} ran in float16 and its input was exactly 0: small values "
+                    "underflow to 0 in half precision (below 6e-8)",
+                    {"op": located.get("op"), "dtype": "float16"},
+                )
+            )
+    scale_conf, scale_ev = _scale_story(ctx)
+    if scale_conf:
+        confidence = max(confidence, scale_conf) + (0.05 if confidence else 0.0)
+        evidence.extend(scale_ev)
+    if not evidence:
+        return None
+    actions = list(ACTIONS)
+    source = (located.get("source") or {}) if located else {}
+    if source.get("file"):
+        actions.insert(0, f"The overflow is at {source['file']}:{source.get('line')}.")
+    i = ctx.fail
+    return Finding(
+        rule=CODE,
+        cause=CAUSE,
+        confidence=confidence,
+        evidence=evidence,
+        actions=actions,
+        step=ctx.step_at(i) if i is not None else located.get("step"),
+        located=located or None,
+        alternatives=[("zero_division", 0.3)] if inputs.startswith("exactly zero") else [],
+    )

@@ -1,0 +1,155 @@
+"""D009 bad_initialization: the weights were absurd before the first update.
+
+What it does
+    Looks at a fit that broke at once, on its first updates, with clean inputs and no growth phase.
+    With the PyTorch replay it reads two measures of the first batch: the magnitude of each layer's
+    output in forward order (``activations``: does it grow layer by layer?) and the scale of each
+    weight matrix against the ``1 / sqrt(fan_in)`` that keeps activations of order one
+    (``weight_scale``: ``std(W) * sqrt(fan_in)``, about 0.5 to 1.5 for the standard initialisers).
+
+Why is this bad?
+    Each layer multiplies its input's scale by about ``std(W) * sqrt(fan_in)``. Ten layers at 50x
+    make activations 1e17 times the input: the first loss is absurd or inf, the first gradient
+    overflows, and no learning rate helps. The mirror case (scale far below 1) vanishes instead.
+
+Fingerprint
+    A non-finite or absurd loss on the very first update, with clean inputs; forward activations
+    grow layer by layer on the first batch; the weight scale is far from ``1/sqrt(fan_in)``.
+
+Evidence
+    The first loss, the per-layer activation growth (first layer -> last, and the median ratio per
+    layer), the weight scale ratio of the worst layer.
+
+Action
+    Use a standard initialiser (the framework's default, ``nn.init.kaiming_normal_`` for relu,
+    ``xavier_uniform_`` for tanh); do not multiply initial weights; add normalisation layers in a
+    deep stack.
+
+Example
+    A 20-layer MLP whose weights were initialised with ``normal_(std=1)`` on 256-wide layers (16x
+    the right scale): the activations grow 16x per layer and the first loss is inf.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from nanscope.diagnose.context import Context
+from nanscope.diagnose.diagnosis import Evidence, Finding
+from nanscope.diagnose.rules._common import num
+
+CODE = "D009"
+CAUSE = "bad_initialization"
+TITLE = "Bad initialisation: absurd from the first update"
+
+#: std(W) * sqrt(fan_in) this far from 1 (either way) is not a standard initialiser
+SCALE_FAR = 8.0
+#: activations growing this much from the first to the last layer on the first batch
+GROWTH = 1e3
+#: the failure must come within this many updates of the start
+EARLY = 3
+
+ACTIONS = [
+    "Use a standard initialiser: keep the framework's default, or nn.init.kaiming_normal_ "
+    "(relu) / nn.init.xavier_uniform_ (tanh); do not scale the initial weights up.",
+    "For a deep stack add normalisation (LayerNorm / BatchNorm) or residual connections so the "
+    "activations keep their scale layer after layer.",
+    "Check the first loss before training: for standardised targets it should be of order one.",
+]
+
+
+def _early_break(ctx: Context) -> int | None:
+    if ctx.fail is not None and ctx.fail < EARLY:
+        return ctx.fail
+    return None
+
+
+def check(ctx: Context) -> Finding | None:
+    i = _early_break(ctx)
+    acts: dict[str, Any] = ctx.evidence.get("activations") or {}
+    scale: dict[str, Any] = ctx.evidence.get("initial_weight_scale") or (
+        ctx.evidence.get("weight_scale") or {}
+    )
+    if i is None:
+        return None
+    nf = ctx.nonfinite
+    upto = i + 1
+    if np.any(nf["inputs"][:upto] > 0) or np.any(nf["targets"][:upto] > 0):
+        return None
+    located = ctx.located or {}
+    inputs = str(located.get("inputs") or "")
+    if inputs.startswith(("exactly zero", "non-finite")):
+        return None  # a division or log of zero, or bad data: other rules
+    if str(located.get("dtype")) == "float16" and inputs == "past the half range":
+        half_only = True
+    else:
+        half_only = False
+    evidence: list[Evidence] = []
+    confidence = 0.0
+    growth = acts.get("growth")
+    median_ratio = acts.get("median_ratio")
+    nonfinite_at = acts.get("nonfinite_at")
+    layers = acts.get("layers") or []
+    if isinstance(growth, (int, float)) and (growth >= GROWTH or (
+        nonfinite_at and isinstance(median_ratio, (int, float)) and median_ratio >= 2
+    )):  # fmt: skip
+        confidence = 0.75
+        text = (
+            f"on the batch of update {ctx.step_at(i)} the layer outputs grow layer by layer: "
+            f"{num(growth)}x from the first layer to the last finite one"
+        )
+        if isinstance(median_ratio, (int, float)):
+            text += f" (median {num(median_ratio)}x per layer over {len(layers)} layers)"
+        if nonfinite_at:
+            text += f", until {nonfinite_at} overflows"
+        evidence.append(Evidence(CODE, text, {"growth": growth, "median_ratio": median_ratio,
+                                              "nonfinite_at": nonfinite_at}))  # fmt: skip
+    worst = scale.get("max_ratio")
+    least = scale.get("min_ratio")
+    far_up = isinstance(worst, (int, float)) and worst >= SCALE_FAR
+    far_down = isinstance(least, (int, float)) and 0 < least <= 1 / SCALE_FAR and not far_up
+    if far_up or far_down:
+        value = worst if far_up else least
+        candidates = scale.get("layers") or []
+        layer: dict[str, Any] = next((x for x in candidates if x.get("ratio") == value), {})
+        confidence = max(confidence, 0.6) + (0.15 if confidence else 0.0)
+        evidence.append(
+            Evidence(
+                CODE,
+                f"the weights of {layer.get('param', 'a layer')} have std x sqrt(fan_in) = "
+                f"{num(value)} (a standard initialiser gives about 0.5-1.5): "
+                f"{num(value)}x the scale that keeps activations of order one",
+                {"param": layer.get("param"), "ratio": value, "fan_in": layer.get("fan_in")},
+            )
+        )
+    if not evidence:
+        op = str(located.get("op") or "").lower()
+        if i != 0 or not ctx.trace.has("input_absmax") or any(
+            k in op for k in ("log", "div", "sqrt", "norm", "entropy")
+        ):
+            return None
+        confidence = 0.4  # broke on update one with clean inputs; no layer measures to confirm
+    if half_only:
+        confidence -= 0.25  # D008 names the dtype; the init may still be what grew the values
+    evidence.insert(
+        0,
+        Evidence(
+            CODE,
+            f"the fit broke at update {ctx.step_at(i)}, {i} update(s) from the start, with "
+            f"clean inputs (first loss {num(ctx.loss[0])})",
+            {"step": ctx.step_at(i), "first_loss": float(ctx.loss[0])},
+        ),
+    )
+    return Finding(
+        rule=CODE,
+        cause=CAUSE,
+        confidence=confidence,
+        evidence=evidence,
+        actions=list(ACTIONS),
+        step=ctx.step_at(i),
+        located=located or None,
+        alternatives=[("step_size_too_large", 0.2)] + ([("fp16_overflow", 0.5)] if half_only
+                                                        else []),
+    )
