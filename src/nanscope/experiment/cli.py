@@ -1,0 +1,183 @@
+"""``nanscope sweep [--factors 1,0.1,0.01] [--updates N] [--json PATH] [--jobs J] -- train.py``.
+
+Exit codes: 0 a factor descended steadily (it is recommended), 1 none did, 2 bad usage or input
+(bad factors, N < 1, a missing script, a script that never makes an optimizer step).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from typing import Any
+
+from nanscope.errors import UsageError
+from nanscope.experiment.sweep import FactorResult, SweepResult, _fmt
+
+__all__ = ["main", "parse_factors", "render"]
+
+_BARS = "▁▂▃▄▅▆▇█"
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UsageError(message)
+
+
+def parse_factors(text: str) -> list[float]:
+    """``"1,0.1,0.01"`` -> ``[1.0, 0.1, 0.01]``; anything but positive numbers is a UsageError."""
+    out: list[float] = []
+    for word in text.split(","):
+        word = word.strip()
+        try:
+            value = float(word)
+        except ValueError:
+            raise UsageError(
+                f"--factors: {word!r} is not a number (e.g. --factors 1,0.1,0.01)"
+            ) from None
+        if not (math.isfinite(value) and value > 0):
+            raise UsageError(f"--factors: {word} is not a positive number")
+        if value not in out:
+            out.append(value)
+    return out
+
+
+def _positive_int(name: str, text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise UsageError(f"{name}: {text!r} is not a whole number") from None
+    if value < 1:
+        raise UsageError(f"{name} must be at least 1; got {value}")
+    return value
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog="nanscope sweep",
+        description="Rerun the first N updates of a training script with every optimizer's "
+        "learning rate multiplied by each factor (same seeds, one process per factor), and "
+        "recommend the largest factor whose loss descends steadily.",
+        epilog="example: nanscope sweep --factors 1,0.1,0.01 -- python train.py --epochs 3",
+    )
+    p.add_argument("--factors", default="1,0.1,0.01", help="comma-separated lr factors")
+    p.add_argument("--updates", default="50", help="updates to run per factor (default 50)")
+    p.add_argument("--json", metavar="PATH", help="write the results as JSON ('-' for stdout)")
+    p.add_argument("--jobs", help="child processes at once (default: the number of cores)")
+    p.add_argument("--seed", default="0", help="seed for random, numpy and torch (default 0)")
+    p.add_argument("--timeout", type=float, help="seconds allowed per factor")
+    p.add_argument("--no-progress", action="store_true", help="no live progress display")
+    p.add_argument("--no-color", action="store_true", help="plain text, no colours")
+    p.add_argument("target", nargs=argparse.REMAINDER, help="-- python train.py [args]")
+    return p
+
+
+def _spark(losses: list[float | None], width: int = 24) -> str:
+    values = [v for v in losses if v is not None]
+    if not values:
+        return ""
+    if len(values) > width:
+        step = len(values) / width
+        values = [values[int(i * step)] for i in range(width - 1)] + [values[-1]]
+    finite = [v for v in values if math.isfinite(v)]
+    if not finite:
+        return "✗" * len(values)
+    positive = all(v > 0 for v in finite)
+    scaled = [math.log(v) if positive else v for v in finite]
+    low, high = min(scaled), max(scaled)
+    out = []
+    for v in values:
+        if not math.isfinite(v):
+            out.append("✗")
+            continue
+        s = math.log(v) if positive else v
+        level = 0 if high == low else int((s - low) / (high - low) * (len(_BARS) - 1))
+        out.append(_BARS[level])
+    return "".join(out)
+
+
+def _num(value: float | None) -> str:
+    return "" if value is None else _fmt(value)
+
+
+def _row(r: FactorResult, best: FactorResult | None) -> list[str]:
+    mark = " ←" if best is r else ""
+    return [
+        _fmt(r.factor) + mark,
+        _num(r.lr),
+        r.phrase(),
+        str(r.updates),
+        _num(r.final_loss),
+        _num(r.best_loss),
+        _spark(r.losses),
+    ]
+
+
+def render(result: SweepResult, *, color: bool = False, width: int = 110) -> str:
+    """The sweep as a table and the one-line conclusion (rich; plain when ``color`` is off)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"lr sweep over the first {result.updates} updates", title_justify="left")
+    for name in ("factor", "lr", "outcome", "updates", "final loss", "best loss", "curve"):
+        table.add_column(name, justify="right" if name in ("updates",) else "left")
+    best = result.recommended
+    for r in sorted(result.results, key=lambda r: -r.factor):
+        style = "green" if r.outcome == "descended" else ("red" if r.ascends else None)
+        table.add_row(*_row(r, best), style=style)
+    console = Console(
+        record=True, width=width, color_system="standard" if color else None, force_terminal=color
+    )
+    with console.capture() as capture:
+        console.print(table)
+        console.print(result.text(), highlight=False)
+        for r in result.results:
+            if r.note:
+                console.print(f"  lr ×{r.factor:g}: {r.note}", highlight=False)
+    return capture.get()
+
+
+def main(argv: list[str]) -> int:
+    args = _parser().parse_args(argv)
+    target: list[str] = list(args.target)
+    if target and target[0] == "--":
+        target = target[1:]
+    if not target:
+        raise UsageError("no script given: nanscope sweep [options] -- python train.py [args]")
+    factors = parse_factors(args.factors)
+    updates = _positive_int("--updates", args.updates)
+    jobs = _positive_int("--jobs", args.jobs) if args.jobs is not None else None
+    try:
+        seed = int(args.seed)
+    except ValueError:
+        raise UsageError(f"--seed: {args.seed!r} is not a whole number") from None
+    if args.timeout is not None and not args.timeout > 0:
+        raise UsageError("--timeout must be a positive number of seconds")
+
+    from nanscope.experiment._runner import run_sweep
+
+    result = run_sweep(
+        target,
+        factors,
+        updates,
+        jobs=jobs,
+        seed=seed,
+        timeout=args.timeout,
+        progress=False if args.no_progress else None,
+    )
+    if args.json:
+        payload: dict[str, Any] = result.to_dict()
+        text = json.dumps(payload, indent=2, allow_nan=False)
+        if args.json == "-":
+            sys.stdout.write(text + "\n")
+        else:
+            try:
+                with open(args.json, "w", encoding="utf-8") as fh:
+                    fh.write(text + "\n")
+            except OSError as exc:
+                raise UsageError(f"cannot write --json {args.json}: {exc.strerror}") from exc
+    if args.json != "-":
+        color = sys.stdout.isatty() and not args.no_color
+        sys.stdout.write(render(result, color=color))
+    return 0 if result.recommended is not None else 1
