@@ -137,3 +137,22 @@ def test_csv_without_loss_column_is_an_error(tmp_path: Path) -> None:
     path.write_text("a,b,c\n1,2,3\n")
     with pytest.raises(TraceError, match=r"x\.csv"):
         load_trace(path)
+
+
+def test_max_records_thins_but_keeps_the_run_up_to_the_nan(tmp_path: Path) -> None:
+    path = tmp_path / "long.csv"
+    n = 20_000
+    rows = [f"{i},{'nan' if i >= 15_000 else 1.0 / i}" for i in range(1, n + 1)]
+    path.write_text("step,loss\n" + "\n".join(rows) + "\n")
+    full = load_trace(path)
+    assert len(full) == n and "thinned" not in full.meta
+    small = load_trace(path, max_records=1000)
+    thinned = small.meta["thinned"]
+    assert thinned["of"] == n and len(small) == thinned["kept"] <= 1000 + 2 * 125
+    steps = [r["step"] for r in small]
+    assert steps == sorted(steps) and steps[0] == 1
+    window = thinned["window"]
+    # full resolution just before and after the first NaN (step 15000)
+    assert set(range(15_000 - window, 15_000 + window)) <= set(steps)
+    assert small[steps.index(15_000)]["nf_loss"] == 1
+    assert load_trace(path, max_records=n).meta.get("thinned") is None

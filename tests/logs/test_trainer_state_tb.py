@@ -25,20 +25,39 @@ LOG_HISTORY = [
 ]
 
 
+@dataclasses.dataclass
+class _State:
+    """The fields of transformers.TrainerState that matter here, saved the way it saves itself."""
+
+    epoch: float | None = 0.4
+    global_step: int = 40
+    max_steps: int = 40
+    logging_steps: int = 10
+    log_history: list = dataclasses.field(default_factory=list)
+
+    def save_to_json(self, json_path: str) -> None:
+        # TrainerState.save_to_json: json.dumps(asdict(self), indent=2, sort_keys=True) + "\n"
+        text = json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True) + "\n"
+        Path(json_path).write_text(text, encoding="utf-8")
+
+
 def _write_state(path: Path) -> None:
-    """Write the file the way the Trainer does (TrainerState.save_to_json when available)."""
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            from transformers import TrainerState
-    except Exception:  # pragma: no cover - transformers missing: same json.dumps call
-        state: dict = {"global_step": 40, "logging_steps": 10, "log_history": LOG_HISTORY}
-        path.write_text(json.dumps(state, indent=2, sort_keys=True) + "\n")
-        return
-    trainer_state = TrainerState(global_step=40, logging_steps=10, max_steps=40)
-    trainer_state.log_history = [dict(e) for e in LOG_HISTORY]
-    trainer_state.save_to_json(str(path))
-    assert dataclasses.is_dataclass(trainer_state)
+    _State(log_history=[dict(e) for e in LOG_HISTORY]).save_to_json(str(path))
+
+
+@pytest.mark.slow
+def test_real_trainer_state_class(tmp_path: Path) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        transformers = pytest.importorskip("transformers")
+    state = transformers.TrainerState(global_step=40, logging_steps=10, max_steps=40)
+    state.log_history = [dict(e) for e in LOG_HISTORY]
+    path = tmp_path / "trainer_state.json"
+    state.save_to_json(str(path))
+    trace = load_trace(path)
+    assert [r["step"] for r in trace] == [10, 20, 30, 40]
+    assert trace[2]["events"] == ["loss_nan_filtered"]
+    assert trace.meta["trainer_state"]["global_step"] == 40
 
 
 def test_trainer_state(tmp_path: Path) -> None:

@@ -32,6 +32,7 @@ from nanscope.logs._common import (
     iter_lines,
     read_head,
 )
+from nanscope.logs._thin import thin
 from nanscope.trace import TRACE_SCHEMA, Trace
 
 __all__ = ["FORMATS", "iter_records", "load_trace", "sniff"]
@@ -232,9 +233,13 @@ def iter_records(
     yield from module.iter_records(target, meta)
 
 
-def _load(path: str | Path, format: str | None = None) -> Trace:
+def _load(path: str | Path, format: str | None = None, max_records: int | None = None) -> Trace:
     meta: dict[str, Any] = {}
-    records = list(iter_records(path, meta, format=format))
+    stream = iter_records(path, meta, format=format)
+    if max_records is not None and max_records > 0:
+        records = thin(stream, max_records, meta)
+    else:
+        records = list(stream)
     if not records and not meta.get("messages"):
         raise TraceError(f"{path}: no loss values found in this {meta.get('format')} log")
     meta.setdefault("lines", len(records))
@@ -244,14 +249,21 @@ def _load(path: str | Path, format: str | None = None) -> Trace:
     return trace
 
 
-def load_trace(path: str | Path, format: str | None = None) -> Trace:
+def load_trace(
+    path: str | Path, format: str | None = None, max_records: int | None = None
+) -> Trace:
     """Read any supported log or trace into a :class:`~nanscope.trace.Trace`.
+
+    ``format`` forces a reader (a key of :data:`FORMATS`) instead of sniffing. ``max_records``
+    bounds memory on huge logs: beyond it the trace is thinned (every k-th record), keeping full
+    resolution around the first non-finite record; ``meta["thinned"]`` then says so. Without it
+    every record is kept (about 250 bytes each).
 
     Raises :class:`nanscope.errors.TraceError` (an ``InputError``) with a one-line message naming
     the file and what is wrong; never another exception for bad input.
     """
     try:
-        return _load(path, format)
+        return _load(path, format, max_records)
     except TraceError:
         raise
     except OSError as exc:

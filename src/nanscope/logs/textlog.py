@@ -100,6 +100,8 @@ _VALUE_WORDS = ("lr", "learning", "norm", "epoch")
 
 def _has_message(low: str) -> bool:
     return any(word in low for word in _MESSAGE_WORDS)
+
+
 _EXCEPTION_LINE = re.compile(
     r"^[A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit|Warning)\b.*|^\w+Error$"
 )
