@@ -23,7 +23,26 @@ CASES = _zoo.load_cases(("numpy",))
 BY_NAME = {case.name: case for case in CASES}
 
 #: cases whose diagnosis the rules get wrong today: name -> why (see the zoo report)
-KNOWN_MISJUDGED: dict[str, str] = {}
+KNOWN_MISJUDGED: dict[str, str] = {
+    "extreme_batch_linreg_feature": (
+        "D004 refuses the spike as 'a growth phase': rise_before(k) at the largest spike (update "
+        "56) counts the spike updates themselves (55: 0.0149 -> 1.1e10, 56: 4.5e18) in the rise "
+        "52..56 (length 4, growth 4e20), so the extreme row 913 (z ~1e6, update 55) is never "
+        "used; the run ends 'healthy'"
+    ),
+    "extreme_batch_poisson_target": (
+        "D001 calls it step_size_too_large: the rise 56..61 (0.46 -> 9.4e5, growth 2e6) is four "
+        "minibatch-noise rises (+12%, +15%, +19%, +13%) plus the one extreme batch (x1.2e6); "
+        "D004 is vetoed by the same rise (length 5, growth >= 10) although row 1234 (target "
+        "2.4e6) is flagged at update 61, the update before the inf"
+    ),
+    "exploding_rnn_tanh_buckets": (
+        "D006 only looks at the last 4 updates when the run did not break: the gradient jump at "
+        "update 41 (3.1e21, 4.9e19x the run's median 63, loss 0.34x) is 9 updates before the end, "
+        "so the run ends 'healthy'. Also BatchChecker crashes on batch-major inputs whose length "
+        "changes ((8,300,3) after (8,24,3): shapes (900,) vs (72,)) and turns measuring off"
+    ),
+}
 
 #: a sample whose JSON and trace file are checked too, one per cause at most
 SAMPLE = sorted({case.cause: case.name for case in CASES}.values())
@@ -42,8 +61,14 @@ def test_zoo_is_complete() -> None:
         assert case.cause in nanscope.CAUSES, f"{case.name}: unknown cause {case.cause!r}"
         counts[case.cause] = counts.get(case.cause, 0) + 1
     assert len(CASES) >= 16
-    for cause in ("step_size_too_large", "nonfinite_input", "update_sign_error", "extreme_batch",
-                  "log_of_zero", "exploding_gradients"):
+    for cause in (
+        "step_size_too_large",
+        "nonfinite_input",
+        "update_sign_error",
+        "extreme_batch",
+        "log_of_zero",
+        "exploding_gradients",
+    ):
         assert counts.get(cause, 0) >= 2, f"the zoo needs two cases of {cause}: {counts}"
     assert counts.get("healthy", 0) >= 4, counts
 

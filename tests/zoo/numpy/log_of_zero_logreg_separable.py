@@ -33,8 +33,15 @@ def fit(monitor, lr: float = 2.0, updates: int = 3000) -> None:
             loss = -float(np.mean(y * np.log(p) + (1 - y) * np.log(1 - p)))
         gw = X.T @ (p - y) / n
         gb = np.array([np.mean(p - y)])
-        monitor.update(loss, params={"w": w, "b": b}, grads={"w": gw, "b": gb}, lr=lr,
-                       inputs=X, targets=y, index=index)
+        monitor.update(
+            loss,
+            params={"w": w, "b": b},
+            grads={"w": gw, "b": gb},
+            lr=lr,
+            inputs=X,
+            targets=y,
+            index=index,
+        )
         w = w - lr * gw
         b = b - lr * gb
 

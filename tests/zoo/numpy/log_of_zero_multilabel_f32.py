@@ -42,8 +42,9 @@ def fit(monitor, lr: float = 0.5, beta: float = 0.9, epochs: int = 40, batch: in
             G = (P - Yb) / np.float32(Yb.size)
             dH = (G @ params["W2"].T) * (H > 0)
             grads = {"W1": Xb.T @ dH, "b1": dH.sum(axis=0), "W2": H.T @ G, "b2": G.sum(axis=0)}
-            monitor.update(loss, params=params, grads=grads, lr=lr, inputs=Xb, targets=Yb,
-                           index=idx)
+            monitor.update(
+                loss, params=params, grads=grads, lr=lr, inputs=Xb, targets=Yb, index=idx
+            )
             for key in params:
                 vel[key] = (beta * vel[key] + grads[key]).astype(np.float32)
                 params[key] = (params[key] - lr * vel[key]).astype(np.float32)

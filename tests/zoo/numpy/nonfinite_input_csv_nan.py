@@ -54,8 +54,15 @@ def fit(monitor, lr: float = 0.05, epochs: int = 2) -> None:
             loss = 0.5 * float(np.mean(r * r))
             gw = Xb.T @ r / len(yb)
             gb = np.array([r.mean()])
-            monitor.update(loss, params={"w": w, "b": b}, grads={"w": gw, "b": gb}, lr=lr,
-                           inputs=Xb, targets=yb, index=idx)
+            monitor.update(
+                loss,
+                params={"w": w, "b": b},
+                grads={"w": gw, "b": gb},
+                lr=lr,
+                inputs=Xb,
+                targets=yb,
+                index=idx,
+            )
             w = w - lr * gw
             b = b - lr * gb
 

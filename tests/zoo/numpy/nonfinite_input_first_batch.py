@@ -41,8 +41,15 @@ def fit(monitor, lr: float = 0.5, updates: int = 100) -> None:
         P = np.exp(logp)
         gW = X.T @ (P - Y) / n
         gb = (P - Y).mean(axis=0)
-        monitor.update(loss, params={"W": W, "b": b}, grads={"W": gW, "b": gb}, lr=lr,
-                       inputs=X, targets=labels, index=index)
+        monitor.update(
+            loss,
+            params={"W": W, "b": b},
+            grads={"W": gW, "b": gb},
+            lr=lr,
+            inputs=X,
+            targets=labels,
+            index=index,
+        )
         W = W - lr * gW
         b = b - lr * gb
 

@@ -55,10 +55,15 @@ def fit(monitor, lr: float = 0.01, epochs: int = 2) -> None:
             r = A @ params["W2"] + params["b2"] - yb
             loss = 0.5 * float(np.mean(r * r))
             dA = np.outer(r, params["W2"]) * (1 - A * A) / len(yb)
-            grads = {"W1": Xb.T @ dA, "b1": dA.sum(axis=0), "W2": A.T @ r / len(yb),
-                     "b2": np.array([r.mean()])}
-            monitor.update(loss, params=params, grads=grads, lr=lr, inputs=Xb, targets=yb,
-                           index=idx)
+            grads = {
+                "W1": Xb.T @ dA,
+                "b1": dA.sum(axis=0),
+                "W2": A.T @ r / len(yb),
+                "b2": np.array([r.mean()]),
+            }
+            monitor.update(
+                loss, params=params, grads=grads, lr=lr, inputs=Xb, targets=yb, index=idx
+            )
             t += 1
             for k in params:
                 m[k] = b1m * m[k] + (1 - b1m) * grads[k]

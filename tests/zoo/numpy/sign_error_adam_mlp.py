@@ -33,8 +33,12 @@ def fit(monitor, lr: float = 0.003, updates: int = 300) -> None:
         r = A @ params["W2"] + params["b2"] - y
         loss = 0.5 * float(np.mean(r * r))
         dA = np.outer(r, params["W2"]) * (1 - A * A) / n
-        grads = {"W1": X.T @ dA, "b1": dA.sum(axis=0), "W2": A.T @ r / n,
-                 "b2": np.array([r.mean()])}
+        grads = {
+            "W1": X.T @ dA,
+            "b1": dA.sum(axis=0),
+            "W2": A.T @ r / n,
+            "b2": np.array([r.mean()]),
+        }
         monitor.update(loss, params=params, grads=grads, lr=lr, inputs=X, targets=y, index=index)
         for k in params:
             m[k] = beta1 * m[k] + (1 - beta1) * grads[k]

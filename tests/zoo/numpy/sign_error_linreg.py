@@ -26,8 +26,15 @@ def fit(monitor, lr: float = 0.02, updates: int = 300) -> None:
         loss = 0.5 * float(np.mean(r * r))
         gw = X.T @ r / n
         gb = np.array([r.mean()])
-        monitor.update(loss, params={"w": w, "b": b}, grads={"w": gw, "b": gb}, lr=lr,
-                       inputs=X, targets=y, index=index)
+        monitor.update(
+            loss,
+            params={"w": w, "b": b},
+            grads={"w": gw, "b": gb},
+            lr=lr,
+            inputs=X,
+            targets=y,
+            index=index,
+        )
         w += lr * gw  # the bug: this climbs the loss
         b += lr * gb
 

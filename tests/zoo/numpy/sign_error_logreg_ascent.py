@@ -33,8 +33,15 @@ def fit(monitor, lr: float = 0.1, epochs: int = 4, batch: int = 64) -> None:
             p = 1.0 / (1.0 + np.exp(-z))
             gw = Xb.T @ (p - yb) / len(yb)
             gb = np.array([np.mean(p - yb)])
-            monitor.update(loss, params={"w": w, "b": b}, grads={"w": gw, "b": gb}, lr=lr,
-                           inputs=Xb, targets=yb, index=idx)
+            monitor.update(
+                loss,
+                params={"w": w, "b": b},
+                grads={"w": gw, "b": gb},
+                lr=lr,
+                inputs=Xb,
+                targets=yb,
+                index=idx,
+            )
             w = w + lr * gw  # the bug: ascent
             b = b + lr * gb
 

@@ -33,8 +33,15 @@ def fit(monitor, lr: float = 2.2, beta: float = 0.9, updates: int = 800) -> None
             loss = 0.5 * float(np.mean(r * r))
             gw = X.T @ r / n
             gb = np.array([r.mean()])
-        monitor.update(loss, params={"w": w, "b": b}, grads={"w": gw, "b": gb}, lr=lr,
-                       inputs=X, targets=price, index=index)
+        monitor.update(
+            loss,
+            params={"w": w, "b": b},
+            grads={"w": gw, "b": gb},
+            lr=lr,
+            inputs=X,
+            targets=price,
+            index=index,
+        )
         vw = beta * vw + gw
         vb = beta * vb + gb
         w = w - lr * vw
