@@ -460,38 +460,53 @@ _SWEEP_KEYS = {
     "factor": ("factor",),
     "lr": ("lr", "learning_rate"),
     "outcome": ("outcome", "verdict", "status", "result"),
-    "diverged_at": ("diverged_at", "step", "stopped_at"),
-    "final loss": ("final_loss", "final loss", "loss", "last_loss"),
+    "diverged_at": ("diverged_at", "at_update", "stopped_at"),
+    "updates": ("updates",),
+    "final loss": ("final_loss", "final loss", "last_loss", "loss"),
+    "best loss": ("best_loss", "best loss"),
 }
 
 
 def _sweep(d: Mapping[str, Any]) -> str:
+    """The tenfold learning-rate sweep (``experiment`` in the diagnosis), one row per factor."""
     experiment = d.get("experiment")
     if not experiment:
         return ""
-    head = ""
+    head = []
     results: Any = experiment
+    recommended = None
     if isinstance(experiment, Mapping):
-        results = (
-            experiment.get("results") or experiment.get("runs") or experiment.get("factors") or []
-        )
+        results = experiment.get("results") or experiment.get("runs") or []
+        recommended = experiment.get("recommended_factor")
+        if experiment.get("text"):
+            head.append(f"<p>{_e(experiment['text'])}</p>")
         bits = [
-            f"{k} {fmt_number(v)}"
-            for k, v in experiment.items()
-            if not isinstance(v, (list, Mapping)) and v is not None
+            f"{k} {fmt_number(experiment[k])}"
+            for k in ("base_lr", "recommended_lr", "updates", "error")
+            if experiment.get(k) is not None
         ]
         if bits:
-            head = f'<p class="data">{_e("; ".join(bits))}</p>'
+            head.append(f'<p class="data">{_e("; ".join(bits))}</p>')
     items = [r for r in results if isinstance(r, Mapping)] if isinstance(results, list) else []
     if not items:
-        return _section("sweep", "Learning-rate sweep", head or '<p class="note">no results</p>')
+        body = "".join(head) or '<p class="note">no results</p>'
+        return _section("sweep", "Learning-rate sweep", body)
+    keys = [k for k, names in _SWEEP_KEYS.items() if any(n in r for r in items for n in names)]
+    for must in ("factor", "lr", "outcome", "diverged_at", "final loss"):
+        if must not in keys:
+            keys.append(must)
+    keys = [k for k in _SWEEP_KEYS if k in keys]
     rows = []
     for item in items:
-        row = []
-        for names in _SWEEP_KEYS.values():
+        row: list[Any] = []
+        for key in keys:
+            names = _SWEEP_KEYS[key]
             row.append(next((item[n] for n in names if item.get(n) is not None), None))
+        is_best = recommended is not None and item.get("factor") == recommended
+        row.append("use this" if is_best else "")
         rows.append(row)
-    return _section("sweep", "Learning-rate sweep", head + _table(list(_SWEEP_KEYS), rows, "sweep"))
+    table = _table([*keys, ""], rows, "sweep")
+    return _section("sweep", "Learning-rate sweep", "".join(head) + table)
 
 
 def _rollback_rows(trace: Trace | None, d: Mapping[str, Any]) -> list[tuple[Any, Any]]:
@@ -575,8 +590,12 @@ def render_report(
     diagnosis: Diagnosis | Mapping[str, Any] | None,
     *,
     title: str | None = None,
+    plots: bool = True,
 ) -> str:
-    """The whole page as one string (self-contained HTML, no script, nothing fetched)."""
+    """The whole page as one string (self-contained HTML, no script, nothing fetched).
+
+    ``plots=False`` leaves the pictures out (a quick page without matplotlib time).
+    """
     d = _as_dict(diagnosis)
     if not d and trace is not None:
         from nanscope.diagnose import diagnose
@@ -598,7 +617,7 @@ def render_report(
         "</header>",
         _evidence(d),
         _actions(d),
-        _plots_section(trace, d, None),
+        _plots_section(trace, d, None) if plots else "",
         _located(d),
         _rows(d),
         _lint(d),
