@@ -156,3 +156,20 @@ def test_max_records_thins_but_keeps_the_run_up_to_the_nan(tmp_path: Path) -> No
     assert set(range(15_000 - window, 15_000 + window)) <= set(steps)
     assert small[steps.index(15_000)]["nf_loss"] == 1
     assert load_trace(path, max_records=n).meta.get("thinned") is None
+
+
+def test_sniffing_is_by_content_not_name(tmp_path: Path) -> None:
+    cases = {
+        "a.txt": ("step,loss\n1,0.5\n2,nan\n", "csv"),
+        "b.csv": ('{"iter": 1, "loss": 0.5}\n{"iter": 2, "loss": NaN}\n', "jsonl"),
+        "c.json": (
+            "Epoch 1/2\n10/10 [====] - loss: 0.5\nEpoch 2/2\n10/10 [====] - loss: nan\n",
+            "text",
+        ),
+        "d.log": ('{\n  "log_history": [\n    {"loss": 0.5, "step": 1}\n  ]\n}\n', "trainer_state"),
+    }
+    for name, (content, fmt) in cases.items():
+        path = tmp_path / name
+        path.write_text(content)
+        assert sniff(path) == fmt, name
+        assert len(load_trace(path)) >= 1

@@ -295,12 +295,13 @@ class Merger:
         self.steps_seen = False
         self.epochs_only = True
 
-    def push(self, record: Record) -> Iterator[Record]:
+    def push(self, record: Record) -> Record | None:
+        """Take the next record; return the previous one once it is complete (else None)."""
         if not has_values(record):
             pending = self.pending
             if pending is not None and "extra" in record and record.get("step") == pending["step"]:
                 pending["extra"] = {**pending.get("extra", {}), **record["extra"]}
-            return
+            return None
         if "step" in record:
             self.steps_seen = True
             self.epochs_only = False
@@ -319,18 +320,17 @@ class Merger:
             pending.update(record)
             if extra is not None and "extra" in record:
                 pending["extra"] = {**extra, **record["extra"]}
-            return
-        if pending is not None:
-            yield mark_nonfinite(pending)
+            return None
         self.pending = record
         self.count += 1
+        return None if pending is None else mark_nonfinite(pending)
 
-    def close(self) -> Iterator[Record]:
-        if self.pending is not None:
-            yield mark_nonfinite(self.pending)
-            self.pending = None
+    def close(self) -> Record | None:
+        """The last record (or None); sets ``meta["granularity"]``."""
         if self.count:
             self.meta["granularity"] = "epoch" if self.epochs_only else "update"
+        pending, self.pending = self.pending, None
+        return None if pending is None else mark_nonfinite(pending)
 
 
 def no_records(path: Path, what: str) -> TraceError:

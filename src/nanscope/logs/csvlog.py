@@ -117,8 +117,12 @@ def iter_records(path: Path, meta: dict[str, Any]) -> Iterator[Record]:
             if extra:
                 record["extra"] = extra
         if record:
-            yield from merger.push(record)
-    yield from merger.close()
+            done = merger.push(record)
+            if done is not None:
+                yield done
+    last = merger.close()
+    if last is not None:
+        yield last
     if bad_cells:
         meta["bad_cells"] = bad_cells
         warnings.warn(f"{path}: skipped {bad_cells} cell(s) that are not numbers", stacklevel=2)

@@ -51,8 +51,12 @@ def iter_records(path: Path, meta: dict[str, Any]) -> Iterator[Record]:
         if not isinstance(obj, dict):
             bad += 1
             continue
-        yield from merger.push(record_from_mapping(_flatten(obj)))
-    yield from merger.close()
+        done = merger.push(record_from_mapping(_flatten(obj)))
+        if done is not None:
+            yield done
+    last = merger.close()
+    if last is not None:
+        yield last
     if bad:
         meta["skipped_lines"] = bad
         warnings.warn(f"{path}: skipped {bad} line(s) that are not JSON objects", stacklevel=2)

@@ -185,7 +185,8 @@ class _State:
                 entry["_at"] = self.merger.count
             return
 
-    def segment(self, lineno: int, segment: str) -> Iterator[Record]:
+    def segment(self, lineno: int, segment: str) -> Record | None:
+        """Read one line (or one ``\\r`` segment); return a record completed by it, if any."""
         if (
             self.traceback is not None
             and segment[:1] not in (" ", "\t", "")
@@ -198,10 +199,10 @@ class _State:
         if _has_message(low):
             self.scan_message(lineno, segment)
         if "loss" not in low and not any(word in low for word in _VALUE_WORDS):
-            return
+            return None
         found = _pairs(segment)
         if not found:
-            return
+            return None
         step: int | None = None
         tqdm = _TQDM.search(segment) if "<" in segment else None
         if "step" in found:
@@ -225,7 +226,7 @@ class _State:
             if key in found:
                 record[key] = float(found[key][1])
         if not record:
-            return
+            return None
         if step is not None:
             record["step"] = step
         elif self.merger.steps_seen and "loss" in record:
@@ -233,21 +234,28 @@ class _State:
             record["extra"] = {"epoch_loss": record.pop("loss")}
         if self.epoch is not None:
             record["epoch"] = self.epoch
-        yield from self.merger.push(record)
+        return self.merger.push(record)
 
 
 def iter_records(path: Path, meta: dict[str, Any]) -> Iterator[Record]:
     state = _State(meta)
+    segment_of = state.segment
     for lineno, line in enumerate(iter_lines(path, meta), start=1):
         if "\x08" in line:
             line = re.sub("\x08+", "\r", line)
         if "\r" in line:
             for segment in line.split("\r"):
                 if segment:
-                    yield from state.segment(lineno, segment)
+                    done = segment_of(lineno, segment)
+                    if done is not None:
+                        yield done
         else:
-            yield from state.segment(lineno, line)
-    yield from state.merger.close()
+            done = segment_of(lineno, line)
+            if done is not None:
+                yield done
+    last = state.merger.close()
+    if last is not None:
+        yield last
     total = state.merger.count
     for entry in state.messages:
         if "_at" in entry:

@@ -199,7 +199,9 @@ def iter_records(path: Path, meta: dict[str, Any]) -> Iterator[Record]:
                                     ),
                                 }
                             )
-                    yield from merger.push(record)
+                    done = merger.push(record)
+                    if done is not None:
+                        yield done
         except _Truncated as exc:
             if not entries and not seen_history:
                 raise TraceError(f"{path}: not a complete trainer_state.json ({exc})") from None
@@ -219,7 +221,9 @@ def iter_records(path: Path, meta: dict[str, Any]) -> Iterator[Record]:
                 stacklevel=2,
             )
         meta["lines"] = entries
-    yield from merger.close()
+    last = merger.close()
+    if last is not None:
+        yield last
     if not seen_history:
         raise TraceError(f"{path}: a JSON object without a log_history list")
     if top:
