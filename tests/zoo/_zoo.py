@@ -9,7 +9,9 @@ A case module lives under ``tests/zoo/<framework>/`` and defines
   and gradient are computed and before the step is applied.
 
 Modules are loaded by file path under a private name, so the folder names (``numpy``, ``torch``)
-never shadow the real packages. Files whose name starts with ``_`` are helpers, not cases.
+never shadow the real packages. Files whose name starts with ``_`` are helpers, not cases; a file
+without a top-level ``def fit(`` is a script for another runner and is never imported here (the
+torch cases train at import time).
 """
 
 from __future__ import annotations
@@ -86,6 +88,8 @@ def load_cases(frameworks: tuple[str, ...] = ("numpy",)) -> list[Case]:
         for path in sorted(folder.glob("*.py")):
             if path.name.startswith("_"):
                 continue
+            if "\ndef fit(" not in path.read_text():
+                continue  # a plain script (e.g. a torch case with its own runner): not ours to run
             module = _load(framework, path)
             if hasattr(module, "CAUSE") and callable(getattr(module, "fit", None)):
                 cases.append(Case(framework, path.stem, path, module))

@@ -3,7 +3,7 @@
 The recurrent weights have gain 3 (a chaotic regime: nearby hidden trajectories separate at a
 positive rate per time step). The hidden states stay in [-1, 1], so the loss of the linear
 readout barely moves, but the product of step Jacobians that back-propagation multiplies grows
-exponentially with the sequence length. The curriculum lengthens the sequences by 10 steps per
+exponentially with the sequence length. The curriculum lengthens the sequences by 15 steps per
 update; the recurrent gradient grows by orders of magnitude over a few dozen updates (Adam's
 normalised step keeps the weights in place) until it overflows float32 while the loss is finite.
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 CAUSE = "exploding_gradients"
-DESCRIPTION = "tanh RNN (32 units, gain 3) float32 + Adam, sequence length +10 per update"
+DESCRIPTION = "tanh RNN (32 units, gain 3) float32 + Adam, sequence length +15 per update"
 
 
 def loss_and_grads(P: dict, X: np.ndarray, y: np.ndarray) -> tuple[float, dict]:
@@ -53,7 +53,7 @@ def fit(monitor, lr: float = 1e-3, updates: int = 120, batch: int = 16) -> None:
     v = {k: np.zeros_like(p) for k, p in P.items()}
     beta1, beta2, eps = 0.9, 0.999, 1e-8
     for t in range(1, updates + 1):
-        T = 10 + 10 * t  # the curriculum
+        T = 10 + 15 * t  # the curriculum
         X = rng.standard_normal((T, batch, D)).astype(np.float32)
         y = X[-5:, :, 0].mean(axis=0)  # the mean of the last five inputs
         loss, g = loss_and_grads(P, X, y)

@@ -15,7 +15,7 @@ CAUSE = "healthy"
 DESCRIPTION = "deep linear net 8-8-8-1 from 1e-2 init, full-batch GD: saddle plateau then drop"
 
 
-def fit(monitor, lr: float = 0.05, updates: int = 900) -> None:
+def fit(monitor, lr: float = 0.05, updates: int = 600) -> None:
     rng = np.random.default_rng(21)
     n, d, h = 400, 8, 8
     X = rng.standard_normal((n, d))
