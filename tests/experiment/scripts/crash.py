@@ -1,0 +1,1 @@
+raise RuntimeError("the data file is missing")
