@@ -279,7 +279,7 @@ def mark_nonfinite(record: Record) -> Record:
 
 
 def has_values(record: Mapping[str, Any]) -> bool:
-    return any(k in record for k in ("loss", "val_loss", "grad_norm", "lr"))
+    return "loss" in record or "val_loss" in record or "grad_norm" in record or "lr" in record
 
 
 class Merger:

@@ -81,25 +81,22 @@ _MESSAGE_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("traceback", re.compile(r"^\s*Traceback \(most recent call last\)")),
     ("terminate_on_nan", re.compile(r"Invalid loss, terminating training", re.I)),
 )
-#: Lower-case words one of which every message line holds: a cheap filter before the patterns.
-_MESSAGE_WORDS = (
-    "loss scale",
-    "overflow",
-    "returned nan",
-    "error detected in",
-    "out of memory",
-    "outofmemory",
-    "resource_exhausted",
-    "nccl",
-    "traceback",
-    "invalid loss",
-)
-#: ... and one of which a line with a value we read holds.
-_VALUE_WORDS = ("lr", "learning", "norm", "epoch")
 
 
+#: Every message line holds one of these lower-case words: a cheap filter before the patterns.
 def _has_message(low: str) -> bool:
-    return any(word in low for word in _MESSAGE_WORDS)
+    # spelled out (not any(...)): this runs on every line
+    return (
+        "overflow" in low
+        or "nccl" in low
+        or "traceback" in low
+        or "loss scale" in low
+        or "memory" in low
+        or "returned nan" in low
+        or "error detected in" in low
+        or "resource_exhausted" in low
+        or "invalid loss" in low
+    )
 
 
 _EXCEPTION_LINE = re.compile(
@@ -198,7 +195,9 @@ class _State:
         low = segment.lower()
         if _has_message(low):
             self.scan_message(lineno, segment)
-        if "loss" not in low and not any(word in low for word in _VALUE_WORDS):
+        if not (
+            "loss" in low or "lr" in low or "norm" in low or "learning" in low or "epoch" in low
+        ):
             return None
         found = _pairs(segment)
         if not found:
