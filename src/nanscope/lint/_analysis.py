@@ -406,6 +406,7 @@ class FileContext:
         self._memo: dict[int, int] = {}
         self._active: set[int] = set()
         self._summaries: dict[int, int] = {}
+        self._parts: dict[int, tuple[str | None, str | None, ast.expr | None]] = {}
         self._walk(tree)
 
     # ------------------------------------------------------------------ the walk
@@ -685,6 +686,13 @@ class FileContext:
         ``root`` is the top-level package (``torch``, ``numpy``...) when the function comes from an
         import, ``last`` its final name, ``receiver`` the object for a method call.
         """
+        key = id(call)
+        got = self._parts.get(key)
+        if got is None:
+            got = self._parts[key] = self._func_parts(call)
+        return got
+
+    def _func_parts(self, call: ast.Call) -> tuple[str | None, str | None, ast.expr | None]:
         func = call.func
         if isinstance(func, ast.Attribute):
             base = self.qualname(func.value)

@@ -10,6 +10,7 @@ comment suppresses.
 from __future__ import annotations
 
 import ast
+import gc
 import re
 import sys
 from collections.abc import Iterable, Sequence
@@ -130,8 +131,12 @@ def lint_source(
     limit = sys.getrecursionlimit()
     if limit < 20000:
         sys.setrecursionlimit(20000)
+    # the walk allocates many small objects that are never cyclic garbage: pausing the cyclic
+    # collector roughly halves the time on a large file
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
     try:
-        ctx = FileContext(tree, frozenset(by_type))
+        return _lint_tree(tree, lines, path, instances, by_type)
     except RecursionError:
         return [
             LintFinding(
@@ -146,6 +151,18 @@ def lint_source(
         ]
     finally:
         sys.setrecursionlimit(limit)
+        if gc_was_enabled:
+            gc.enable()
+
+
+def _lint_tree(
+    tree: ast.Module,
+    lines: Sequence[str],
+    path: str,
+    instances: list[Rule],
+    by_type: dict[type[ast.AST], list[Rule]],
+) -> list[LintFinding]:
+    ctx = FileContext(tree, frozenset(by_type))
     findings: dict[tuple[str, int, int], LintFinding] = {}
     for node, site in ctx.sites:
         for rule in by_type[type(node)]:

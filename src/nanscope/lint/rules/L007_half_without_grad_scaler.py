@@ -130,7 +130,11 @@ class HalfWithoutGradScaler(Rule):
                     "scale the loss, or use mixed_bfloat16",
                 )
             return
-        if ctx.kind(node, site.scope, site.comps) & K.LOSS and (node.args or node.keywords):
+        if (
+            (node.args or node.keywords)
+            and ("half" in ctx.idents or "float16" in ctx.idents)
+            and ctx.kind(node, site.scope, site.comps) & K.LOSS
+        ):
             args = [*node.args, *(k.value for k in node.keywords)]
             if any(ctx.kind(a, site.scope, site.comps) & K.HALF for a in args):
                 yield Hit(
