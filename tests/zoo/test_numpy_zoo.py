@@ -139,15 +139,10 @@ def test_nanscope_run_on_a_healthy_case(tmp_path: Path, monkeypatch) -> None:  #
     assert data.get("verdict") == "healthy"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the detector's alarm is not written to trace.jsonl, and Context.stop only reads it "
-    "from the probes' evidence: `nanscope diagnose` on the trace of a run stopped before any NaN "
-    "(diverging) says 'healthy'",
-)
 @pytest.mark.parametrize("name", ["step_size_momentum_prices", "sign_error_logreg_ascent"])
 def test_trace_on_disk_rediagnoses_a_stopped_run(name: str, tmp_path: Path) -> None:
     outcome = _zoo.run_case(BY_NAME[name], tmp_path / "run")
     assert outcome.raised and outcome.diagnosis.verdict == "diverging"
     again = nanscope.diagnose(tmp_path / "run" / "trace.jsonl")
+    assert again.verdict == "diverging"
     assert again.cause == outcome.diagnosis.cause
