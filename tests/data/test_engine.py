@@ -124,3 +124,11 @@ def test_torch_dataset():
     assert report.target == "y" and "x[2]" in report.columns
     f = report.findings[0]
     assert (f.code, f.column, f.rows) == ("S001", "x[2]", (17,))
+
+
+def test_progress_bar_does_not_change_the_result(capsys):
+    x = np.random.default_rng(0).normal(size=(1000, 2))
+    x[9, 1] = np.nan
+    report = scan(x, progress=True)
+    assert [(f.code, f.rows) for f in report.findings] == [("S001", (9,))]
+    assert capsys.readouterr().out == ""  # the bar goes to stderr, never stdout

@@ -11,12 +11,9 @@ Polars is imported when :func:`scan` is first called, never at ``import nanscope
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from nanscope.data._model import SCHEMA, ColumnStats, Finding, ScanReport
-
-if TYPE_CHECKING:
-    from nanscope.data.checks._base import Options
 
 __all__ = ["SCHEMA", "ColumnStats", "Finding", "ScanReport", "check_codes", "render", "scan"]
 
@@ -40,15 +37,3 @@ def render(report: ScanReport, *, color: bool | None = None, width: int | None =
     from nanscope.data._report import render as _render
 
     return _render(report, color=color, width=width)
-
-
-def __getattr__(name: str) -> Any:  # pragma: no cover - typing helper
-    if name == "Options":
-        from nanscope.data.checks._base import Options as _Options
-
-        return _Options
-    raise AttributeError(name)
-
-
-if TYPE_CHECKING:
-    _ = Options

@@ -10,12 +10,14 @@ Pass 1 (one ``collect_all`` over a shared scan, streaming engine):
   median is ~0.25% of a σ, far below what a z-score threshold of 10 can notice. An exact median of
   50M rows would need the whole column in memory (the memory target forbids it).
 
-Pass 2 (only if a check asked; one streaming aggregation, reading only the columns named):
+Pass 2 (only if a check asked; streaming, reading only the columns named):
 every probe the checks asked for (rows that are NaN/inf/null, rows beyond a robust-z bound, exact
-column equality) is answered exactly over every row: a count and the first ``max_rows`` row
-indices with their values. The extreme-row bounds come from the sampled median/scale, but which
-rows lie beyond them is decided exactly. A column whose exact min and max (pass 1) lie within its
-bounds needs no probe at all, so healthy data costs one pass.
+column equality) is answered exactly over every row: a count (one aggregation) and the first
+``max_rows`` row indices with their values (one ``filter().head()`` query per probe, run together
+with ``collect_all`` so they share the scan; each stops early when its rows are common). The
+extreme-row bounds come from the sampled median/scale, but which rows lie beyond them is decided
+exactly. A column whose exact min and max (pass 1) lie within its bounds needs no probe at all,
+so healthy data costs one pass.
 """
 
 from __future__ import annotations
@@ -327,14 +329,15 @@ def _pass2(
 ) -> dict[Probe, ProbeResult]:
     if not probes:
         return {}
-    r = pl.col(_ROW)
-    exprs: list[pl.Expr] = []
+    lf = src.make().with_row_index(_ROW)
+    aggs: list[pl.Expr] = []
+    heads: list[pl.LazyFrame] = []
+    row_probes: list[Probe] = []
     for i, p in enumerate(probes):
         c = columns[p.column]
         x = _col(c, as_float=p.kind in ("outside", "value", "nonintegral"))
         if p.kind == "equal":
-            y = _col(columns[p.other])
-            exprs.append(x.eq_missing(y).all().alias(f"{i}:equal"))
+            aggs.append(x.eq_missing(_col(columns[p.other])).all().alias(f"{i}:equal"))
             continue
         if p.kind == "nan":
             cond = x.is_nan()
@@ -348,24 +351,25 @@ def _pass2(
             cond = x == p.value
         else:  # nonintegral
             cond = x.is_finite() & (x != x.floor())
+        aggs.append(cond.sum().alias(f"{i}:count"))
+        # a separate streaming filter + head per probe: it stops early when rows are common and
+        # holds at most k rows; an aggregated filter().head() would buffer whole columns.
         n = 1 if p.kind == "value" else k
-        exprs += [
-            cond.sum().alias(f"{i}:count"),
-            r.filter(cond).head(n).implode().alias(f"{i}:rows"),
-            _col(c).filter(cond).head(n).implode().alias(f"{i}:values"),
-        ]
-    out = src.make().with_row_index(_ROW).select(exprs).collect(engine="streaming")
-    row = out.row(0, named=True)
+        heads.append(lf.filter(cond).select(pl.col(_ROW), _col(c).alias("v")).head(n))
+        row_probes.append(p)
+    frames = pl.collect_all([lf.select(aggs), *heads], engine="streaming")
+    row = frames[0].row(0, named=True)
     results: dict[Probe, ProbeResult] = {}
     for i, p in enumerate(probes):
         if p.kind == "equal":
             results[p] = ProbeResult(equal=bool(row[f"{i}:equal"]))
-        else:
-            results[p] = ProbeResult(
-                count=int(row[f"{i}:count"] or 0),
-                rows=tuple(int(v) for v in row[f"{i}:rows"]),
-                values=tuple(_py(v) for v in row[f"{i}:values"]),
-            )
+    for p, head in zip(row_probes, frames[1:]):
+        i = probes.index(p)
+        results[p] = ProbeResult(
+            count=int(row[f"{i}:count"] or 0),
+            rows=tuple(int(v) for v in head.get_column(_ROW).to_list()),
+            values=tuple(_py(v) for v in head.get_column("v").to_list()),
+        )
     return results
 
 
