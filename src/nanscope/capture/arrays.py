@@ -3,11 +3,13 @@
 The Monitor calls these on every update, so each one is written to touch every element as few
 times as possible:
 
-* parameters and gradients are copied once into a float64 buffer of four rows per tensor (weights
-  now, weights before, gradient now, gradient before); one small matrix product of that buffer with
-  itself yields every norm, dot product and cosine the detectors need. A finite sum of squares
-  proves every element finite, so the exact non-finite count is only taken when it is not.
-* sign flips are counted on a fixed strided sample of at most ``FLIP_SAMPLE`` weights.
+* the norms of weights and gradients take one pass each; a finite sum of squares proves every
+  element finite, so the exact non-finite count is only taken when it is not.
+* a fixed strided sample of at most ``SAMPLE`` coordinates per tensor (weights now and before,
+  gradient now and before) goes into a four-row buffer; one small matrix product of that buffer
+  with itself yields the update, its cosines with the gradients, the gradient reversal and (by
+  sign) the flips. No full copy of the model is kept: the previous weights are referenced only
+  when the caller hands in a new array each update (``w = w - lr * g``).
 * an input batch costs one column-wise max and min; row-level robust z-scores are computed only
   when a column's maximum jumps far beyond its history, on the first batch, or when a value is
   non-finite.
@@ -25,7 +27,10 @@ from nanscope.errors import UsageError
 
 __all__ = ["BatchChecker", "ParamTracker", "as_array", "as_named", "nonfinite_rows", "robust_rows"]
 
-FLIP_SAMPLE = 4096
+#: coordinates per tensor kept for the update/cosine/sign-flip measures
+SAMPLE = 4096
+#: large weight tensors get an exact norm and finiteness pass every this many updates
+FULL_EVERY = 16
 #: a row is "extreme" when one of its values lies this many robust standard deviations out
 EXTREME_Z = 20.0
 #: a column max this many times its recent typical max triggers the row analysis
@@ -70,24 +75,21 @@ def _count_nonfinite(array: np.ndarray) -> int:
 
 
 class _Slot:
-    """Buffers for one named tensor: rows 0/1 hold weights (now/before), rows 2/3 gradients."""
+    """Samples for one named tensor: rows 0/1 hold weights (now/before), rows 2/3 gradients.
 
-    __slots__ = (
-        "buffer",
-        "flip_prev",
-        "g_now",
-        "has_prev_grad",
-        "has_prev_param",
-        "shape",
-        "stride",
-        "w_now",
-    )
+    Tensors up to ``SAMPLE`` elements are kept whole (exact measures); larger ones through a fixed
+    strided sample, so the cost of the update and cosine measures does not grow with the model.
+    """
+
+    __slots__ = ("buffer", "g_now", "has_prev_grad", "has_prev_param", "shape", "size", "stride",
+                 "w_now")  # fmt: skip
 
     def __init__(self, size: int, shape: tuple[int, ...]) -> None:
-        self.buffer = np.zeros((4, size), dtype=np.float64)
+        self.size = size
         self.shape = shape
-        self.stride = max(1, size // FLIP_SAMPLE)
-        self.flip_prev: np.ndarray | None = None
+        self.stride = max(1, -(-size // SAMPLE))
+        count = len(range(0, size, self.stride))
+        self.buffer = np.zeros((4, count), dtype=np.float64)
         self.has_prev_param = False
         self.has_prev_grad = False
         # which buffer row holds "now"; the other of the pair holds "before" (swapped, not copied)
@@ -95,23 +97,44 @@ class _Slot:
         self.g_now = 2
 
 
+def _sum_sq(flat: np.ndarray) -> float:
+    if flat.dtype.kind == "c":
+        return float(np.vdot(flat, flat).real)
+    if flat.dtype.kind != "f" or flat.dtype.itemsize < 4:
+        flat = flat.astype(np.float64)
+    return float(np.dot(flat, flat))
+
+
 class ParamTracker:
-    """Keeps the previous weights and gradient, and measures each update against them."""
+    """Keeps a sample of the previous weights and gradient, and measures each update against them.
+
+    Gradient norms are exact (one pass each: a NaN anywhere in a gradient is caught before the
+    step). Weight norms of large tensors are read off the sample, with an exact pass every
+    ``FULL_EVERY`` updates. The applied update, its cosine
+    with the gradient, the gradient reversal and the sign flips are measured on at most ``SAMPLE``
+    fixed coordinates per tensor (all of them for smaller tensors); the update norm of a sampled
+    tensor is scaled up from its sample.
+    """
 
     def __init__(self) -> None:
         self._slots: dict[str, _Slot] = {}
-        self.last_good: dict[str, np.ndarray] = {}
+        self._last: dict[str, np.ndarray] = {}
+        self._before: dict[str, np.ndarray] = {}
+        self._count = 0
+        self.keep_weights = True
 
     def measure(
         self, params: Mapping[str, np.ndarray], grads: Mapping[str, np.ndarray]
     ) -> dict[str, Any]:
         names = list(params) if params else list(grads)
+        self._count += 1
         if params and grads and set(params) != set(grads):
             missing = sorted(set(params) ^ set(grads))
             raise UsageError(f"params and grads must have the same names; differ in {missing}")
-        out: dict[str, Any] = {}
-        w_sq = g_sq = u_sq = u_dot_pg = u_dot_g = g_dot_pg = 0.0
-        pg_sq = 0.0
+        w_sq = g_sq = 0.0
+        # sample-based sums: update.update, update.prev_grad, update.grad, grad.prev_grad, ...
+        s_uu = s_upg = s_ug = s_gpg = s_pgpg = s_gg = 0.0
+        u_sq_scaled = 0.0
         have_update = have_prev_grad = bool(names)
         flips = flip_total = 0
         nf_params = nf_grads = 0
@@ -130,57 +153,70 @@ class ParamTracker:
                 slot = self._slots[name] = _Slot(ref.size, ref.shape)
             buf = slot.buffer
             if w is not None:
+                flat_w = w.reshape(-1)
                 slot.w_now = 1 - slot.w_now
-                np.copyto(buf[slot.w_now], w.reshape(-1))
-            if g is not None:
-                slot.g_now = 5 - slot.g_now
-                np.copyto(buf[slot.g_now], g.reshape(-1))
-            gram = buf @ buf.T
-            wn, wp, gn, gp = slot.w_now, 1 - slot.w_now, slot.g_now, 5 - slot.g_now
-            if w is not None:
-                ww = float(gram[wn, wn])
-                if not math.isfinite(ww):
-                    nf = _count_nonfinite(w)
-                    nf_params += nf
-                    if nf == 0:
-                        ww = float(np.dot(buf[wn], buf[wn]))
-                w_sq += ww
-                if slot.has_prev_param:
-                    uu = ww - 2.0 * float(gram[wn, wp]) + float(gram[wp, wp])
-                    u_sq += max(uu, 0.0)
-                    if slot.has_prev_grad:
-                        u_dot_pg += float(gram[wn, gp]) - float(gram[wp, gp])
-                    if g is not None:
-                        u_dot_g += float(gram[wn, gn]) - float(gram[wp, gn])
-                    sample = buf[wn, :: slot.stride]
-                    if slot.flip_prev is not None:
-                        prev = slot.flip_prev
-                        nonzero = prev != 0.0
-                        flips += int(np.count_nonzero((sample * prev) < 0.0))
-                        flip_total += int(np.count_nonzero(nonzero))
+                sample = buf[slot.w_now]
+                np.copyto(sample, flat_w[:: slot.stride].real)
+                if slot.stride == 1 or self._count % FULL_EVERY == 0:
+                    ww = _sum_sq(flat_w)
+                    if not math.isfinite(ww):
+                        nf = _count_nonfinite(w)
+                        nf_params += nf
+                        if nf == 0:  # finite but the sum of squares overflowed
+                            ww = _sum_sq(flat_w.astype(np.float64))
                 else:
-                    have_update = False
-                slot.flip_prev = buf[wn, :: slot.stride].copy()
-                slot.has_prev_param = True
-            else:
-                have_update = False
+                    # weights change by small steps: their norm is read off the sample; a NaN
+                    # reaching them shows in the sample, in the loss, or at the next full pass
+                    ww = float(np.dot(sample, sample)) * (slot.size / sample.size)
+                    if not math.isfinite(ww):
+                        nf_params += _count_nonfinite(w)
+                w_sq += ww
+                if self.keep_weights:
+                    if name in self._last:
+                        self._before[name] = self._last[name]
+                    self._last[name] = w
             if g is not None:
-                gg = float(gram[gn, gn])
+                flat_g = g.reshape(-1)
+                gg = _sum_sq(flat_g)
                 if not math.isfinite(gg):
                     nf = _count_nonfinite(g)
                     nf_grads += nf
                     if nf == 0:
-                        gg = float(np.dot(buf[gn], buf[gn]))
+                        gg = _sum_sq(flat_g.astype(np.float64))
                 g_sq += gg
                 grad_norms[name] = math.sqrt(gg) if gg >= 0 else math.nan
+                slot.g_now = 5 - slot.g_now
+                np.copyto(buf[slot.g_now], flat_g[:: slot.stride].real)
+            gram = buf @ buf.T
+            wn, wp, gn, gp = slot.w_now, 1 - slot.w_now, slot.g_now, 5 - slot.g_now
+            scale = slot.size / buf.shape[1]
+            if w is not None and slot.has_prev_param:
+                uu = float(gram[wn, wn]) - 2.0 * float(gram[wn, wp]) + float(gram[wp, wp])
+                s_uu += max(uu, 0.0)
+                u_sq_scaled += max(uu, 0.0) * scale
                 if slot.has_prev_grad:
-                    g_dot_pg += float(gram[gn, gp])
-                    pg_sq += float(gram[gp, gp])
-                else:
-                    have_prev_grad = False
-                slot.has_prev_grad = True
-            else:
+                    s_upg += float(gram[wn, gp]) - float(gram[wp, gp])
+                    s_pgpg += float(gram[gp, gp])
+                if g is not None:
+                    s_ug += float(gram[wn, gn]) - float(gram[wp, gn])
+                    s_gg += float(gram[gn, gn])
+                now, before = buf[wn], buf[wp]
+                flips += int(np.count_nonzero((now * before) < 0.0))
+                flip_total += int(np.count_nonzero(before))
+            elif w is not None or params:
+                have_update = False
+            if g is not None and slot.has_prev_grad:
+                s_gpg += float(gram[gn, gp])
+                if not (w is not None and slot.has_prev_param):
+                    s_pgpg += float(gram[gp, gp])
+                    s_gg += float(gram[gn, gn])
+            elif g is not None:
                 have_prev_grad = False
+            if w is not None:
+                slot.has_prev_param = True
+            if g is not None:
+                slot.has_prev_grad = True
+        out: dict[str, Any] = {}
         if params:
             out["weight_norm"] = math.sqrt(w_sq) if w_sq >= 0 else math.nan
             out["nf_params"] = nf_params
@@ -190,34 +226,26 @@ class ParamTracker:
             if len(grad_norms) > 1:
                 out["grad_norms"] = grad_norms
         if params and have_update:
-            u_norm = math.sqrt(u_sq)
-            out["update_norm"] = u_norm
+            out["update_norm"] = math.sqrt(u_sq_scaled)
+            u_norm = math.sqrt(s_uu)
             if grads and u_norm > 0:
-                if have_prev_grad and pg_sq > 0:
-                    out["update_cos"] = _clip_cos(u_dot_pg / (u_norm * math.sqrt(pg_sq)))
-                if g_sq > 0:
-                    out["update_cos_same"] = _clip_cos(u_dot_g / (u_norm * math.sqrt(g_sq)))
+                if have_prev_grad and s_pgpg > 0:
+                    out["update_cos"] = _clip_cos(s_upg / (u_norm * math.sqrt(s_pgpg)))
+                if s_gg > 0:
+                    out["update_cos_same"] = _clip_cos(s_ug / (u_norm * math.sqrt(s_gg)))
             if flip_total:
                 out["flip_frac"] = flips / flip_total
-        if grads and have_prev_grad and pg_sq > 0 and g_sq > 0:
-            out["grad_cos"] = _clip_cos(g_dot_pg / math.sqrt(g_sq * pg_sq))
+        if grads and have_prev_grad and s_pgpg > 0 and s_gg > 0:
+            out["grad_cos"] = _clip_cos(s_gpg / math.sqrt(s_gg * s_pgpg))
         return out
 
     def snapshot_previous(self) -> dict[str, np.ndarray]:
-        """The weights as they were one update ago (copies, original shapes)."""
-        return {
-            name: slot.buffer[1 - slot.w_now].reshape(slot.shape).copy()
-            for name, slot in self._slots.items()
-            if slot.has_prev_param
-        }
+        """The weights as they were one update ago (copies), when the caller gave new arrays."""
+        return {k: np.array(v, copy=True) for k, v in self._before.items()}
 
     def snapshot_current(self) -> dict[str, np.ndarray]:
-        """The weights seen at the latest update (copies, original shapes)."""
-        return {
-            name: slot.buffer[slot.w_now].reshape(slot.shape).copy()
-            for name, slot in self._slots.items()
-            if slot.has_prev_param
-        }
+        """The weights seen at the latest update (copies)."""
+        return {k: np.array(v, copy=True) for k, v in self._last.items()}
 
 
 def _clip_cos(value: float) -> float:

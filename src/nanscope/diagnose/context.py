@@ -86,8 +86,26 @@ class Context:
 
     @cached_property
     def alarm(self) -> dict[str, Any] | None:
+        """The detector alarm that stopped the run; for traces read after the fact (logs, a
+        killed run), the alarm the same detectors raise when replayed over the records."""
         alarm = self.evidence.get("alarm")
-        return dict(alarm) if isinstance(alarm, Mapping) else None
+        if isinstance(alarm, Mapping):
+            return dict(alarm)
+        if self.evidence.get("replayed") is False:
+            return None
+        from nanscope.detectors import Ascent, Divergence
+
+        detectors = [Ascent(), Divergence()]
+        for record in self.records:
+            loss = record.get("loss")
+            if loss is None or not math.isfinite(loss):
+                return None  # the first non-finite update comes first
+            for detector in detectors:
+                fired = detector.step(dict(record))
+                if fired is not None:
+                    return {"kind": fired.kind, "step": fired.step, "text": fired.text,
+                            "replayed": True, **fired.data}  # fmt: skip
+        return None
 
     @cached_property
     def stop(self) -> int | None:

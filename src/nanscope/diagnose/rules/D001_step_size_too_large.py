@@ -119,6 +119,8 @@ def check(ctx: Context) -> Finding | None:
                 )
             )
     elif not gc.size and not fl.size:
+        if rise.length >= 5 and rise.growth >= 1e3:
+            confidence += 0.15  # a long, explosive geometric climb: rarely anything else
         evidence.append(
             Evidence(
                 CODE,

@@ -104,6 +104,18 @@ def check(ctx: Context) -> Finding | None:
                 {"loss": loss_value},
             )
         )
+    rise = ctx.rise_before(i)
+    if not op_is_log and rise is not None and rise.length >= 3 and rise.growth >= 10:
+        # the loss was already climbing geometrically: the inf is that climb overflowing
+        confidence = min(confidence, 0.3)
+        evidence.append(
+            Evidence(
+                CODE,
+                f"but the loss had been growing for {rise.length} updates before "
+                f"({num(rise.growth)}x): the infinity is more likely that growth overflowing",
+                {"growth": rise.growth},
+            )
+        )
     weights = ctx.trace.column("weight_norm")[: i + 1]
     weights = weights[np.isfinite(weights)]
     if weights.size >= 2 and weights[0] > 0 and weights[-1] / weights[0] >= 3:

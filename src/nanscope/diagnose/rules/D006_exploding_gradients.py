@@ -79,11 +79,12 @@ def check(ctx: Context) -> Finding | None:
     broke = ctx.fail is not None or ctx.stop is not None
     if not broke and ratio < 1e3:
         return None
-    # loss ~ gradient^2 is an oversized step on a smooth bowl, not an explosion
+    # a loss that climbs along with the gradient (on a bowl, loss ~ gradient^2) is an oversized
+    # step; an explosion is the gradient running ahead while the loss has barely moved
     elastic = (
         math.isfinite(loss_ratio)
         and loss_ratio > 1
-        and math.log(loss_ratio) >= 1.5 * math.log(max(ratio, 1.0 + 1e-9))
+        and math.log(loss_ratio) >= 0.5 * math.log(max(ratio, 1.0 + 1e-9))
     )
     rows = ctx.rows_near(k, ("extreme",), back=1)
     confidence = 0.85 if grad_first else 0.75

@@ -1,0 +1,182 @@
+"""Monitor.update: what it records, how it stops, and what it refuses."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+import warnings
+
+import numpy as np
+import pytest
+
+import nanscope
+from nanscope.trace import read_trace
+
+
+def _gd(monitor, lr=0.1, steps=30, sign=-1.0, seed=0):
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(64, 4))
+    y = X @ np.array([1.0, -2.0, 0.5, 3.0])
+    w = np.zeros(4)
+    for _ in range(steps):
+        r = X @ w - y
+        g = 2 * X.T @ r / len(y)
+        monitor.update(np.mean(r**2), params={"w": w}, grads={"w": g}, lr=lr, inputs=X, targets=y)
+        w = w + sign * lr * g
+    return w
+
+
+def test_records_match_reference_measures(tmp_path):
+    mon = nanscope.Monitor(run_dir=tmp_path / "run")
+    rng = np.random.default_rng(1)
+    w0, w1 = rng.normal(size=50), rng.normal(size=50)
+    g0, g1 = rng.normal(size=50), rng.normal(size=50)
+    mon.update(1.0, params={"w": w0}, grads={"w": g0}, lr=0.1)
+    rec = mon.update(0.9, params={"w": w1}, grads={"w": g1}, lr=0.1)
+    u = w1 - w0
+    assert rec["grad_norm"] == pytest.approx(np.linalg.norm(g1))
+    assert rec["weight_norm"] == pytest.approx(np.linalg.norm(w1))
+    assert rec["update_norm"] == pytest.approx(np.linalg.norm(u))
+    cos_prev = u @ g0 / (np.linalg.norm(u) * np.linalg.norm(g0))
+    assert rec["update_cos"] == pytest.approx(cos_prev)
+    assert rec["grad_cos"] == pytest.approx(g1 @ g0 / (np.linalg.norm(g1) * np.linalg.norm(g0)))
+    flips = np.mean(np.sign(w1) != np.sign(w0))
+    assert rec["flip_frac"] == pytest.approx(flips)
+    assert rec["nf_grads"] == 0 and rec["nf_params"] == 0
+
+
+def test_large_tensor_measures_are_sampled_but_close():
+    mon = nanscope.Monitor(write=False)
+    rng = np.random.default_rng(2)
+    w0 = rng.normal(size=200_000)
+    g0 = rng.normal(size=200_000)
+    mon.update(1.0, params={"w": w0}, grads={"w": g0})
+    w1 = w0 - 0.1 * g0
+    g1 = rng.normal(size=200_000)
+    rec = mon.update(0.5, params={"w": w1}, grads={"w": g1})
+    assert rec["grad_norm"] == pytest.approx(np.linalg.norm(g1))  # gradients are exact
+    assert rec["update_cos"] == pytest.approx(-1.0, abs=1e-9)  # plain GD, on any sample
+    assert rec["update_norm"] == pytest.approx(np.linalg.norm(w1 - w0), rel=0.05)
+    assert rec["weight_norm"] == pytest.approx(np.linalg.norm(w1), rel=0.05)
+
+
+def test_descent_has_negative_cosine_and_ascent_positive():
+    mon = nanscope.Monitor(write=False)
+    _gd(mon, lr=0.05, steps=10)
+    cos = mon.trace.column("update_cos")
+    assert np.nanmax(cos) < -0.99
+    up = nanscope.Monitor(write=False, policy="warn")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        _gd(up, lr=0.01, steps=10, sign=+1.0)
+    assert np.nanmin(up.trace.column("update_cos")) > 0.99
+
+
+def test_accepts_floats_arrays_and_array_likes():
+    class Boxed:
+        def __init__(self, value):
+            self.value = np.asarray(value)
+
+        def __array__(self, dtype=None, copy=None):
+            return self.value
+
+    mon = nanscope.Monitor(write=False)
+    mon.update(Boxed(2.0), params={"w": Boxed([1.0, 2.0])}, grads={"w": Boxed([0.5, 0.5])})
+    mon.update(np.float32(1.5), params=[np.ones(2)], grads=[np.ones(2)])
+    assert [r["loss"] for r in mon.trace] == [2.0, 1.5]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "word"),
+    [
+        ({"loss": "nan"}, "loss"),
+        ({"loss": 1.0, "lr": -0.1}, "lr"),
+        ({"loss": 1.0, "lr": "fast"}, "lr"),
+        ({"loss": 1.0, "params": {"w": np.ones(3)}, "grads": {"v": np.ones(3)}}, "names"),
+        ({"loss": 1.0, "params": {"w": np.ones(3)}, "grads": {"w": np.ones(4)}}, "shape"),
+    ],
+)
+def test_bad_arguments_raise_value_error_naming_them(kwargs, word):
+    mon = nanscope.Monitor(write=False)
+    loss = kwargs.pop("loss")
+    with pytest.raises(ValueError, match=word):
+        mon.update(loss, **kwargs)
+
+
+def test_raise_policy_stops_at_first_nan_and_keeps_last_good(tmp_path):
+    mon = nanscope.Monitor(run_dir=tmp_path / "run")
+    w = np.array([1.0, 2.0])
+    mon.update(1.0, params={"w": w}, grads={"w": np.array([0.1, 0.1])})
+    w2 = w - 0.1
+    with pytest.raises(nanscope.DivergenceError) as info:
+        mon.update(1.0, params={"w": w2}, grads={"w": np.array([np.nan, 0.1])})
+    assert isinstance(info.value, FloatingPointError)
+    diagnosis = info.value.diagnosis
+    assert diagnosis.verdict == "nonfinite"
+    assert diagnosis.first_nonfinite == {"step": 2, "what": "grad"}
+    assert "update 2" in str(info.value)
+    np.testing.assert_array_equal(mon.last_good["w"], w2)
+    saved = np.load(tmp_path / "run" / "last_good.npz")
+    np.testing.assert_array_equal(saved["w"], w2)
+    assert (tmp_path / "run" / "diagnosis.json").exists()
+
+
+def test_warn_policy_goes_on_and_never_replaces_nan():
+    mon = nanscope.Monitor(write=False, policy="warn")
+    with pytest.warns(RuntimeWarning, match="nonfinite"):
+        for loss in (1.0, 0.9, math.nan, math.nan, 0.5):
+            mon.update(loss)
+    losses = mon.trace.column("loss")
+    assert np.isnan(losses[2]) and np.isnan(losses[3]) and losses[4] == 0.5
+    assert mon.close().verdict == "nonfinite"
+
+
+def test_unknown_policy_is_refused():
+    with pytest.raises(ValueError, match="policy"):
+        nanscope.Monitor(policy="ignore")
+
+
+def test_inputs_rows_are_named_with_dataset_index():
+    mon = nanscope.Monitor(write=False)
+    X = np.ones((8, 3))
+    X[5, 1] = np.inf
+    with pytest.raises(nanscope.DivergenceError) as info:
+        mon.update(math.inf, inputs=X, index=np.arange(100, 108))
+    rows = info.value.diagnosis.rows
+    assert info.value.diagnosis.cause == "nonfinite_input"
+    assert rows[0]["batch_row"] == 5 and rows[0]["dataset_row"] == 105 and rows[0]["column"] == 1
+
+
+def test_trace_of_a_killed_run_is_readable(tmp_path):
+    script = tmp_path / "fit.py"
+    script.write_text(
+        "import os, signal, numpy as np, nanscope\n"
+        f"mon = nanscope.Monitor(run_dir={str(tmp_path / 'run')!r})\n"
+        "for i in range(20):\n"
+        "    mon.update(1.0 / (i + 1), params={'w': np.ones(3) * i}, grads={'w': np.ones(3)})\n"
+        "    if i == 9:\n"
+        "        os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True)
+    assert proc.returncode != 0
+    trace = read_trace(tmp_path / "run" / "trace.jsonl")
+    assert len(trace) == 10
+    assert nanscope.diagnose(trace).verdict == "healthy"
+
+
+def test_importing_nanscope_does_not_import_torch():
+    code = "import nanscope, sys; m = nanscope.Monitor(write=False); m.update(1.0); " \
+           "print('torch' in sys.modules)"  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_torch_tensors_are_read_without_the_adapter():
+    torch = pytest.importorskip("torch")
+    mon = nanscope.Monitor(write=False)
+    w = torch.ones(3, requires_grad=True)
+    loss = (w * 2).sum()
+    loss.backward()
+    rec = mon.update(loss, params={"w": w}, grads={"w": w.grad})
+    assert rec["loss"] == 6.0 and rec["grad_norm"] == pytest.approx(math.sqrt(12))
