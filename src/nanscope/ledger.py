@@ -515,7 +515,10 @@ def _when(started: Any) -> str:
 
 
 def _lr_text(value: float) -> str:
-    return f"{value:.6g}" if abs(value) >= 1e-4 else f"{value:.3g}"
+    if value != 0 and not 1e-4 <= abs(value) < 1e6:
+        return f"{value:.3g}"
+    text = f"{value:.6g}"
+    return text if "." in text else text + ".0"
 
 
 def describe(run: Mapping[str, Any]) -> str:
