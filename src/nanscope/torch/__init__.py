@@ -1,13 +1,29 @@
 """nanscope.torch: the PyTorch adapter.
 
-Imported lazily (``nanscope.watch`` or ``from nanscope.torch import watch``): ``import nanscope``
-never imports torch. :func:`watch` hooks one model and optimizer into a :class:`nanscope.Monitor`;
-:mod:`nanscope.torch.autowatch` (used by ``nanscope run``) watches every optimizer a script
-creates, with no change to the script. See ``docs/torch.md``.
+``nanscope.watch`` (or ``from nanscope.torch import watch``) hooks one model and optimizer into a
+:class:`nanscope.Monitor`; :mod:`nanscope.torch.autowatch` (used by ``nanscope run``) watches every
+optimizer a script creates, with no change to the script. See ``docs/torch.md``.
+
+Importing this package does not import torch: ``watch`` and ``Watcher`` are loaded on first use,
+so ``nanscope run`` can arm :mod:`nanscope.torch.autowatch` for a script that may never use torch.
 """
 
 from __future__ import annotations
 
-from nanscope.torch.watch import Watcher, watch
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from nanscope.torch.watch import Watcher, watch
 
 __all__ = ["Watcher", "watch"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in __all__:
+        import importlib
+
+        module = importlib.import_module("nanscope.torch.watch")
+        # importing the submodule bound ``watch`` to it on this package: bind the function back
+        globals().update(watch=module.watch, Watcher=module.Watcher)
+        return globals()[name]
+    raise AttributeError(f"module 'nanscope.torch' has no attribute {name!r}")

@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import sys
 import warnings
 from collections import deque
 from collections.abc import Callable
@@ -37,7 +38,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
 from nanscope.detectors import Alarm
 from nanscope.errors import UsageError
 from nanscope.monitor import Monitor
@@ -112,6 +112,7 @@ class Watcher:
         every: int = 1,
         sync_every: int | None = None,
         hook_model: bool = True,
+        hook_optimizer: bool = True,
     ) -> None:
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:
             raise UsageError(f"every must be a positive integer, got {every!r}")
@@ -152,6 +153,7 @@ class Watcher:
         self._kwargs: dict[str, Any] = {}
         self._output: Any = None
         self._rng: Any = None
+        self._index: Any = None
         self._loss_module: Any = None
         self._loss_args: tuple[Any, ...] = ()
         self._clip_norm: Any = None
@@ -180,8 +182,9 @@ class Watcher:
         monitor.probes.append(self._probe)
         if monitor.rollback_handler is None:
             monitor.rollback_handler = self._rollback
-        self._handles.append(optimizer.register_step_pre_hook(self._step_pre))
-        self._handles.append(optimizer.register_step_post_hook(self._step_post))
+        if hook_optimizer:
+            self._handles.append(optimizer.register_step_pre_hook(self._step_pre))
+            self._handles.append(optimizer.register_step_post_hook(self._step_post))
         _hooks.register(self)
         monitor.meta.setdefault("framework", f"torch {torch.__version__}")
         monitor.meta.setdefault("optimizer", type(optimizer).__name__)
@@ -217,7 +220,7 @@ class Watcher:
                 handle.remove()
         self._handles.clear()
         _hooks.unregister(self)
-        if self._owns_monitor:
+        if self._owns_monitor and len(self.monitor.trace):
             return self.monitor.close()
         return self.monitor.diagnosis
 
@@ -240,6 +243,7 @@ class Watcher:
         self._kwargs = kwargs
         self._output = None
         self._rng = None
+        self._index = _batch_index()
         if self.failure is None and self._first_tensor_device() == "cpu":
             self._rng = torch.get_rng_state()
         if torch.is_autocast_enabled("cpu"):
@@ -393,11 +397,13 @@ class Watcher:
         vec, layout = measure.device_vector(full)
         inputs, targets = self._batch()
         parts: list[torch.Tensor] = []
-        dev = vec.device if vec is not None else torch.device("cpu")
+        dev = vec.device if vec is not None else _device_of(loss)
+        if dev.type == "meta":
+            dev = torch.device("cpu")
         slots: dict[str, Any] = {}
 
         def add(name: str, t: torch.Tensor | None, width: int) -> None:
-            if t is None:
+            if t is None or t.device.type == "meta":
                 return
             slots[name] = (sum(p.numel() for p in parts), width)
             parts.append(t.detach().reshape(-1).float().to(dev, non_blocking=True))
@@ -426,9 +432,10 @@ class Watcher:
         sync_every = self._sync_every(dev)
         if sync_every <= 1 or device_vec is None:
             values = device_vec.tolist() if device_vec is not None else []
-            self._process(step, values, ctx, batch=(inputs, targets, None))
+            self._process(step, values, ctx, batch=(inputs, targets, self._index))
         else:
-            self._pending.append((step, device_vec, ctx, {"batch": (inputs, targets, None)}))
+            batch = (inputs, targets, self._index)
+            self._pending.append((step, device_vec, ctx, {"batch": batch}))
             if len(self._pending) >= sync_every:
                 self._drain(force=True, allow_raise=True)
         self._reset_window()
@@ -458,7 +465,7 @@ class Watcher:
                 return
         # every update up to now was clean: the current weights are verified good
         params = self._params()
-        if params and params[0].device.type not in ("cpu", "meta"):
+        if params and params[0].device.type != "meta":
             with torch.no_grad():
                 if self._verified is None or len(self._verified) != len(params):
                     self._verified = [p.detach().clone() for p in params]
@@ -612,7 +619,7 @@ class Watcher:
             autocast=self._autocast,
             grad_scaler=self.scaler,
             scale_history=list(self.scale_history),
-            batch_index=None,
+            batch_index=self._index,
             extra=extra,
         )
 
@@ -704,6 +711,16 @@ class Watcher:
             if note not in self.notes:
                 self.notes.append(note)
                 warnings.warn(f"nanscope: {note}", RuntimeWarning, stacklevel=4)
+
+
+def _batch_index() -> Any:
+    rows = sys.modules.get("nanscope.probes.rows")
+    if rows is None:
+        return None
+    try:
+        return rows.current_batch_index()
+    except Exception:
+        return None
 
 
 def _pick_input(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
