@@ -219,10 +219,11 @@ class _Display:
         if self.progress is None:
             return
         for child in self.children:
-            state = "done" if child.done else ("running" if child.process else "waiting")
-            self.progress.update(
-                self.tasks[child.factor], completed=min(child.seen(), self.updates), state=state
-            )
+            task = self.tasks[child.factor]
+            self.progress.update(task, completed=min(child.seen(), self.updates))
+            if child.factor not in self.reported:
+                state = "running" if child.process else "waiting"
+                self.progress.update(task, state=state)
 
     def finished(self, result: FactorResult) -> None:
         if result.factor in self.reported:
