@@ -5,8 +5,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import time
 import warnings
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -105,15 +107,31 @@ def test_trainer_state_without_history_is_an_error(tmp_path: Path) -> None:
         load_trace(path)
 
 
-def _write_torch_run(logdir: Path) -> list[float]:
-    from torch.utils.tensorboard import SummaryWriter
+class _Writer:
+    """A scalar writer on tensorboard's own EventFileWriter (what torch's SummaryWriter wraps)."""
 
+    def __init__(self, logdir: str) -> None:
+        from tensorboard.compat.proto import event_pb2, summary_pb2
+        from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+        self._event, self._summary = event_pb2.Event, summary_pb2.Summary
+        self._writer = EventFileWriter(logdir)
+
+    def add_scalar(self, tag: str, value: float, step: int) -> None:
+        summary = self._summary(value=[self._summary.Value(tag=tag, simple_value=value)])
+        self._writer.add_event(self._event(wall_time=time.time(), step=step, summary=summary))
+
+    def close(self) -> None:
+        self._writer.close()
+
+
+def _write_torch_run(logdir: Path, writer_class: Any = _Writer) -> list[float]:
     rng = np.random.default_rng(1)
     x = rng.normal(size=(32, 2)) * 30.0
     y = x.sum(axis=1)
     w = np.zeros(2)
     losses = []
-    writer = SummaryWriter(str(logdir))
+    writer = writer_class(str(logdir))
     with np.errstate(all="ignore"):
         for step in range(1, 61):
             residual = x @ w - y
@@ -131,9 +149,15 @@ def _write_torch_run(logdir: Path) -> list[float]:
     return losses
 
 
-def test_tensorboard_torch_writer(tmp_path: Path) -> None:
+@pytest.mark.parametrize("writer", ["tensorboard", pytest.param("torch", marks=pytest.mark.slow)])
+def test_tensorboard_real_writers(tmp_path: Path, writer: str) -> None:
     pytest.importorskip("tensorboard")
-    losses = _write_torch_run(tmp_path / "runs" / "exp1")
+    if writer == "torch":
+        from torch.utils.tensorboard import SummaryWriter
+
+        losses = _write_torch_run(tmp_path / "runs" / "exp1", SummaryWriter)
+    else:
+        losses = _write_torch_run(tmp_path / "runs" / "exp1")
     [event_file] = list((tmp_path / "runs").rglob("events.out.tfevents*"))
     assert sniff(event_file) == "tensorboard"
     assert sniff(tmp_path / "runs") == "tensorboard"
@@ -160,13 +184,11 @@ def test_tensorboard_torch_writer(tmp_path: Path) -> None:
 
 def test_tensorboard_keras_layout_prefers_train_and_batch(tmp_path: Path) -> None:
     pytest.importorskip("tensorboard")
-    from torch.utils.tensorboard import SummaryWriter
-
     for run, tag_values in {
         "train": {"epoch_loss": [1.0, 0.5, math.nan], "batch_loss": [2.0, 1.0, 0.7, 0.4, math.nan]},
         "validation": {"epoch_loss": [1.1, 0.6, math.nan]},
     }.items():
-        writer = SummaryWriter(str(tmp_path / run))
+        writer = _Writer(str(tmp_path / run))
         for tag, values in tag_values.items():
             for step, value in enumerate(values):
                 writer.add_scalar(tag, value, step)
@@ -180,9 +202,7 @@ def test_tensorboard_keras_layout_prefers_train_and_batch(tmp_path: Path) -> Non
 
 def test_tensorboard_epoch_level(tmp_path: Path) -> None:
     pytest.importorskip("tensorboard")
-    from torch.utils.tensorboard import SummaryWriter
-
-    writer = SummaryWriter(str(tmp_path))
+    writer = _Writer(str(tmp_path))
     for step, value in enumerate([1.0, 0.8, math.inf], start=1):
         writer.add_scalar("Loss/train_epoch", value, step)
         writer.add_scalar("Loss/val_epoch", value, step)
