@@ -221,3 +221,14 @@ def test_epoch_summaries_in_update_log_only_add_val_loss(tmp_path: Path) -> None
     trace = load_trace(path)
     assert [r["step"] for r in trace] == [1, 2, 3]
     assert trace[1]["val_loss"] == 0.97 and trace[1]["loss"] == 0.9
+
+
+def test_loss_after_pages_of_warnings_is_still_found(tmp_path: Path) -> None:
+    path = tmp_path / "slurm-123.out"
+    noise = "".join(f"UserWarning: something deprecated in module {i}\n" for i in range(3000))
+    path.write_text(noise + "iter 1: loss=0.5\niter 2: loss=nan\n")
+    assert path.stat().st_size > 64 * 1024
+    assert sniff(path) == "text"
+    trace = load_trace(path)
+    assert [r["step"] for r in trace] == [1, 2]
+    assert trace.meta["lines"] == 3002
