@@ -29,8 +29,9 @@ def test_run_dir_without_diagnosis_is_diagnosed(nan_run: Path, tmp_path: Path) -
     (run / "diagnosis.json").unlink()
     (run / "last_good.npz").unlink(missing_ok=True)
     out = tmp_path / "o" / "page.html"
-    assert nanscope_main(["report", str(run), "-o", str(out)]) == 0
-    assert 'data-verdict="nonfinite"' in out.read_text()
+    assert nanscope_main(["report", str(run), "-o", str(out), "--no-plots"]) == 0
+    page = out.read_text()
+    assert 'data-verdict="nonfinite"' in page and 'id="plots"' not in page
 
 
 def test_trace_file_with_pngs(diverging_run: Path, tmp_path: Path, capsys) -> None:
@@ -45,14 +46,15 @@ def test_trace_file_with_pngs(diverging_run: Path, tmp_path: Path, capsys) -> No
 
 def test_text_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
-    assert nanscope_main(["report", str(FIXTURES / "seed_000_epochs.txt")]) == 0
+    assert nanscope_main(["report", str(FIXTURES / "seed_000_epochs.txt"), "--no-plots"]) == 0
     page = (tmp_path / "report.html").read_text()
     assert 'data-verdict="nonfinite"' in page and "epoch 85" in page
 
 
 def test_diagnosis_json_path(diverging_run: Path, tmp_path: Path) -> None:
     out = tmp_path / "r.html"
-    assert nanscope_main(["report", str(diverging_run / "diagnosis.json"), "-o", str(out)]) == 0
+    args = ["report", str(diverging_run / "diagnosis.json"), "-o", str(out), "--no-plots"]
+    assert nanscope_main(args) == 0
     page = out.read_text()
     assert json.loads((diverging_run / "diagnosis.json").read_text())["cause"] in page
 

@@ -44,6 +44,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--png", metavar="DIR", help="also write each plot as DIR/<plot>.png")
     parser.add_argument("--title", help="the page title")
+    parser.add_argument(
+        "--no-plots", action="store_true", help="leave the plots out (a quick page, no matplotlib)"
+    )
     return parser
 
 
@@ -161,7 +164,8 @@ def main(argv: list[str]) -> int:
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(
-            report_html.render_report(trace, diagnosis, title=args.title), encoding="utf-8"
+            report_html.render_report(trace, diagnosis, title=args.title, plots=not args.no_plots),
+            encoding="utf-8",
         )
         written = []
         if args.png and trace is not None:
