@@ -53,6 +53,8 @@ POLICIES = ("raise", "warn", "rollback")
 _DEFAULTS: dict[str, Any] = {}
 _LIVE: weakref.WeakSet[Monitor] = weakref.WeakSet()
 _CREATED: list[weakref.ref[Monitor]] = []
+#: strong references while ``nanscope run`` collects every Monitor the script makes
+_KEPT: list[Monitor] = []
 
 #: what a probe receives and returns: evidence merged into the diagnosis
 Probe = Callable[["Monitor", Alarm], Mapping[str, Any]]
@@ -138,6 +140,8 @@ class Monitor:
         self._closed = False
         _LIVE.add(self)
         _CREATED.append(weakref.ref(self))
+        if _DEFAULTS.get("keep"):
+            _KEPT.append(self)
 
     # ------------------------------------------------------------------ capture
 

@@ -22,27 +22,8 @@ _spec.loader.exec_module(_zoo)
 CASES = _zoo.load_cases(("numpy",))
 BY_NAME = {case.name: case for case in CASES}
 
-#: cases whose diagnosis the rules get wrong today: name -> why (see the zoo report)
-KNOWN_MISJUDGED: dict[str, str] = {
-    "extreme_batch_linreg_feature": (
-        "D004 refuses the spike as 'a growth phase': rise_before(k) at the largest spike (update "
-        "56) counts the spike updates themselves (55: 0.0149 -> 1.1e10, 56: 4.5e18) in the rise "
-        "52..56 (length 4, growth 4e20), so the extreme row 913 (z ~1e6, update 55) is never "
-        "used; the run ends 'healthy'"
-    ),
-    "extreme_batch_poisson_target": (
-        "D001 calls it step_size_too_large: the rise 56..61 (0.46 -> 9.4e5, growth 2e6) is four "
-        "minibatch-noise rises (+12%, +15%, +19%, +13%) plus the one extreme batch (x1.2e6); "
-        "D004 is vetoed by the same rise (length 5, growth >= 10) although row 1234 (target "
-        "2.4e6) is flagged at update 61, the update before the inf"
-    ),
-    "exploding_rnn_tanh_buckets": (
-        "D006 only looks at the last 4 updates when the run did not break: the gradient jump at "
-        "update 41 (3.1e21, 4.9e19x the run's median 63, loss 0.34x) is 9 updates before the end, "
-        "so the run ends 'healthy'. Also BatchChecker crashes on batch-major inputs whose length "
-        "changes ((8,300,3) after (8,24,3): shapes (900,) vs (72,)) and turns measuring off"
-    ),
-}
+#: cases whose diagnosis the rules get wrong today: name -> why (none at the moment)
+KNOWN_MISJUDGED: dict[str, str] = {}
 
 #: a sample whose JSON and trace file are checked too, one per cause at most
 SAMPLE = sorted({case.cause: case.name for case in CASES}.values())
@@ -127,12 +108,6 @@ def test_nanscope_run_on_a_breaking_case(tmp_path: Path, monkeypatch) -> None:  
     assert data["cause"] == "step_size_too_large"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="`nanscope run` finds Monitors through weak references (active_monitors); a script "
-    "that does fit(nanscope.Monitor()) and returns has its Monitor collected before run looks, "
-    "so a healthy run reports 'created no Monitor ... nothing to diagnose' and writes no JSON",
-)
 def test_nanscope_run_on_a_healthy_case(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     code, data = _nanscope_run(BY_NAME["healthy_noisy_sgd"], tmp_path, monkeypatch)
     assert code == 0

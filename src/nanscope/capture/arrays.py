@@ -370,6 +370,10 @@ class BatchChecker:
         else:
             col_max = np.maximum(rows2d.max(axis=0), -rows2d.min(axis=0)).astype(np.float64)
         absmax = float(col_max.max()) if col_max.size else 0.0
+        if self._ring and self._ring[-1].shape != col_max.shape:
+            # batches of another width (variable sequence length): start a new history
+            self._ring.clear()
+            self._reference = None
         rows: list[dict[str, Any]] = []
         if not math.isfinite(absmax) or not np.isfinite(col_max).all():
             nf, rows = nonfinite_rows(array, self.source, index)

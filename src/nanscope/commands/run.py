@@ -229,7 +229,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--run-dir", metavar="DIR", help="root folder for run directories")
     args = parser.parse_args(options)
     target = split_command(command)
-    set_defaults(policy=args.policy, root=args.run_dir)
+    set_defaults(policy=args.policy, root=args.run_dir, keep=True)
     if args.policy:
         os.environ["NANSCOPE_POLICY"] = args.policy
     _remembered(target)

@@ -30,10 +30,21 @@ class Rise:
     length: int
     growth: float  # loss[end] / loss[start] for positive losses
     accelerating: int  # how many increments exceeded 1.2x the previous one
+    median_ratio: float = math.nan  # median per-update growth factor (positive losses)
+    top_share: float = math.nan  # share of the total log-growth made by the largest single update
 
     @property
     def geometric(self) -> bool:
         return self.length >= 2 and self.accelerating >= max(1, self.length - 2)
+
+    @property
+    def sustained(self) -> bool:
+        """Growth carried by every update, not one jump on top of noise (scale-free)."""
+        if math.isnan(self.median_ratio):
+            return self.geometric
+        if self.length >= 3:
+            return self.median_ratio >= 1.3 and not self.top_share > 0.8
+        return self.median_ratio >= 2.0 and not self.top_share > 0.9
 
 
 class Context:
@@ -152,11 +163,30 @@ class Context:
         window = loss[j : i + 1]
         deltas = np.diff(window)
         accelerating = int(np.sum(deltas[1:] >= 1.2 * deltas[:-1]))
+        median_ratio = top_share = math.nan
         if window[0] > 0:
             growth = float(window[-1] / window[0])
+            with np.errstate(all="ignore"):
+                logs = np.log(window[1:] / window[:-1])
+            median_ratio = float(np.exp(np.median(logs)))
+            total = float(np.sum(logs))
+            top_share = float(np.max(logs) / total) if total > 0 else math.nan
         else:
             growth = float(deltas[-1] / deltas[0]) if deltas[0] > 0 else math.inf
-        return Rise(j, i, length, growth, accelerating)
+        return Rise(j, i, length, growth, accelerating, median_ratio, top_share)
+
+    def spike_onset(self, index: int, factor: float = 10.0) -> int:
+        """First update of the jump that ends at ``index``: walk back over updates that each
+        multiplied the loss by ``factor`` or more (or went non-finite)."""
+        loss = self.loss
+        j = index
+        while j >= 1:
+            a, b = loss[j - 1], loss[j]
+            jump = not math.isfinite(b) or (math.isfinite(a) and a > 0 and b / a >= factor)
+            if not jump:
+                break
+            j -= 1
+        return j
 
     @cached_property
     def rise(self) -> Rise | None:
@@ -165,7 +195,10 @@ class Context:
     @cached_property
     def long_descent(self) -> bool:
         """The loss went down over a good number of updates before the failure."""
-        end = self.end
+        return self.descended_before(self.end)
+
+    def descended_before(self, end: int) -> bool:
+        """The loss went down over a good number of updates before index ``end``."""
         loss = self.loss[:end]
         if end < 6:
             return False

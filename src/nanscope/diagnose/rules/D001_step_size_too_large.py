@@ -52,6 +52,8 @@ def check(ctx: Context) -> Finding | None:
     broke = ctx.fail is not None or ctx.stop is not None
     if rise is None:
         return None
+    if not rise.sustained:
+        return None  # one jump on top of noise is a spike, not a geometric climb
     strong_growth = rise.length >= 3 and (rise.growth >= 10 or rise.geometric)
     explosive = rise.length >= 2 and rise.growth >= 1e3
     if broke:

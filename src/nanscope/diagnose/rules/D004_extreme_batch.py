@@ -61,27 +61,28 @@ def check(ctx: Context) -> Finding | None:
     k = _spike_index(ctx)
     if k is None or k < 5:
         return None
-    before = ctx.rise_before(k)
-    if before is not None and before.length >= 3 and before.growth >= 10:
-        return None  # a growth phase, not a sudden spike
-    if not ctx.long_descent and ctx.fail is not None:
+    onset = ctx.spike_onset(k)
+    before = ctx.rise_before(onset)
+    if before is not None and before.length >= 3 and before.growth >= 10 and before.sustained:
+        return None  # a growth phase before the jump, not a sudden spike
+    if not ctx.descended_before(onset):
         return None
-    ratio = ctx.spike_ratio(k)
-    prior = ctx.spike_ratio(k - 1)
-    if math.isfinite(prior) and prior >= 3:
-        # the loss was already off the rails one update earlier: look one further back
-        pass
-    rows = ctx.rows_near(k, ("extreme",), back=2)
-    finite_loss = ctx.loss[:k][np.isfinite(ctx.loss[:k])]
+    if ctx.fail is None and ctx.stop is not None:
+        return None  # stopped on a sustained climb
+    ratio = ctx.spike_ratio(onset)
+    rows = ctx.rows_near(k, ("extreme",), back=k - onset + 2)
+    finite_loss = ctx.loss[:onset][np.isfinite(ctx.loss[:onset])]
+    if not finite_loss.size:
+        return None
     unit = "epoch" if ctx.granularity == "epoch" else "update"
     evidence = [
         Evidence(
             CODE,
-            f"the loss descended for {k} {unit}s ({num(finite_loss[0])} -> "
-            f"{num(finite_loss[-1])}), then jumped to {num(ctx.loss[k])} at {unit} "
-            f"{ctx.step_at(k)}"
+            f"the loss descended for {onset} {unit}s ({num(finite_loss[0])} -> "
+            f"{num(finite_loss[-1])}), then jumped to {num(ctx.loss[onset])} at {unit} "
+            f"{ctx.step_at(onset)}"
             + (f" ({num(ratio)}x the recent loss)" if math.isfinite(ratio) else ""),
-            {"descent_updates": k, "spike_step": ctx.step_at(k), "spike_ratio": ratio},
+            {"descent_updates": onset, "spike_step": ctx.step_at(onset), "spike_ratio": ratio},
         )
     ]
     actions: list[str] = []

@@ -51,7 +51,9 @@ def check(ctx: Context) -> Finding | None:
     g = ctx.trace.column("grad_norm")
     upto = ctx.end + 1 if ctx.fail is not None else ctx.end
     upto = min(upto, ctx.n)
-    window = list(range(max(0, upto - 4), upto))
+    broke = ctx.fail is not None or ctx.stop is not None
+    # a broken run: the updates just before it broke; a finished one: anywhere in the run
+    window = list(range(max(0, upto - 4), upto)) if broke else list(range(upto))
     finite_idx = [j for j in window if math.isfinite(g[j]) and g[j] > 0]
     nf = ctx.nonfinite
     grad_first = (
@@ -74,9 +76,14 @@ def check(ctx: Context) -> Finding | None:
     loss_ratio = math.nan
     if loss_hist.size and float(np.median(loss_hist)) > 0 and math.isfinite(loss_k):
         loss_ratio = float(loss_k / np.median(loss_hist))
+    sudden = False
+    if grad_first and ratio < JUMP and ctx.fail is not None and not math.isfinite(g[ctx.fail]):
+        # ordinary, then non-finite in one update while the loss was finite
+        sudden = True
+        ratio = peak = math.inf
+        k = ctx.fail
     if not (ratio >= JUMP or (grad_first and ratio >= 10)):
         return None
-    broke = ctx.fail is not None or ctx.stop is not None
     if not broke and ratio < 1e3:
         return None
     # a loss that climbs along with the gradient (on a bowl, loss ~ gradient^2) is an oversized
@@ -88,6 +95,8 @@ def check(ctx: Context) -> Finding | None:
     )
     rows = ctx.rows_near(k, ("extreme",), back=1)
     confidence = 0.85 if grad_first else 0.75
+    if sudden:
+        confidence = 0.55  # no finite climb seen: a 0/0 in the gradient looks the same
     if elastic:
         confidence = 0.3
     if rows:
