@@ -173,3 +173,24 @@ def test_missing_and_unknown(tmp_path: Path) -> None:
     assert "notes.txt" in str(info.value)
     with pytest.raises(TraceError, match="known formats"):
         load_trace(tmp_path)  # an empty directory
+
+
+WORDS = st.sampled_from(
+    [
+        "Epoch", "epoch", "step", "iter", "loss", "Loss", "val_loss", "Val Loss", "lr", "grad_norm",
+        ":", "=", " ", " | ", "\r", "\x08", "\n", "[", "]", "/", "nan", "-inf", "Infinity", "1e-3",
+        "0.5", "12", "100/100", "[00:01<00:02, ", "tensor(", "Traceback (most recent call last):",
+        "Gradient overflow", "CUDA out of memory", "{'loss': ", "é", "\ufeff",
+    ]
+)  # fmt: skip
+
+
+@SETTINGS
+@given(tokens=st.lists(WORDS, min_size=1, max_size=80))
+def test_text_made_of_log_tokens(tmp_path: Path, tokens: list[str]) -> None:
+    path = tmp_path / "train.log"
+    path.write_text("".join(tokens), encoding="utf-8")
+    trace = _check(path)
+    if trace is not None and trace.meta["format"] == "text":
+        steps = [r["step"] for r in trace]
+        assert len(steps) == len(trace)
