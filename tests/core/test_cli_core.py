@@ -136,9 +136,13 @@ def test_run_without_a_script_is_a_usage_error(capsys):
     assert "no such script" in capsys.readouterr().err
 
 
-def test_demo_tells_the_story(tmp_path):
+def test_demo_tells_the_story_and_remembers(tmp_path, monkeypatch):
+    monkeypatch.setenv("NANSCOPE_LEDGER", str(tmp_path / "ledger.db"))
     proc = _nanscope("demo", "--no-color", "--run-dir", str(tmp_path / "runs"), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
-    assert "step_size_too_large" in proc.stderr
-    assert "healthy" in proc.stderr
+    assert "diverging: step_size_too_large" in proc.stderr
     assert "Cut the learning rate tenfold" in proc.stderr
+    assert "use 0.1" in proc.stderr  # the tenfold cut decided it
+    assert "healthy" in proc.stderr
+    again = _nanscope("demo", "--no-color", "--run-dir", str(tmp_path / "runs2"), cwd=tmp_path)
+    assert "nanscope remembers" in again.stderr and "lr 0.1 worked" in again.stderr

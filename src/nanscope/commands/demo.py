@@ -2,8 +2,10 @@
 
 An ad-click value model (least squares) on a synthetic ad file whose ``spend_usd`` column holds raw
 dollar amounts. Fit at lr=1.0, the loss multiplies by orders of magnitude per update; nanscope stops
-it as ``step_size_too_large`` before the first inf, with the evidence. Then the same model at
-lr=0.01 on standardised features converges.
+it as ``step_size_too_large`` before the first inf, with the evidence. Then the decisive experiment:
+on standardised features, lr 1.0, 0.1 and 0.01 for 50 updates each; the largest that descends is
+recorded in the ledger, and the fit at that lr converges. A second ``nanscope demo`` starts by
+saying what the ledger remembers.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import numpy as np
 
 from nanscope.diagnose.diagnosis import Diagnosis
 from nanscope.errors import DivergenceError
+from nanscope.experiment import sweep
 from nanscope.monitor import Monitor
 from nanscope.report.terminal import print_report, sparkline
 
@@ -65,6 +68,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--run-dir", metavar="DIR", help="where the demo's runs go")
     args = parser.parse_args(argv)
     root = Path(args.run_dir) if args.run_dir else None
+    color = False if args.no_color else None
+    remembered = _remembered()
+    if remembered:
+        _say(f"nanscope remembers: {remembered}")
+        _say()
     X, y = ad_clicks()
     _say("nanscope demo: an ad-click value model, least squares, full-batch gradient descent.")
     _say(f"  {len(y)} ads; features {', '.join(COLUMNS)}; spend_usd holds raw dollars "
@@ -82,16 +90,45 @@ def main(argv: list[str]) -> int:
         _say(f"   stopped: DivergenceError at update {step}"
              " (before any weight became inf)")  # fmt: skip
     assert diagnosis is not None
-    print_report(diagnosis, monitor.trace, color=False if args.no_color else None)
+    print_report(diagnosis, monitor.trace, color=color)
     _say()
-    _say("2) the fix: standardise the features, lr = 0.01")
+    _say("2) the decisive experiment: standardise spend_usd as the report says, then cut the")
+    _say("   learning rate tenfold and tenfold again (50 updates each)")
     mean, std = X.mean(axis=0), X.std(axis=0)
-    good = Monitor(name="demo-lr0.01", run_dir=None if root is None else root / "lr0.01")
-    fit_value_model((X - mean) / std, y, 0.01, good, updates=400)
+    Xs = (X - mean) / std
+    result = sweep(lambda lr, mon: fit_value_model(Xs, y, lr, mon), lrs=[1.0, 0.1, 0.01],
+                   updates=50)  # fmt: skip
+    for r in result.results:
+        _say(f"   lr {r.lr:<5g} {r.phrase():<28} {sparkline(r.losses, width=40)}")
+    _say(f"   -> {result.text()}")
+    diagnosis.extra["experiment"] = result.to_dict()
+    best = result.recommended_lr or 0.01
+    _say()
+    _say(f"3) the fix: standardised features, lr = {best:g}, 400 updates")
+    good = Monitor(name=f"demo-lr{best:g}", run_dir=None if root is None else root / "fixed")
+    fit_value_model(Xs, y, best, good, updates=400)
     healthy = good.close()
     loss = good.trace.column("loss")
     _say(f"   loss per update: {sparkline(loss)}")
     _say(f"   {healthy.headline()}; loss {loss[0]:.4g} -> {loss[-1]:.4g}")
+    _record(diagnosis, monitor, best)
     _say()
     _say("Same model, same loss, same rows: only the step size and the feature scale changed.")
     return 0
+
+
+def _remembered() -> str | None:
+    try:
+        from nanscope.ledger import remembered_line
+    except ImportError:  # pragma: no cover - the ledger ships with nanscope
+        return None
+    return remembered_line(__file__)
+
+
+def _record(diagnosis: Diagnosis, monitor: Monitor, lr: float) -> None:
+    try:
+        from nanscope.ledger import record_diagnosis
+    except ImportError:  # pragma: no cover
+        return
+    if record_diagnosis(diagnosis, monitor, script=__file__, lr=1.0) is not None:
+        _say(f"   recorded in the ledger: lr {lr:g} worked (see `nanscope history`)")
