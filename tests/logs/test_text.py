@@ -232,3 +232,17 @@ def test_loss_after_pages_of_warnings_is_still_found(tmp_path: Path) -> None:
     trace = load_trace(path)
     assert [r["step"] for r in trace] == [1, 2]
     assert trace.meta["lines"] == 3002
+
+
+def test_fractional_epochs_never_become_steps(tmp_path: Path) -> None:
+    lines = [f"{{'loss': {1.0 / k:.3f}, 'epoch': {k / 4:.2f}}}" for k in range(1, 9)]
+    path = tmp_path / "hf.out"
+    path.write_text("\n".join(lines) + "\n")
+    trace = load_trace(path)
+    assert [r["step"] for r in trace] == list(range(1, 9))
+    assert all("epoch" not in r for r in trace)
+    jsonl = tmp_path / "hf.jsonl"
+    jsonl.write_text("".join(f'{{"loss": 0.5, "epoch": {k / 4}}}\n' for k in range(1, 9)))
+    trace = load_trace(jsonl)
+    assert [r["step"] for r in trace] == list(range(1, 9))
+    assert trace[3]["extra"]["epoch"] == 1.0

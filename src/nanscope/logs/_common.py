@@ -249,7 +249,11 @@ def record_from_mapping(obj: Mapping[str, Any], keep_extra: bool = True) -> Reco
             best[name] = (rank, value)
     record: Record = {}
     for name, (_, value) in best.items():
-        if name in ("step", "epoch"):
+        if name == "epoch" and isinstance(value, float):
+            # a JSON float epoch (the Trainer's 0.05, 0.1, ..., 1.0) is a fraction, not a count
+            if math.isfinite(value):
+                extra["epoch"] = value
+        elif name in ("step", "epoch"):
             number = to_step(value)
             if number is not None:
                 record[name] = number

@@ -137,6 +137,7 @@ class _State:
         self.meta = meta
         self.merger = Merger(meta)
         self.epoch: int | None = None
+        self.fractional_epochs = False
         self.tqdm_base = 0
         self.tqdm_last = 0
         self.tqdm_total = 0
@@ -216,10 +217,16 @@ class _State:
                 )
             self.tqdm_last, self.tqdm_total = n, total
             step = self.tqdm_base + n
-        if "epoch" in found:
-            number = float(found["epoch"][1])
-            if abs(number) < 1e15 and number == int(number):
-                self.epoch = int(number)
+        if "epoch" in found and not self.fractional_epochs:
+            text = found["epoch"][1]
+            if "." in text or "e" in text.lower():
+                # 'epoch': 0.05 (the Trainer's fractional epochs): never an epoch count
+                self.fractional_epochs = True
+                self.epoch = None
+            else:
+                number = float(text)
+                if abs(number) < 1e15:
+                    self.epoch = int(number)
         record: Record = {}
         for key in ("loss", "val_loss", "lr", "grad_norm"):
             if key in found:
