@@ -146,3 +146,42 @@ def test_demo_tells_the_story_and_remembers(tmp_path, monkeypatch):
     assert "healthy" in proc.stderr
     again = _nanscope("demo", "--no-color", "--run-dir", str(tmp_path / "runs2"), cwd=tmp_path)
     assert "nanscope remembers" in again.stderr and "lr 0.1 worked" in again.stderr
+
+
+def test_run_links_the_data_scan_to_the_bad_rows(tmp_path):
+    rng = np.random.default_rng(5)
+    X = rng.normal(size=(300, 3))
+    y = X @ np.array([1.0, -1.0, 0.5])
+    lines = ["a,b,c,y"] + [",".join(f"{v:.5f}" for v in (*x, t)) for x, t in zip(X, y)]
+    lines[1 + 211] = "0.1,,0.3,0.5"  # an empty cell: NaN after parsing
+    data = tmp_path / "ads.csv"
+    data.write_text("\n".join(lines) + "\n")
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(
+        f"""
+        import numpy as np, nanscope
+        table = np.genfromtxt({str(data)!r}, delimiter=",", skip_header=1)
+        X, y = table[:, :3], table[:, 3]
+        rng = np.random.default_rng(0)
+        order = rng.permutation(len(y))
+        w = np.zeros(3)
+        mon = nanscope.Monitor()
+        for start in range(0, len(y), 20):
+            idx = order[start:start + 20]
+            r = X[idx] @ w - y[idx]
+            g = 2 * X[idx].T @ r / len(idx)
+            mon.update(np.mean(r ** 2), params={{"w": w}}, grads={{"w": g}}, lr=0.1,
+                       inputs=X[idx], targets=y[idx], index=idx)
+            w = w - 0.1 * g
+        """
+    ))  # fmt: skip
+    out = tmp_path / "d.json"
+    proc = _nanscope("run", "--data", str(data), "--json", str(out), "--", str(script),
+                     cwd=tmp_path)  # fmt: skip
+    assert proc.returncode == 3, proc.stderr
+    diagnosis = json.loads(out.read_text())
+    assert diagnosis["cause"] == "nonfinite_input"
+    assert diagnosis["rows"][0]["dataset_row"] == 211
+    scan = diagnosis["scan"]
+    assert scan["rows"] == [211]
+    assert any(211 in (f.get("rows") or []) for f in scan["findings"])

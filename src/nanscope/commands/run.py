@@ -189,8 +189,6 @@ def _enrich(diagnosis: Diagnosis, args: argparse.Namespace, target: Target) -> N
             print(f"nanscope: the experiment could not run ({exc})", file=sys.stderr)
     if args.data and diagnosis.cause in ("nonfinite_input", "extreme_batch", "step_size_too_large"):
         try:
-            from nanscope.data import link_scan
-
             diagnosis.extra["scan"] = link_scan(args.data, diagnosis)
         except Exception as exc:
             print(f"nanscope: the data scan could not run ({exc})", file=sys.stderr)
@@ -203,6 +201,20 @@ def _enrich(diagnosis: Diagnosis, args: argparse.Namespace, target: Target) -> N
             diagnosis.extra["lint"] = [f.to_dict() for f in found]
         except Exception:
             pass
+
+
+def link_scan(path: str, diagnosis: Diagnosis) -> dict[str, object]:
+    """Scan the data file and keep the findings about the rows and columns the diagnosis names."""
+    from nanscope.data import scan
+
+    report = scan(path)
+    rows = [int(r["dataset_row"]) for r in diagnosis.rows if r.get("dataset_row") is not None]
+    findings = report.findings_for(rows=rows or None)
+    return {
+        "path": path,
+        "rows": rows,
+        "findings": [f.to_dict() for f in findings],
+    }
 
 
 def main(argv: list[str]) -> int:
