@@ -8,7 +8,9 @@ import pytest
 import nanscope
 
 
-def _linreg(scale: float, lr: float, steps: int = 150, noise: float = 0.0, batch: int | None = None):
+def _linreg(
+    scale: float, lr: float, steps: int = 150, noise: float = 0.0, batch: int | None = None
+):
     rng = np.random.default_rng(3)
     X = rng.normal(size=(400, 6))
     y = scale * (X @ rng.normal(size=6)) + noise * scale * rng.normal(size=400)

@@ -34,6 +34,7 @@ import itertools
 import math
 import os
 import re
+import sys
 import traceback
 import warnings
 from collections.abc import Iterator
@@ -92,9 +93,8 @@ def locate(failure: TorchFailure) -> dict[str, Any]:
 
 
 def _library_dirs() -> tuple[str, ...]:
-    import torch
-
     import nanscope
+    import torch
 
     dirs = [os.path.dirname(torch.__file__), os.path.dirname(nanscope.__file__)]
     for mod in ("contextlib", "functools"):
@@ -315,6 +315,8 @@ class _Locator:
         self.torch = torch
         self.f = failure
         self.lib = _library_dirs()
+        self.torch_dir = os.path.dirname(torch.__file__) + os.sep
+        self.nanscope_dir = os.path.dirname(os.path.dirname(__file__)) + os.sep
         self.module_stack: list[str] = []
         self.names: dict[int, str] = {}
         self.first: dict[str, Any] | None = None  # origin: non-finite out, finite in
@@ -323,6 +325,7 @@ class _Locator:
         self.node_info: dict[int, dict[str, Any]] = {}
         self.activations: list[dict[str, Any]] = []
         self.first_bad_module: str | None = None
+        self.quiet = False
 
     # ---------------------------------------------------------------- entry
 
@@ -481,6 +484,7 @@ class _Locator:
             t = outs[0].detach()
             if self.first_bad_module is None and not _all_finite(outs):
                 self.first_bad_module = name
+            self.quiet = True  # this hook's own ops are not the model's
             has_params = any(True for _ in module.parameters(recurse=False))
             if has_params and module is not self.f.loss_module:
                 with torch.no_grad():
@@ -493,11 +497,15 @@ class _Locator:
                 )
         except Exception:
             pass
+        finally:
+            self.quiet = False
 
     def _note_op(self, func: Any, args: Any, kwargs: Any, out: Any) -> None:
         """Called by the op watcher for each op of the replay."""
+        if self.quiet:
+            return
         outs = _float_tensors(out)
-        if not outs:
+        if not outs or self._from_nanscope():
             return
         name = _op_name(func)
         module = self.module_stack[-1] if self.module_stack else None
@@ -523,6 +531,19 @@ class _Locator:
             self.first_nan = entry
         if self.first_any is None:
             self.first_any = entry
+
+    def _from_nanscope(self) -> bool:
+        """True when the op was called by nanscope's own hooks (the adapter's measures)."""
+        frame: Any = sys._getframe(1)
+        for _ in range(16):
+            if frame is None:
+                return False
+            path = frame.f_code.co_filename
+            if path == __file__ or path.startswith(self.torch_dir):
+                frame = frame.f_back
+                continue
+            return path.startswith(self.nanscope_dir)
+        return False
 
     def _forward_located(self, origin: dict[str, Any]) -> dict[str, Any]:
         out_dtype = origin["out"]["dtype"]

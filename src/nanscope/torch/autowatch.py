@@ -144,6 +144,7 @@ def enable() -> None:
     from nanscope.torch import _hooks
 
     _hooks.install()
+    _hooks.register(_COLLECTOR)
     _HANDLES.append(optimizer_mod.register_optimizer_step_pre_hook(_step_pre))
     _HANDLES.append(optimizer_mod.register_optimizer_step_post_hook(_step_post))
     _HANDLES.append(module_mod.register_module_forward_pre_hook(_forward_pre))
@@ -196,8 +197,48 @@ def _outermost(module: Any, args: Any, kwargs: Any, output: Any) -> None:
     _SEEN[id(module)] = (weakref.ref(module), tuple(args), dict(kwargs or {}), output)
 
 
+class _Collector:
+    """Keeps what happens before an optimizer's first step, when no Watcher exists for it yet."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.losses: list[tuple[Any, Any]] = []
+        self.loss_module: tuple[Any, tuple[Any, ...], dict[str, Any]] | None = None
+        self.clip: Any = None
+
+    def owns(self, optimizer: Any) -> bool:
+        return False
+
+    def close(self) -> None:
+        self.reset()
+
+    def on_backward(self, tensor: Any, site: Any) -> None:
+        if len(self.losses) < 64:
+            self.losses.append((tensor, site))
+
+    def on_loss_module(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        self.loss_module = (module, args, kwargs)
+
+    def on_clip(self, total: Any) -> None:
+        self.clip = total
+
+    def hand_over(self, watcher: Any) -> None:
+        for tensor, site in self.losses:
+            watcher.on_backward(tensor, site)
+        if self.loss_module is not None:
+            watcher.on_loss_module(*self.loss_module)
+        if self.clip is not None:
+            watcher.on_clip(self.clip)
+
+
+_COLLECTOR = _Collector()
+
+
 def _step_pre(optimizer: Any, args: Any, kwargs: Any) -> Any:
     watcher = _guard().run("autowatch step", _watcher_for, optimizer)
+    _COLLECTOR.reset()
     if watcher is None:
         return None
     return watcher._step_pre(optimizer, args, kwargs)
@@ -224,6 +265,7 @@ def _watcher_for(optimizer: Any) -> Any:
     watcher.monitor.meta["source"] = "torch (nanscope run)"
     _WATCHERS[optimizer] = watcher
     _bind(watcher)
+    _COLLECTOR.hand_over(watcher)
     return watcher
 
 

@@ -32,6 +32,8 @@ Example
 
 from __future__ import annotations
 
+import math
+
 from nanscope.diagnose.context import Context
 from nanscope.diagnose.diagnosis import Evidence, Finding
 
@@ -100,6 +102,9 @@ def check(ctx: Context) -> Finding | None:
                                               "phase": phase, "inputs": inputs}))  # fmt: skip
     elif located.get("guessed") or not inputs:
         confidence = 0.6
+        if (family == "division" and phase == "forward" and i is not None
+                and math.isnan(ctx.loss[i])):  # fmt: skip
+            confidence = 0.7  # a NaN (not inf) loss from a division: 0/0
         evidence.append(
             Evidence(
                 CODE,
