@@ -338,7 +338,10 @@ class _Locator:
         model = self.f.model
         if model is not None and hasattr(model, "named_modules"):
             self.names = {id(m): (n or type(model).__name__) for n, m in model.named_modules()}
-            located = self._replay(model)
+            try:
+                located = self._replay(model)
+            finally:
+                self._restore_buffers(model)
             if self.activations:
                 result["activations"] = self._activation_summary()
             scale = self._weight_scale(model)
@@ -395,7 +398,7 @@ class _Locator:
         f = self.f
         params = [p for p in model.parameters() if p.requires_grad]
         device = next((p.device for p in model.parameters()), torch.device("cpu"))
-        buffers = {n: b.detach().clone() for n, b in model.named_buffers()}
+        self.buffers = {n: b.detach().clone() for n, b in model.named_buffers()}
         hooks = []
         for module in model.modules():
             hooks.append(module.register_forward_pre_hook(self._pre_hook))
@@ -422,11 +425,6 @@ class _Locator:
         finally:
             for h in hooks:
                 h.remove()
-            with torch.no_grad():
-                named = dict(model.named_buffers())
-                for n, b in buffers.items():
-                    if n in named:
-                        named[n].copy_(b)
         origin = self.first or self.first_nan or self.first_any
         if origin is not None:
             return self._forward_located(origin)
@@ -436,6 +434,14 @@ class _Locator:
             if graph:
                 return graph
         return self._backward(model, out, loss, params)
+
+    def _restore_buffers(self, model: Any) -> None:
+        """Put back the buffers (batch-norm statistics) the replay's forward moved."""
+        with self.torch.no_grad():
+            named = dict(model.named_buffers())
+            for n, b in getattr(self, "buffers", {}).items():
+                if n in named:
+                    named[n].copy_(b)
 
     def _rng(self, device: Any) -> Any:
         torch = self.torch

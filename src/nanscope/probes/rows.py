@@ -150,6 +150,9 @@ def track_dataloader(loader: Any) -> LoaderTracker | None:
         with _lock:
             if not hasattr(loader, "_get_iterator"):
                 return None
+            known = loader.__dict__.get(_ATTR)
+            if known is not None:
+                return known  # type: ignore[no-any-return]
             tracker = _prepare(loader)
             if tracker is None:
                 return None

@@ -5,9 +5,10 @@ holds row 137; that update's loss is NaN. nanscope must name the row of the data
 the batch.
 """
 
+from torch.utils.data import DataLoader, TensorDataset
+
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
 
 CAUSE = "nonfinite_input"
 BAD_ROWS = [137]

@@ -1,0 +1,40 @@
+"""A tanh RNN (``nn.RNN``) with a large recurrent gain (weights ~ N(0, 2.5^2 / hidden)), trained on
+sequences that get longer every update (a length curriculum), no gradient clipping.
+
+tanh keeps the hidden state, and so the loss, bounded; but the recurrent Jacobian's product over
+the sequence grows exponentially with its length, so the gradient norm climbs by orders of
+magnitude from update to update while the loss barely moves, until it overflows.
+"""
+
+import torch
+from torch import nn
+
+
+class Net(nn.Module):
+    def __init__(self, hidden=64):
+        super().__init__()
+        self.rnn = nn.RNN(1, hidden, batch_first=True)
+        self.head = nn.Linear(hidden, 1)
+        with torch.no_grad():
+            self.rnn.weight_hh_l0.normal_(0, 2.5 / hidden**0.5)
+
+    def forward(self, x):
+        h, _ = self.rnn(x)
+        return self.head(h[:, -1])
+
+
+CAUSE = "exploding_gradients"
+
+torch.set_num_threads(1)
+torch.manual_seed(0)
+model = Net()
+opt = torch.optim.SGD(model.parameters(), lr=1e-4)
+for step in range(60):
+    length = 10 + 12 * step
+    x = 0.5 * torch.randn(8, length, 1)
+    y = x[:, :5, 0].sum(1, keepdim=True)
+    opt.zero_grad()
+    loss = nn.functional.mse_loss(model(x), y)
+    loss.backward()
+    opt.step()
+print("done", loss.item())

@@ -1,0 +1,80 @@
+"""Every torch zoo case through ``nanscope run`` in a subprocess: the cause, and where the case
+names them, the located op, the module and the dataset rows."""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("torch")
+
+HERE = Path(__file__).parent
+CASES = sorted(p for p in HERE.glob("*.py") if not p.name.startswith(("test_", "_")))
+
+needs_run = pytest.mark.skipif(
+    importlib.util.find_spec("nanscope.commands.run") is None
+    or importlib.util.find_spec("nanscope.torch.autowatch") is None,
+    reason="nanscope run / the torch autowatch are not built yet",
+)
+
+
+def truth(case: Path) -> dict[str, Any]:
+    """The case's module-level CAUSE / OP / MODULE / BAD_ROWS, read without running it."""
+    found: dict[str, Any] = {}
+    for node in ast.parse(case.read_text()).body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target = node.targets[0]
+            if isinstance(target, ast.Name) and target.id in ("CAUSE", "OP", "MODULE", "BAD_ROWS"):
+                found[target.id] = ast.literal_eval(node.value)
+    return found
+
+
+def test_the_zoo_covers_every_cause_twice() -> None:
+    causes: dict[str, int] = {}
+    for case in CASES:
+        cause = truth(case)["CAUSE"]
+        causes[cause] = causes.get(cause, 0) + 1
+    assert len(CASES) >= 16
+    for cause in ("step_size_too_large", "nonfinite_input", "update_sign_error", "extreme_batch",
+                  "log_of_zero", "zero_division", "fp16_overflow", "bad_initialization"):
+        assert causes.get(cause, 0) >= 2, cause
+    assert causes.get("exploding_gradients", 0) >= 1
+    assert causes.get("healthy", 0) >= 3
+
+
+@needs_run
+@pytest.mark.parametrize("case", CASES, ids=[c.stem for c in CASES])
+def test_case(case: Path, tmp_path: Path) -> None:
+    expected = truth(case)
+    out = tmp_path / "diagnosis.json"
+    env = {**os.environ, "NANSCOPE_DIR": str(tmp_path / "runs"), "OMP_NUM_THREADS": "1",
+           "NANSCOPE_NO_LEDGER": "1"}  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "nanscope.cli", "run", "--json", str(out), "--",
+         sys.executable, str(case)],
+        capture_output=True, text=True, timeout=240, env=env, cwd=tmp_path,
+    )
+    assert out.exists(), proc.stdout[-2000:] + proc.stderr[-2000:]
+    d = json.loads(out.read_text())
+    report = f"{case.stem}: {json.dumps(d, default=str)[:3000]}"
+    assert d["cause"] == expected["CAUSE"], report
+    if expected["CAUSE"] == "healthy":
+        assert proc.returncode == 0, report
+        return
+    assert proc.returncode == 3, report
+    located = d.get("located") or {}
+    if "OP" in expected:
+        assert expected["OP"].lower() in str(located.get("op")).lower(), report
+    if "MODULE" in expected:
+        assert located.get("module") == expected["MODULE"], report
+    if "BAD_ROWS" in expected:
+        rows = {r.get("dataset_row") for r in d.get("rows") or []}
+        assert set(expected["BAD_ROWS"]) <= rows, report
