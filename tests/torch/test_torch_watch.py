@@ -180,7 +180,10 @@ def test_param_groups_scheduler_and_clip():
     x, y = _data()
     model = _mlp()
     opt = torch.optim.SGD(
-        [{"params": model[0].parameters(), "lr": 0.1}, {"params": model[2].parameters(), "lr": 0.01}],
+        [
+            {"params": model[0].parameters(), "lr": 0.1},
+            {"params": model[2].parameters(), "lr": 0.01},
+        ],
         lr=0.1,
     )
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
@@ -342,9 +345,9 @@ def test_sparse_and_complex_params():
 def test_bad_arguments_are_usage_errors():
     model = _mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    with pytest.raises(UsageError, match="model must be a torch.nn.Module"):
+    with pytest.raises(UsageError, match=r"model must be a torch\.nn\.Module"):
         nanscope.watch(object(), opt)
-    with pytest.raises(UsageError, match="optimizer must be a torch.optim.Optimizer"):
+    with pytest.raises(UsageError, match=r"optimizer must be a torch\.optim\.Optimizer"):
         nanscope.watch(model, "adam")
     with pytest.raises(UsageError, match="every"):
         nanscope.watch(model, opt, every=0)
@@ -384,12 +387,13 @@ def test_deferred_reads_find_the_exact_update_and_restore(tmp_path):
         for i in range(10):
             snapshots[i + 1] = _params(model)
             opt.zero_grad()
-            nn.functional.mse_loss(model(x[i * 16 : (i + 1) * 16]), y[i * 16 : (i + 1) * 16]).backward()
+            batch = slice(i * 16, (i + 1) * 16)
+            nn.functional.mse_loss(model(x[batch]), y[batch]).backward()
             opt.step()
     assert watcher.monitor.alarm.step == 7
     assert watcher.step == 8  # read at update 8: one late
     assert watcher.failure.step == 7
     assert torch.isnan(watcher.failure.args[0]).any()
     saved = torch.load(tmp_path / "last_good.pt", weights_only=True)
-    for name, value in saved.items():
+    for _name, value in saved.items():
         assert torch.isfinite(value).all()

@@ -20,6 +20,7 @@ The global hooks (all guarded: a fault inside nanscope warns once and switches t
 
 from __future__ import annotations
 
+import contextlib
 import importlib.abc
 import sys
 import threading
@@ -61,10 +62,8 @@ def disarm() -> None:
             sys.meta_path.remove(_FINDER)
         _FINDER = None
         for handle in _HANDLES:
-            try:
+            with contextlib.suppress(Exception):
                 handle.remove()
-            except Exception:
-                pass
         _HANDLES.clear()
         for watcher in list(_WATCHERS.values()):
             watcher.close()
@@ -103,10 +102,8 @@ class _TorchImportHook(importlib.abc.MetaPathFinder):
 
         def exec_module(module: Any) -> None:
             original(module)
-            try:
+            with contextlib.suppress(AttributeError):
                 del loader.exec_module  # back to the class's own method
-            except AttributeError:
-                pass
             _remove_finder()
             try:
                 enable()

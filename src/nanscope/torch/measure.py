@@ -121,8 +121,7 @@ class ParamMeasure:
                 self.sampled = []
         self._zeros = [torch.zeros(k, dtype=torch.float32, device=v.device) for k, v in
                        zip(sizes, self._views)]
-        self.prev_w: torch.Tensor | None = None
-        self.prev_g: torch.Tensor | None = None
+        self._prev: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
         self.count = 0
 
     def _dtype_groups(self, indices: Iterable[int]) -> list[tuple[list[int], torch.dtype | None]]:
@@ -137,8 +136,8 @@ class ParamMeasure:
     def device_vector(self, full: bool) -> tuple[torch.Tensor | None, dict[str, Any]]:
         """Every measure of this update as one float32 vector (on the params' device), plus layout.
 
-        Layout: ``[grad norm per param (NaN = no grad)] [weight norm per param] [stats...]`` where
-        stats are ``u.u, u.gp, u.g, g.gp, gp.gp, g.g, flips, flip_total`` (weighted sample dots).
+        Layout: ``[grad norm per param (NaN = no grad)] [weight norm per param] [gram]`` where
+        gram is the flat 6 x 6 matrix of :meth:`_sample_stats`.
         """
         if self.meta or not self.params:
             return None, {}
@@ -199,43 +198,38 @@ class ParamMeasure:
         return torch.cat(parts), layout
 
     def _sample_stats(self, grads: list[torch.Tensor | None]) -> torch.Tensor | None:
+        """The 6 x 6 weighted Gram matrix of [w, w_prev, g, g_prev, sign w, sign w_prev] (flat).
+
+        One product gives every dot the record needs: update = w - w_prev, its norm and cosines,
+        the gradient cosine, and the sign flips (``sign w . sign w_prev`` = same - opposite signs).
+        """
         if not self._views or self.weight is None:
             return None
-        w_now = torch.cat(self._views).float()
+        w_now = torch.cat(self._views)
+        if w_now.dtype != torch.float32:
+            w_now = w_now.float()
         gviews: list[torch.Tensor] = []
         for k, i in enumerate(self.sampled):
             g = grads[i]
             if g is None or g.is_sparse or g.shape != self.params[i].shape:
                 gviews.append(self._zeros[k])
             else:
-                flat = g.detach().reshape(-1)[:: self._strides[k]]
-                gviews.append(flat.float() if flat.dtype != torch.float32 else flat)
+                gviews.append(g.detach().reshape(-1)[:: self._strides[k]])
         g_now = torch.cat(gviews)
-        prev_w, prev_g = self.prev_w, self.prev_g
-        self.prev_w, self.prev_g = w_now, g_now
+        if g_now.dtype != torch.float32:
+            g_now = g_now.float()
+        s_now = torch.sign(w_now)
+        prev = self._prev
+        self._prev = (w_now, g_now, s_now)
         self.count += 1
-        if prev_w is None or prev_g is None:
+        if prev is None:
             return None
-        m = torch.stack([w_now - prev_w, prev_g, g_now])
-        gram = (m * self.weight) @ m.T
-        flips = ((w_now * prev_w) < 0).sum().float().reshape(1)
-        total = (prev_w != 0).sum().float().reshape(1)
-        return torch.cat(
-            [
-                gram[0, 0].reshape(1),
-                gram[0, 1].reshape(1),
-                gram[0, 2].reshape(1),
-                gram[2, 1].reshape(1),
-                gram[1, 1].reshape(1),
-                gram[2, 2].reshape(1),
-                flips,
-                total,
-            ]
-        )
+        m = torch.stack([w_now, prev[0], g_now, prev[1], s_now, prev[2]])
+        return ((m * self.weight) @ m.T).reshape(-1)
 
     def reset_history(self) -> None:
         """Forget the previous samples (after a rollback or a skipped update)."""
-        self.prev_w = self.prev_g = None
+        self._prev = None
 
     def record(self, values: list[float], layout: Mapping[str, Any]) -> dict[str, Any]:
         """Turn the host copy of :meth:`device_vector` into trace record keys."""
@@ -275,7 +269,18 @@ class ParamMeasure:
             out["weight_norm"] = math.sqrt(w_sq) if not math.isnan(w_sq) else math.nan
             out["nf_params"] = nf_params
         if layout.get("stats"):
-            uu, ugp, ug, ggp, gpgp, gg, flips, total = values[pos : pos + 8]
+            G = values[pos : pos + 36]
+
+            def at(i: int, j: int) -> float:
+                return G[6 * i + j]
+
+            uu = at(0, 0) - 2.0 * at(0, 1) + at(1, 1)
+            ugp = at(0, 3) - at(1, 3)
+            ug = at(0, 2) - at(1, 2)
+            ggp, gpgp, gg = at(2, 3), at(3, 3), at(2, 2)
+            # sign w . sign w_prev = same - opposite (both nonzero); |sign w_prev|^2 = nonzero
+            total = at(5, 5)
+            flips = max(0.0, (total - at(4, 5)) / 2.0)
             un = math.sqrt(max(uu, 0.0))
             out["update_norm"] = un
             if un > 0 and gpgp > 0:
@@ -310,13 +315,12 @@ def _clip(value: float) -> float:
 
 
 def batch_stats(tensor: Any) -> torch.Tensor | None:
-    """``[absmax, nonfinite]`` of a floating tensor, on its device (no host sync), else None."""
+    """``max |x|`` of a floating tensor, on its device (one kernel, no host sync), else None.
+
+    NaN propagates through the max, so a non-finite result says the batch holds NaN or inf.
+    """
     if not isinstance(tensor, torch.Tensor) or tensor.device.type == "meta" or tensor.numel() == 0:
         return None
-    t = tensor.detach()
-    if t.is_complex():
-        t = t.abs()
-    if not t.is_floating_point():
-        return torch.stack([t.abs().max().float(), torch.zeros((), device=t.device)])
-    absmax = t.abs().amax().float()
-    return torch.stack([absmax, (~torch.isfinite(absmax)).float()])
+    if not (tensor.is_floating_point() or tensor.is_complex()):
+        return None
+    return torch.linalg.vector_norm(tensor.detach(), ord=math.inf)

@@ -410,8 +410,8 @@ class Watcher:
 
         add("loss", loss, 1)
         if full:
-            add("inputs", batch_stats(inputs), 2)
-            add("targets", batch_stats(targets), 2)
+            add("inputs", batch_stats(inputs), 1)
+            add("targets", batch_stats(targets), 1)
         if self._clip_norm is not None:
             add("clip", self._clip_norm, 1)
         scaler = self.scaler if self.scaler is not None and _enabled(self.scaler) else None
@@ -492,8 +492,8 @@ class Watcher:
         for source, prefix in (("inputs", "input"), ("targets", "target")):
             if source in slots:
                 start, _ = slots[source]
-                absmax, nonfinite = values[start], values[start + 1]
-                if nonfinite:
+                absmax = values[start]
+                if not math.isfinite(absmax):
                     record[f"nf_{source}"] = _count_nonfinite(batch[0 if source == "inputs" else 1])
                 else:
                     record[f"nf_{source}"] = 0

@@ -1,0 +1,139 @@
+"""Overhead of nanscope.watch on reference workloads, measured in one process, interleaved.
+
+    python bench/overhead.py [--device cpu|cuda] [--steps N] [--rounds R]
+
+For each workload (3-layer MLP 512 wide, batch 128, Adam; 2-layer LSTM; small TransformerEncoder)
+it times blocks of ``--steps`` training updates, alternating plain / watched / detect_anomaly
+(ABCABC...), so drift in the machine's speed hits all three alike, and prints the median ratio of
+each to plain. Target: watched / plain <= 1.03 at default settings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import nanscope
+import torch
+from torch import nn
+
+
+def _mlp(device: str) -> tuple[nn.Module, Callable[[], Any]]:
+    model = nn.Sequential(nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(),
+                          nn.Linear(512, 10)).to(device)  # fmt: skip
+    x = torch.randn(128, 512, device=device)
+    y = torch.randint(0, 10, (128,), device=device)
+    loss_fn = nn.CrossEntropyLoss()
+    return model, lambda: loss_fn(model(x), y)
+
+
+class _LSTM(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lstm = nn.LSTM(64, 128, num_layers=2, batch_first=True)
+        self.head = nn.Linear(128, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out, _ = self.lstm(x)
+        return self.head(out[:, -1])
+
+
+def _lstm(device: str) -> tuple[nn.Module, Callable[[], Any]]:
+    model = _LSTM().to(device)
+    x = torch.randn(32, 32, 64, device=device)
+    y = torch.randn(32, 1, device=device)
+    loss_fn = nn.MSELoss()
+    return model, lambda: loss_fn(model(x), y)
+
+
+def _transformer(device: str) -> tuple[nn.Module, Callable[[], Any]]:
+    layer = nn.TransformerEncoderLayer(128, 4, dim_feedforward=256, batch_first=True,
+                                       dropout=0.0)  # fmt: skip
+    model = nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=False).to(device)
+    x = torch.randn(16, 32, 128, device=device)
+    y = torch.randn(16, 32, 128, device=device)
+    loss_fn = nn.MSELoss()
+    return model, lambda: loss_fn(model(x), y)
+
+
+WORKLOADS = {"mlp512": _mlp, "lstm2": _lstm, "transformer": _transformer}
+
+
+def _block(step: Callable[[], None], steps: int, device: str) -> float:
+    if device == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(steps):
+        step()
+    if device == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - start
+
+
+def run(name: str, device: str, steps: int, rounds: int) -> dict[str, float]:
+    torch.manual_seed(0)
+    model, loss_of = WORKLOADS[name](device)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-4)
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        loss_of().backward()
+        opt.step()
+
+    def anomaly_step() -> None:
+        with torch.autograd.detect_anomaly(check_nan=True):
+            step()
+
+    with tempfile.TemporaryDirectory() as run_dir, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for _ in range(5):
+            step()
+        times: dict[str, list[float]] = {"plain": [], "watched": [], "anomaly": []}
+        watcher = nanscope.watch(model, opt, policy="warn", run_dir=run_dir)
+        watcher.close()
+        for _ in range(rounds):
+            times["plain"].append(_block(step, steps, device))
+            watcher = nanscope.watch(model, opt, policy="warn", run_dir=run_dir)
+            _block(step, 2, device)  # the first updates build the sample views
+            times["watched"].append(_block(step, steps, device))
+            watcher.close()
+            times["anomaly"].append(_block(anomaly_step, steps, device))
+    plain = statistics.median(times["plain"])
+    ratios_w = [w / p for w, p in zip(times["watched"], times["plain"])]
+    ratios_a = [a / p for a, p in zip(times["anomaly"], times["plain"])]
+    return {
+        "step_ms": 1e3 * plain / steps,
+        "watched": statistics.median(ratios_w),
+        "anomaly": statistics.median(ratios_a),
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--steps", type=int, default=20, help="updates per timed block")
+    parser.add_argument("--rounds", type=int, default=7, help="interleaved rounds (median)")
+    parser.add_argument("--workloads", default=",".join(WORKLOADS))
+    args = parser.parse_args()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: no CUDA device here")
+    print(f"nanscope overhead, device={args.device}, torch {torch.__version__}, "
+          f"{args.steps} updates x {args.rounds} interleaved rounds")  # fmt: skip
+    print(f"{'workload':<12} {'plain ms/upd':>12} {'watched/plain':>14} {'anomaly/plain':>14}")
+    worst = 0.0
+    for name in args.workloads.split(","):
+        result = run(name, args.device, args.steps, args.rounds)
+        worst = max(worst, result["watched"])
+        print(f"{name:<12} {result['step_ms']:>12.2f} {result['watched']:>14.3f} "
+              f"{result['anomaly']:>14.3f}")  # fmt: skip
+    print(f"worst watched/plain: {worst:.3f} (target <= 1.03)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
