@@ -9,10 +9,11 @@ nanscope.torch.distributed.watch (otherwise the script has no nanscope code: `na
 import os
 from datetime import timedelta
 
-import torch
 import torch.distributed as dist
-from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
+
+import torch
+from torch import nn
 
 
 def env(name, default):

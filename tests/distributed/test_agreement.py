@@ -1,0 +1,90 @@
+"""The agreement's own logic, in this process (a one-rank gloo group), and the helpers."""
+
+from __future__ import annotations
+
+import pytest
+import torch.distributed as dist
+
+from nanscope.errors import UsageError
+from nanscope.torch import distributed as nd
+
+
+@pytest.fixture
+def group(tmp_path):
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def test_agree_ranks_kind_then_what(group):
+    ag = nd.DistributedAgreement()
+    assert ag.agree(False, None, 1) == (False, [])
+    stop, ranks = ag.agree(True, "nonfinite", 2, what=["loss", "grad"])
+    assert stop and ranks == [0]
+    assert (ag.kind, ag.what, ag.first_step, ag.step_range) == ("nonfinite", "loss", 2, (2, 2))
+    assert ag.combines == 2
+
+
+def test_every_n_holds_a_local_alarm_until_its_check(group):
+    ag = nd.DistributedAgreement(every=4)
+    assert ag.agree(True, "diverging", 2) == (False, [])  # held, no collective
+    assert ag.combines == 0
+    assert ag.agree(False, None, 3) == (False, [])
+    stop, ranks = ag.agree(False, None, 4)
+    assert stop and ranks == [0] and ag.kind == "diverging" and ag.first_step == 2
+    assert ag.combines == 1
+
+
+def test_one_rank_is_not_distributed(group):
+    from nanscope.monitor import Monitor
+
+    assert not nd.is_distributed()
+    assert nd.attach(Monitor(write=False)) is None
+
+
+def test_agreement_needs_a_process_group():
+    with pytest.raises(UsageError, match="init_process_group"):
+        nd.DistributedAgreement()
+
+
+def test_bad_every():
+    with pytest.raises(UsageError, match="every"):
+        nd.DistributedAgreement(every=0)
+
+
+def test_rank_outputs_rename_json_and_html_of_other_ranks():
+    argv = ["--json", "d.json", "--html=r.html", "--policy", "warn", "--", "t.py", "--json", "x"]
+    assert nd._rank_outputs(argv, 2) == [
+        "--json", "d.json.rank2", "--html=r.html.rank2", "--policy", "warn",
+        "--", "t.py", "--json", "x",
+    ]  # fmt: skip
+    assert nd._rank_outputs(["--json", "-", "t.py"], 1) == ["t.py"]
+
+
+def test_sweep_refused_under_torchrun(monkeypatch):
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    nd.refuse_under_torchrun("sweep")  # not under torchrun: fine
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "x")
+    with pytest.raises(UsageError, match="does not run under torchrun"):
+        nd.refuse_under_torchrun("sweep")
+
+
+def test_dead_ranks_from_rank_files(tmp_path):
+    import json
+    import socket
+    import subprocess
+    import sys
+
+    child = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                           capture_output=True, text=True, check=True)  # fmt: skip
+    host = socket.gethostname()
+    for rank, pid, finished in ((0, 1, False), (1, int(child.stdout), False),
+                                (2, int(child.stdout), True)):  # fmt: skip
+        (tmp_path / f"rank{rank}").mkdir()
+        info = {"rank": rank, "pid": pid, "host": host, "finished": finished}
+        (tmp_path / f"rank{rank}" / "rank.json").write_text(json.dumps(info))
+    assert nd.dead_ranks(root=tmp_path) == [1]  # pid 1 runs; rank 2 finished cleanly
