@@ -299,7 +299,7 @@ def read_trace(path: str | Path) -> Trace:
             continue
         try:
             obj = json.loads(line)
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):  # malformed, absurd numbers, absurd nesting
             bad.append(number)
             continue
         if not isinstance(obj, dict):

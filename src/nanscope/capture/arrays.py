@@ -74,27 +74,29 @@ def _count_nonfinite(array: np.ndarray) -> int:
     return int(array.size - np.count_nonzero(np.isfinite(array)))
 
 
-class _Slot:
-    """Samples for one named tensor: rows 0/1 hold weights (now/before), rows 2/3 gradients.
+class _Layout:
+    """Where each named tensor's sample sits in the shared buffer.
 
     Tensors up to ``SAMPLE`` elements are kept whole (exact measures); larger ones through a fixed
-    strided sample, so the cost of the update and cosine measures does not grow with the model.
+    strided sample, scaled by ``sqrt(size / sample)`` so that sums over the buffer estimate sums
+    over the whole tensor. One buffer for all tensors means one small matrix product per update.
     """
 
-    __slots__ = ("buffer", "g_now", "has_prev_grad", "has_prev_param", "shape", "size", "stride",
-                 "w_now")  # fmt: skip
-
-    def __init__(self, size: int, shape: tuple[int, ...]) -> None:
-        self.size = size
-        self.shape = shape
-        self.stride = max(1, -(-size // SAMPLE))
-        count = len(range(0, size, self.stride))
-        self.buffer = np.zeros((4, count), dtype=np.float64)
-        self.has_prev_param = False
-        self.has_prev_grad = False
-        # which buffer row holds "now"; the other of the pair holds "before" (swapped, not copied)
-        self.w_now = 0
-        self.g_now = 2
+    def __init__(self, shapes: Mapping[str, tuple[int, ...]]) -> None:
+        self.shapes = dict(shapes)
+        self.slices: dict[str, tuple[slice, int, float]] = {}
+        offset = 0
+        for name, shape in shapes.items():
+            size = int(np.prod(shape)) if shape else 1
+            stride = max(1, -(-size // SAMPLE))
+            count = len(range(0, size, stride))
+            self.slices[name] = (slice(offset, offset + count), stride, math.sqrt(size / count))
+            offset += count
+        # rows: 0/1 weights (now/before), 2/3 gradients (now/before); roles swap, data stays
+        self.buffer = np.zeros((4, max(offset, 1)), dtype=np.float64)
+        self.w_now, self.g_now = 0, 2
+        self.has_param = self.has_grad = False
+        self.exact_weights = all(stride == 1 for _, stride, _ in self.slices.values())
 
 
 def _sum_sq(flat: np.ndarray) -> float:
@@ -108,16 +110,15 @@ def _sum_sq(flat: np.ndarray) -> float:
 class ParamTracker:
     """Keeps a sample of the previous weights and gradient, and measures each update against them.
 
-    Gradient norms are exact (one pass each: a NaN anywhere in a gradient is caught before the
-    step). Weight norms of large tensors are read off the sample, with an exact pass every
-    ``FULL_EVERY`` updates. The applied update, its cosine
-    with the gradient, the gradient reversal and the sign flips are measured on at most ``SAMPLE``
-    fixed coordinates per tensor (all of them for smaller tensors); the update norm of a sampled
-    tensor is scaled up from its sample.
+    Gradient norms are exact, one pass per tensor: a NaN anywhere in a gradient is caught before
+    the step. The applied update, its cosine with the gradient, the gradient reversal, the sign
+    flips and the norms of large weight tensors are measured on the shared sample (exact for
+    tensors of at most ``SAMPLE`` elements), with an exact weight pass every ``FULL_EVERY``
+    updates.
     """
 
     def __init__(self) -> None:
-        self._slots: dict[str, _Slot] = {}
+        self._layout: _Layout | None = None
         self._last: dict[str, np.ndarray] = {}
         self._before: dict[str, np.ndarray] = {}
         self._count = 0
@@ -126,117 +127,102 @@ class ParamTracker:
     def measure(
         self, params: Mapping[str, np.ndarray], grads: Mapping[str, np.ndarray]
     ) -> dict[str, Any]:
-        names = list(params) if params else list(grads)
-        self._count += 1
-        if params and grads and set(params) != set(grads):
+        if params and grads and params.keys() != grads.keys():
             missing = sorted(set(params) ^ set(grads))
             raise UsageError(f"params and grads must have the same names; differ in {missing}")
-        w_sq = g_sq = 0.0
-        # sample-based sums: update.update, update.prev_grad, update.grad, grad.prev_grad, ...
-        s_uu = s_upg = s_ug = s_gpg = s_pgpg = s_gg = 0.0
-        u_sq_scaled = 0.0
-        have_update = have_prev_grad = bool(names)
-        flips = flip_total = 0
-        nf_params = nf_grads = 0
-        grad_norms: dict[str, float] = {}
-        for name in names:
-            w = params.get(name) if params else None
-            g = grads.get(name) if grads else None
-            if w is not None and g is not None and w.shape != g.shape:
-                raise UsageError(
-                    f"params[{name!r}] has shape {w.shape} but grads[{name!r}] has {g.shape}"
-                )
-            ref = w if w is not None else g
-            assert ref is not None
-            slot = self._slots.get(name)
-            if slot is None or slot.shape != ref.shape:
-                slot = self._slots[name] = _Slot(ref.size, ref.shape)
-            buf = slot.buffer
-            if w is not None:
-                flat_w = w.reshape(-1)
-                slot.w_now = 1 - slot.w_now
-                sample = buf[slot.w_now]
-                np.copyto(sample, flat_w[:: slot.stride].real)
-                if slot.stride == 1 or self._count % FULL_EVERY == 0:
-                    ww = _sum_sq(flat_w)
-                    if not math.isfinite(ww):
-                        nf = _count_nonfinite(w)
-                        nf_params += nf
-                        if nf == 0:  # finite but the sum of squares overflowed
-                            ww = _sum_sq(flat_w.astype(np.float64))
-                else:
-                    # weights change by small steps: their norm is read off the sample; a NaN
-                    # reaching them shows in the sample, in the loss, or at the next full pass
-                    ww = float(np.dot(sample, sample)) * (slot.size / sample.size)
+        ref = params or grads
+        shapes = {name: tuple(array.shape) for name, array in ref.items()}
+        if params and grads:
+            for name, w in params.items():
+                if grads[name].shape != w.shape:
+                    raise UsageError(
+                        f"params[{name!r}] has shape {w.shape} but grads[{name!r}] has "
+                        f"{grads[name].shape}"
+                    )
+        layout = self._layout
+        if layout is None or layout.shapes != shapes:
+            layout = self._layout = _Layout(shapes)  # new model shape: history starts again
+        self._count += 1
+        buf = layout.buffer
+        out: dict[str, Any] = {}
+        full = layout.exact_weights or self._count % FULL_EVERY == 1
+        if params:
+            layout.w_now = 1 - layout.w_now
+            row = buf[layout.w_now]
+            nf_params = 0
+            w_exact = 0.0
+            for name, w in params.items():
+                where, stride, scale = layout.slices[name]
+                flat = w.reshape(-1)
+                np.multiply(flat[::stride].real, scale, out=row[where])
+                if full and stride > 1:
+                    ww = _sum_sq(flat)
                     if not math.isfinite(ww):
                         nf_params += _count_nonfinite(w)
-                w_sq += ww
+                    w_exact += ww
                 if self.keep_weights:
                     if name in self._last:
                         self._before[name] = self._last[name]
                     self._last[name] = w
-            if g is not None:
-                flat_g = g.reshape(-1)
-                gg = _sum_sq(flat_g)
+        if grads:
+            layout.g_now = 5 - layout.g_now
+            row = buf[layout.g_now]
+            nf_grads = 0
+            g_sq = 0.0
+            grad_norms: dict[str, float] = {}
+            for name, g in grads.items():
+                where, stride, scale = layout.slices[name]
+                flat = g.reshape(-1)
+                gg = _sum_sq(flat)
                 if not math.isfinite(gg):
                     nf = _count_nonfinite(g)
                     nf_grads += nf
-                    if nf == 0:
-                        gg = _sum_sq(flat_g.astype(np.float64))
+                    if nf == 0:  # finite but the sum of squares overflowed
+                        gg = _sum_sq(flat.astype(np.float64))
                 g_sq += gg
                 grad_norms[name] = math.sqrt(gg) if gg >= 0 else math.nan
-                slot.g_now = 5 - slot.g_now
-                np.copyto(buf[slot.g_now], flat_g[:: slot.stride].real)
-            gram = buf @ buf.T
-            wn, wp, gn, gp = slot.w_now, 1 - slot.w_now, slot.g_now, 5 - slot.g_now
-            scale = slot.size / buf.shape[1]
-            if w is not None and slot.has_prev_param:
-                uu = float(gram[wn, wn]) - 2.0 * float(gram[wn, wp]) + float(gram[wp, wp])
-                s_uu += max(uu, 0.0)
-                u_sq_scaled += max(uu, 0.0) * scale
-                if slot.has_prev_grad:
-                    s_upg += float(gram[wn, gp]) - float(gram[wp, gp])
-                    s_pgpg += float(gram[gp, gp])
-                if g is not None:
-                    s_ug += float(gram[wn, gn]) - float(gram[wp, gn])
-                    s_gg += float(gram[gn, gn])
-                now, before = buf[wn], buf[wp]
-                flips += int(np.count_nonzero((now * before) < 0.0))
-                flip_total += int(np.count_nonzero(before))
-            elif w is not None or params:
-                have_update = False
-            if g is not None and slot.has_prev_grad:
-                s_gpg += float(gram[gn, gp])
-                if not (w is not None and slot.has_prev_param):
-                    s_pgpg += float(gram[gp, gp])
-                    s_gg += float(gram[gn, gn])
-            elif g is not None:
-                have_prev_grad = False
-            if w is not None:
-                slot.has_prev_param = True
-            if g is not None:
-                slot.has_prev_grad = True
-        out: dict[str, Any] = {}
+                np.multiply(flat[::stride].real, scale, out=row[where])
+        gram = buf @ buf.T
+        wn, wp, gn, gp = layout.w_now, 1 - layout.w_now, layout.g_now, 5 - layout.g_now
         if params:
-            out["weight_norm"] = math.sqrt(w_sq) if w_sq >= 0 else math.nan
+            ww = float(gram[wn, wn])
+            if full and not layout.exact_weights:
+                small = sum(
+                    float(np.dot(buf[wn, sl], buf[wn, sl]))
+                    for sl, stride, _ in layout.slices.values()
+                    if stride == 1
+                )
+                ww = w_exact + small
+            elif not math.isfinite(ww):
+                nf_params = sum(_count_nonfinite(w) for w in params.values())
+            if layout.exact_weights and not math.isfinite(ww):
+                nf_params = sum(_count_nonfinite(w) for w in params.values())
+            out["weight_norm"] = math.sqrt(ww) if ww >= 0 else math.nan
             out["nf_params"] = nf_params
         if grads:
             out["grad_norm"] = math.sqrt(g_sq) if g_sq >= 0 else math.nan
             out["nf_grads"] = nf_grads
             if len(grad_norms) > 1:
                 out["grad_norms"] = grad_norms
-        if params and have_update:
-            out["update_norm"] = math.sqrt(u_sq_scaled)
-            u_norm = math.sqrt(s_uu)
+        if params and layout.has_param:
+            uu = max(float(gram[wn, wn]) - 2.0 * float(gram[wn, wp]) + float(gram[wp, wp]), 0.0)
+            u_norm = math.sqrt(uu)
+            out["update_norm"] = u_norm
             if grads and u_norm > 0:
-                if have_prev_grad and s_pgpg > 0:
-                    out["update_cos"] = _clip_cos(s_upg / (u_norm * math.sqrt(s_pgpg)))
-                if s_gg > 0:
-                    out["update_cos_same"] = _clip_cos(s_ug / (u_norm * math.sqrt(s_gg)))
-            if flip_total:
-                out["flip_frac"] = flips / flip_total
-        if grads and have_prev_grad and s_pgpg > 0 and s_gg > 0:
-            out["grad_cos"] = _clip_cos(s_gpg / math.sqrt(s_gg * s_pgpg))
+                if layout.has_grad and gram[gp, gp] > 0:
+                    u_pg = float(gram[wn, gp]) - float(gram[wp, gp])
+                    out["update_cos"] = _clip_cos(u_pg / (u_norm * math.sqrt(gram[gp, gp])))
+                if gram[gn, gn] > 0:
+                    u_g = float(gram[wn, gn]) - float(gram[wp, gn])
+                    out["update_cos_same"] = _clip_cos(u_g / (u_norm * math.sqrt(gram[gn, gn])))
+            before = buf[wp]
+            total = int(np.count_nonzero(before))
+            if total:
+                out["flip_frac"] = int(np.count_nonzero(buf[wn] * before < 0.0)) / total
+        if grads and layout.has_grad and gram[gn, gn] > 0 and gram[gp, gp] > 0:
+            out["grad_cos"] = _clip_cos(float(gram[gn, gp]) / math.sqrt(gram[gn, gn] * gram[gp, gp]))
+        layout.has_param = layout.has_param or bool(params)
+        layout.has_grad = layout.has_grad or bool(grads)
         return out
 
     def snapshot_previous(self) -> dict[str, np.ndarray]:

@@ -23,7 +23,8 @@ def load(path: str) -> Trace:
     """A trace from a nanscope run (file or run directory) or from any log format we read."""
     from nanscope.logs import load_trace
 
-    return load_trace(path)
+    # a very long log keeps full detail around the first NaN and every k-th record elsewhere
+    return load_trace(path, max_records=1_000_000)
 
 
 def _probe_evidence(path: Path) -> dict[str, Any]:

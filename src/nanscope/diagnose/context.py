@@ -183,10 +183,11 @@ class Context:
         while j >= 1:
             a, b = loss[j - 1], loss[j]
             jump = not math.isfinite(b) or (math.isfinite(a) and a > 0 and b / a >= factor)
-            if not jump:
+            if not jump or not math.isfinite(a):
                 break
             j -= 1
-        return j
+        # j is now the last update before the jump, unless no update jumped at all
+        return j + 1 if j < index else index
 
     @cached_property
     def rise(self) -> Rise | None:

@@ -56,13 +56,17 @@ def sparkline(values: Sequence[float] | np.ndarray, width: int = 60) -> str:
     return "".join(out)
 
 
+def _unit(diagnosis: Diagnosis) -> str:
+    return "epoch" if diagnosis.granularity == "epoch" else "update"
+
+
 def _plain(diagnosis: Diagnosis, trace: Trace | None) -> str:
     lines = [f"nanscope: {diagnosis.headline()}"]
     if diagnosis.first_nonfinite:
         fn = diagnosis.first_nonfinite
-        lines.append(f"first non-finite: {fn.get('what')} at update {fn.get('step')}")
+        lines.append(f"first non-finite: {fn.get('what')} at {_unit(diagnosis)} {fn.get('step')}")
     if trace is not None and len(trace):
-        lines.append(f"loss per update: {sparkline(trace.column('loss'))}")
+        lines.append(f"loss per {_unit(diagnosis)}: {sparkline(trace.column('loss'))}")
     if diagnosis.evidence:
         lines.append("evidence:")
         for item in diagnosis.evidence:
@@ -112,9 +116,11 @@ def _rich(diagnosis: Diagnosis, trace: Trace | None, file: IO[str], width: int |
     console.print(title)
     if diagnosis.first_nonfinite:
         fn = diagnosis.first_nonfinite
-        console.print(f"first non-finite: [bold]{fn.get('what')}[/] at update {fn.get('step')}")
+        console.print(
+            f"first non-finite: [bold]{fn.get('what')}[/] at {_unit(diagnosis)} {fn.get('step')}"
+        )
     if trace is not None and len(trace):
-        line = Text("loss per update  ")
+        line = Text(f"loss per {_unit(diagnosis)}  ")
         for ch in sparkline(trace.column("loss")):
             line.append(ch, style="red" if ch == "×" else "cyan")
         console.print(line)

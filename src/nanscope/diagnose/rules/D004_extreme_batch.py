@@ -59,14 +59,17 @@ def _spike_index(ctx: Context) -> int | None:
 
 def check(ctx: Context) -> Finding | None:
     k = _spike_index(ctx)
-    if k is None or k < 5:
+    if k is None:
+        return None
+    late = k >= 5 or (ctx.step_at(k) or 0) >= 10  # an epoch log may start late in the run
+    if not late:
         return None
     onset = ctx.spike_onset(k)
     before = ctx.rise_before(onset)
     if before is not None and before.length >= 3 and before.growth >= 10 and before.sustained:
         return None  # a growth phase before the jump, not a sudden spike
-    if not ctx.descended_before(onset):
-        return None
+    if not ctx.descended_before(onset) and onset < 5:
+        return None  # neither a long descent nor a long stretch before the jump
     if ctx.fail is None and ctx.stop is not None:
         return None  # stopped on a sustained climb
     ratio = ctx.spike_ratio(onset)
@@ -75,10 +78,11 @@ def check(ctx: Context) -> Finding | None:
     if not finite_loss.size:
         return None
     unit = "epoch" if ctx.granularity == "epoch" else "update"
+    trend = "descended" if ctx.descended_before(onset) else "held steady"
     evidence = [
         Evidence(
             CODE,
-            f"the loss descended for {onset} {unit}s ({num(finite_loss[0])} -> "
+            f"the loss {trend} for {onset} {unit}s ({num(finite_loss[0])} -> "
             f"{num(finite_loss[-1])}), then jumped to {num(ctx.loss[onset])} at {unit} "
             f"{ctx.step_at(onset)}"
             + (f" ({num(ratio)}x the recent loss)" if math.isfinite(ratio) else ""),
