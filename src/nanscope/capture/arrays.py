@@ -220,7 +220,8 @@ class ParamTracker:
             if total:
                 out["flip_frac"] = int(np.count_nonzero(buf[wn] * before < 0.0)) / total
         if grads and layout.has_grad and gram[gn, gn] > 0 and gram[gp, gp] > 0:
-            out["grad_cos"] = _clip_cos(float(gram[gn, gp]) / math.sqrt(gram[gn, gn] * gram[gp, gp]))
+            reversal = float(gram[gn, gp]) / math.sqrt(gram[gn, gn] * gram[gp, gp])
+            out["grad_cos"] = _clip_cos(reversal)
         layout.has_param = layout.has_param or bool(params)
         layout.has_grad = layout.has_grad or bool(grads)
         return out

@@ -11,6 +11,7 @@ saying what the ledger remembers.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 
@@ -99,7 +100,8 @@ def main(argv: list[str]) -> int:
     result = sweep(lambda lr, mon: fit_value_model(Xs, y, lr, mon), lrs=[1.0, 0.1, 0.01],
                    updates=50)  # fmt: skip
     for r in result.results:
-        _say(f"   lr {r.lr:<5g} {r.phrase():<28} {sparkline(r.losses, width=40)}")
+        curve = sparkline([math.nan if v is None else v for v in r.losses], width=40)
+        _say(f"   lr {r.lr:<5g} {r.phrase():<28} {curve}")
     _say(f"   -> {result.text()}")
     diagnosis.extra["experiment"] = result.to_dict()
     best = result.recommended_lr or 0.01

@@ -106,7 +106,7 @@ class Context:
             return None
         from nanscope.detectors import Ascent, Divergence
 
-        detectors = [Ascent(), Divergence()]
+        detectors: list[Ascent | Divergence] = [Ascent(), Divergence()]
         for record in self.records:
             loss = record.get("loss")
             if loss is None or not math.isfinite(loss):

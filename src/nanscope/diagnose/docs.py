@@ -15,7 +15,7 @@ from types import ModuleType
 
 from nanscope.diagnose.rules import load_rules
 
-__all__ = ["SECTIONS", "sections", "render_rule", "render_index", "write_docs"]
+__all__ = ["SECTIONS", "render_index", "render_rule", "sections", "write_docs"]
 
 SECTIONS = ("What it does", "Why is this bad?", "Fingerprint", "Evidence", "Action", "Example")
 

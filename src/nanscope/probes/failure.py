@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["TorchFailure", "CallSite"]
+__all__ = ["CallSite", "TorchFailure"]
 
 
 @dataclass

@@ -6,8 +6,14 @@ from typing import Any
 
 from nanscope.report.terminal import print_report, render, sparkline
 
-__all__ = ["print_report", "render", "sparkline", "write_report", "render_report",
-           "diagnosis_fragment"]  # fmt: skip
+__all__ = [
+    "diagnosis_fragment",
+    "print_report",
+    "render",
+    "render_report",
+    "sparkline",
+    "write_report",
+]  # fmt: skip
 
 
 def __getattr__(name: str) -> Any:
