@@ -77,6 +77,12 @@ def _worker(rank: int, world: int, port: int, args: Any, out: str) -> None:
             times[name].append(segment(args.updates))
             if watcher is not None:
                 watcher.close()
+    ag = nd.DistributedAgreement()  # the collective alone, timed on its own
+    dist.barrier()
+    start = time.perf_counter()
+    for i in range(200):
+        ag.agree(False, None, i + 1)
+    times["agree_call"] = [(time.perf_counter() - start) / 200]
     gathered: list[Any] = [None] * world
     dist.all_gather_object(gathered, times)
     if rank == 0:
@@ -85,10 +91,13 @@ def _worker(rank: int, world: int, port: int, args: Any, out: str) -> None:
             f"DDP overhead, {world} CPU ranks (gloo), MLP 64-{w}-{w}-1, batch {args.batch}, Adam; "
             f"{args.rounds} rounds x {args.updates} updates per variant, alternating",
         ]
+        call = med.pop("agree_call")
         for k, v in med.items():
             lines.append(f"  {k:12s} {v * 1e3:8.3f} ms/update   ratio {v / med['plain']:.3f}")
         lines.append(f"watched/plain ratio: {med['watch+agree'] / med['plain']:.3f} "
                      f"(agreement alone: {med['watch+agree'] / med['watch']:.3f})")  # fmt: skip
+        lines.append(f"one agree() call: {call * 1e6:.0f} us = {call / med['plain']:.4f} of a "
+                     "plain update")  # fmt: skip
         Path(out).write_text("\n".join(lines) + "\n")
     dist.destroy_process_group()
 
