@@ -108,3 +108,10 @@ def test_nan_batch_is_nonfinite_input_with_its_row(tmp_path):
     # Keras applied the NaN batch before the callback ran; the last good weights are saved
     last_good = np.load(tmp_path / "run" / "last_good.npz")
     assert all(np.isfinite(last_good[k]).all() for k in last_good.files)
+
+
+def test_lazy_export():
+    import nanscope.integrations as integrations
+
+    assert integrations.KerasCallback is NanscopeCallback
+    assert issubclass(NanscopeCallback, keras.callbacks.Callback)

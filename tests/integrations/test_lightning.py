@@ -108,3 +108,10 @@ def test_healthy_fit_completes_healthy(tmp_path):
     losses = trace.column("loss")
     assert losses[-1] < losses[0] / 10
     assert json.loads((tmp_path / "run" / "diagnosis.json").read_text())["verdict"] == "healthy"
+
+
+def test_lazy_export():
+    import nanscope.integrations as integrations
+
+    assert integrations.LightningCallback is NanscopeCallback
+    assert issubclass(NanscopeCallback, pl.Callback)

@@ -136,3 +136,10 @@ def test_warn_policy_shows_what_logging_nan_inf_filter_hides(tmp_path):
     assert math.isnan(trace[2]["loss"])  # the callback saw the real loss
     assert trace[3]["extra"]["logged"]["hidden_nan_loss"] == 1.0
     assert callback.diagnosis.cause == "nonfinite_input"
+
+
+def test_lazy_export():
+    import nanscope.integrations as integrations
+
+    assert integrations.TransformersCallback is NanscopeCallback
+    assert issubclass(NanscopeCallback, transformers.TrainerCallback)
