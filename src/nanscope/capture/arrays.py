@@ -3,13 +3,14 @@
 The Monitor calls these on every update, so each one is written to touch every element as few
 times as possible:
 
-* the norms of weights and gradients take one pass each; a finite sum of squares proves every
-  element finite, so the exact non-finite count is only taken when it is not.
-* a fixed strided sample of at most ``SAMPLE`` coordinates per tensor (weights now and before,
-  gradient now and before) goes into a four-row buffer; one small matrix product of that buffer
-  with itself yields the update, its cosines with the gradients, the gradient reversal and (by
-  sign) the flips. No full copy of the model is kept: the previous weights are referenced only
-  when the caller hands in a new array each update (``w = w - lr * g``).
+* the norms of gradients take one pass each; a finite sum of squares proves every element
+  finite, so the exact non-finite count is only taken when it is not.
+* a fixed sample of at most ``SAMPLE`` coordinates per tensor, in ``CHUNKS`` contiguous runs
+  (weights now and before, gradient now and before), goes into one shared four-row buffer; one
+  small matrix product of that buffer with itself yields the update, its cosines with the
+  gradients, the gradient reversal, the norms of large weight tensors and (by sign) the flips.
+  No full copy of the model is kept: the previous weights are referenced only when the caller
+  hands in a new array each update (``w = w - lr * g``).
 * an input batch costs one column-wise max and min; row-level robust z-scores are computed only
   when a column's maximum jumps far beyond its history, on the first batch, or when a value is
   non-finite.
@@ -29,6 +30,8 @@ __all__ = ["BatchChecker", "ParamTracker", "as_array", "as_named", "nonfinite_ro
 
 #: coordinates per tensor kept for the update/cosine/sign-flip measures
 SAMPLE = 4096
+#: the sample of a large tensor is taken in this many contiguous runs
+CHUNKS = 16
 #: large weight tensors get an exact norm and finiteness pass every this many updates
 FULL_EVERY = 16
 #: a row is "extreme" when one of its values lies this many robust standard deviations out
@@ -84,19 +87,41 @@ class _Layout:
 
     def __init__(self, shapes: Mapping[str, tuple[int, ...]]) -> None:
         self.shapes = dict(shapes)
-        self.slices: dict[str, tuple[slice, int, float]] = {}
+        # name -> (its slice of the buffer, sample indices or None for "all", scale)
+        self.slices: dict[str, tuple[slice, np.ndarray | None, float]] = {}
         offset = 0
         for name, shape in shapes.items():
             size = int(np.prod(shape)) if shape else 1
-            stride = max(1, -(-size // SAMPLE))
-            count = len(range(0, size, stride))
-            self.slices[name] = (slice(offset, offset + count), stride, math.sqrt(size / count))
+            picks = _sample_indices(size)
+            count = size if picks is None else picks.size
+            self.slices[name] = (slice(offset, offset + count), picks, math.sqrt(size / count))
             offset += count
         # rows: 0/1 weights (now/before), 2/3 gradients (now/before); roles swap, data stays
         self.buffer = np.zeros((4, max(offset, 1)), dtype=np.float64)
         self.w_now, self.g_now = 0, 2
         self.has_param = self.has_grad = False
-        self.exact_weights = all(stride == 1 for _, stride, _ in self.slices.values())
+        self.exact_weights = all(picks is None for _, picks, _ in self.slices.values())
+
+
+def _sample_indices(size: int) -> np.ndarray | None:
+    """``SAMPLE`` coordinates in ``CHUNKS`` contiguous runs spread evenly over a large tensor.
+
+    Contiguous runs touch few cache lines, so a sample costs a small fraction of a full pass;
+    spreading them covers every part of the tensor (every layer row block, every bias).
+    """
+    if size <= SAMPLE:
+        return None
+    run = SAMPLE // CHUNKS
+    starts = np.linspace(0, size - run, CHUNKS).astype(np.int64)
+    return (starts[:, None] + np.arange(run)[None, :]).reshape(-1)
+
+
+def _sample_into(flat: np.ndarray, picks: np.ndarray | None, scale: float, out: np.ndarray) -> None:
+    if picks is None:
+        np.copyto(out, flat.real if flat.dtype.kind == "c" else flat, casting="unsafe")
+        return
+    np.take(flat.real if flat.dtype.kind == "c" else flat, picks, out=out, mode="clip")
+    out *= scale
 
 
 def _sum_sq(flat: np.ndarray) -> float:
@@ -152,10 +177,10 @@ class ParamTracker:
             nf_params = 0
             w_exact = 0.0
             for name, w in params.items():
-                where, stride, scale = layout.slices[name]
+                where, picks, scale = layout.slices[name]
                 flat = w.reshape(-1)
-                np.multiply(flat[::stride].real, scale, out=row[where])
-                if full and stride > 1:
+                _sample_into(flat, picks, scale, row[where])
+                if full and picks is not None:
                     ww = _sum_sq(flat)
                     if not math.isfinite(ww):
                         nf_params += _count_nonfinite(w)
@@ -171,7 +196,7 @@ class ParamTracker:
             g_sq = 0.0
             grad_norms: dict[str, float] = {}
             for name, g in grads.items():
-                where, stride, scale = layout.slices[name]
+                where, picks, scale = layout.slices[name]
                 flat = g.reshape(-1)
                 gg = _sum_sq(flat)
                 if not math.isfinite(gg):
@@ -181,7 +206,7 @@ class ParamTracker:
                         gg = _sum_sq(flat.astype(np.float64))
                 g_sq += gg
                 grad_norms[name] = math.sqrt(gg) if gg >= 0 else math.nan
-                np.multiply(flat[::stride].real, scale, out=row[where])
+                _sample_into(flat, picks, scale, row[where])
         gram = buf @ buf.T
         wn, wp, gn, gp = layout.w_now, 1 - layout.w_now, layout.g_now, 5 - layout.g_now
         if params:
@@ -189,8 +214,8 @@ class ParamTracker:
             if full and not layout.exact_weights:
                 small = sum(
                     float(np.dot(buf[wn, sl], buf[wn, sl]))
-                    for sl, stride, _ in layout.slices.values()
-                    if stride == 1
+                    for sl, picks, _ in layout.slices.values()
+                    if picks is None
                 )
                 ww = w_exact + small
             elif not math.isfinite(ww):

@@ -18,6 +18,7 @@ import time
 import traceback
 import warnings
 from pathlib import Path
+from typing import Any
 
 from nanscope.commands.common import add_output_options, show, write_html, write_json
 from nanscope.diagnose.diagnosis import Diagnosis
@@ -151,6 +152,17 @@ def _arm_torch() -> None:
                       stacklevel=2)  # fmt: skip
 
 
+def _distributed() -> Any:
+    """The distributed helpers when this process is one rank of a torchrun job, else None."""
+    if "TORCHELASTIC_RUN_ID" not in os.environ and "LOCAL_RANK" not in os.environ:
+        return None
+    try:
+        from nanscope.torch import distributed
+    except ImportError:
+        return None
+    return distributed
+
+
 def _remembered(target: Target) -> None:
     if not target.script:
         return
@@ -244,13 +256,28 @@ def main(argv: list[str]) -> int:
     set_defaults(policy=args.policy, root=args.run_dir, keep=True)
     if args.policy:
         os.environ["NANSCOPE_POLICY"] = args.policy
-    _remembered(target)
+    ranks = _distributed()
+    rank = int(os.environ.get("RANK", "0") or 0) if ranks else 0
+    if rank:
+        # one report per job: rank 0 writes the merged one, the others keep theirs beside it
+        args.json = None if args.json == "-" else (args.json and f"{args.json}.rank{rank}")
+        args.html = args.html and f"{args.html}.rank{rank}"
+    if ranks and args.experiment:
+        print("nanscope: --experiment is skipped under torchrun (the sweep reruns single-process)",
+              file=sys.stderr)  # fmt: skip
+        args.experiment = False
+    if rank == 0:
+        _remembered(target)
     _arm_torch()
+    if ranks:
+        ranks.arm()
     started = time.time()
     before = set(id(m) for m in active_monitors())
     code, stop = _execute(target)
     monitors = [m for m in active_monitors() if id(m) not in before]
     diagnosis, owner = _pick(monitors, stop)
+    if ranks and diagnosis is not None:
+        diagnosis = ranks.finish(diagnosis, code=code)
     if diagnosis is None:
         print(
             f"nanscope: {target.name} created no Monitor and no watched optimizer stepped; "
@@ -266,7 +293,8 @@ def main(argv: list[str]) -> int:
         show(diagnosis, trace, no_color=args.no_color)
     write_json(diagnosis, args.json)
     write_html(diagnosis, trace, args.html)
-    _record(diagnosis, owner, target, started)
+    if rank == 0:
+        _record(diagnosis, owner, target, started)
     if stop is not None:
         return EXIT_STOPPED
     return code

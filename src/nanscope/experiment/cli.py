@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 from typing import Any
 
@@ -139,6 +140,10 @@ def render(result: SweepResult, *, color: bool = False, width: int = 110) -> str
 
 
 def main(argv: list[str]) -> int:
+    if "TORCHELASTIC_RUN_ID" in os.environ:
+        from nanscope.torch.distributed import refuse_under_torchrun
+
+        refuse_under_torchrun("sweep")
     args = _parser().parse_args(argv)
     target: list[str] = list(args.target)
     if target and target[0] == "--":
