@@ -43,6 +43,7 @@ from typing import Any
 
 import transformers
 
+from nanscope.errors import UsageError
 from nanscope.integrations import TorchSteps, split_batch
 from nanscope.monitor import Monitor
 
@@ -66,6 +67,12 @@ class NanscopeCallback(transformers.TrainerCallback):
         *,
         monitor: Monitor | None = None,
     ) -> None:
+        if not hasattr(transformers.TrainerCallback, "on_pre_optimizer_step"):
+            raise UsageError(
+                f"transformers {transformers.__version__} has no on_pre_optimizer_step event, "
+                "which NanscopeCallback needs to check a step before it is taken; upgrade "
+                "transformers"
+            )
         self.monitor = monitor or Monitor(policy=policy, run_dir=run_dir, name="transformers",
                                           meta={"source": "transformers"})  # fmt: skip
         self.steps = TorchSteps(self.monitor)
