@@ -540,12 +540,14 @@ class _Locator:
 
     def _from_nanscope(self) -> bool:
         """True when the op was called by nanscope's own hooks (the adapter's measures)."""
-        frame: Any = sys._getframe(1)
+        frame: Any = sys._getframe(3)
         for _ in range(16):
             if frame is None:
                 return False
             path = frame.f_code.co_filename
-            if path == __file__ or path.startswith(self.torch_dir):
+            if path == __file__:
+                return False  # reached the replay itself: the model (or loss) called the op
+            if path.startswith(self.torch_dir):
                 frame = frame.f_back
                 continue
             return path.startswith(self.nanscope_dir)

@@ -32,7 +32,7 @@ def truth(case: Path) -> dict[str, Any]:
     for node in ast.parse(case.read_text()).body:
         if isinstance(node, ast.Assign) and len(node.targets) == 1:
             target = node.targets[0]
-            if isinstance(target, ast.Name) and target.id in ("CAUSE", "OP", "MODULE", "BAD_ROWS"):
+            if isinstance(target, ast.Name) and target.id in ("CAUSE", "OP", "MODULE", "BAD_ROWS", "STOPS"):
                 found[target.id] = ast.literal_eval(node.value)
     return found
 
@@ -68,6 +68,9 @@ def test_case(case: Path, tmp_path: Path) -> None:
     assert d["cause"] == expected["CAUSE"], report
     if expected["CAUSE"] == "healthy":
         assert proc.returncode == 0, report
+        return
+    if not expected.get("STOPS", True):
+        assert proc.returncode == 0 and d["verdict"] == "suspect", report
         return
     assert proc.returncode == 3, report
     located = d.get("located") or {}
