@@ -28,3 +28,9 @@ def test_error_tree():
     assert issubclass(nanscope.DivergenceError, nanscope.NanscopeError)
     assert issubclass(nanscope.UsageError, ValueError)
     assert issubclass(nanscope.TraceError, nanscope.InputError)
+
+
+def test_integrations_surface_is_pinned_and_framework_free():
+    import nanscope.integrations as integrations
+
+    assert integrations.__all__ == ["KerasCallback", "LightningCallback", "TransformersCallback"]
