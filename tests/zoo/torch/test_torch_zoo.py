@@ -26,13 +26,16 @@ needs_run = pytest.mark.skipif(
 )
 
 
+KEYS = ("CAUSE", "OP", "MODULE", "BAD_ROWS", "STOPS")
+
+
 def truth(case: Path) -> dict[str, Any]:
     """The case's module-level CAUSE / OP / MODULE / BAD_ROWS, read without running it."""
     found: dict[str, Any] = {}
     for node in ast.parse(case.read_text()).body:
         if isinstance(node, ast.Assign) and len(node.targets) == 1:
             target = node.targets[0]
-            if isinstance(target, ast.Name) and target.id in ("CAUSE", "OP", "MODULE", "BAD_ROWS", "STOPS"):
+            if isinstance(target, ast.Name) and target.id in KEYS:
                 found[target.id] = ast.literal_eval(node.value)
     return found
 
