@@ -5,7 +5,8 @@ Patched once, on first use, and dispatched to the live watchers (a weak set):
 * ``torch.Tensor.backward`` and ``torch.autograd.backward``: the tensor backward is called on is the
   loss (a re-entrancy flag keeps ``Tensor.backward -> autograd.backward`` from counting twice);
 * ``torch.nn.modules.loss._Loss.__call__``: what a loss module receives (output, target);
-* ``torch.nn.utils.clip_grad_norm_``: the norm it returns is the *pre-clip* gradient norm;
+* ``torch.nn.utils.clip_grad_norm_`` (and ``clip_grads_with_norm_``, which accelerate uses): the
+  total norm is the *pre-clip* gradient norm;
 * ``torch.amp.GradScaler.scale`` / ``.step``: which backward tensor is scaled, and the steps the
   scaler skips (the optimizer's own hooks never see those).
 
@@ -28,7 +29,6 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import torch
-
 from nanscope.errors import DivergenceError
 from nanscope.probes.failure import CallSite
 
@@ -219,6 +219,21 @@ def _patch_clip() -> None:
     nn_utils.clip_grad_norm_ = clip_grad_norm_
     if getattr(clip_mod, "clip_grad_norm_", None) is original:
         clip_mod.clip_grad_norm_ = clip_grad_norm_  # type: ignore[assignment]
+    # accelerate (HF Trainer) computes get_total_norm itself, then clip_grads_with_norm_
+    with_norm = getattr(nn_utils, "clip_grads_with_norm_", None)
+    if with_norm is not None:
+
+        @functools.wraps(with_norm)
+        def clip_grads_with_norm_(parameters: Any, max_norm: Any, total_norm: Any,
+                                  *args: Any, **kwargs: Any) -> Any:  # fmt: skip
+            if _LIVE:
+                for watcher in list(_LIVE):
+                    GUARD.run("clip_grad_norm_", watcher.on_clip, total_norm)
+            return with_norm(parameters, max_norm, total_norm, *args, **kwargs)
+
+        nn_utils.clip_grads_with_norm_ = clip_grads_with_norm_
+        if getattr(clip_mod, "clip_grads_with_norm_", None) is with_norm:
+            setattr(clip_mod, "clip_grads_with_norm_", clip_grads_with_norm_)  # noqa: B010
 
 
 def _patch_scaler() -> None:
