@@ -313,9 +313,13 @@ class Monitor:
             evidence.setdefault("rows", self._probe_rows())
             for probe in self.probes:
                 try:
-                    evidence.update(probe(self, self.alarm))
+                    found = dict(probe(self, self.alarm))
                 except Exception as exc:
                     self._internal_fault("probe", exc)
+                    continue
+                # rows from several probes add up (the rules drop duplicates); the rest replaces
+                evidence["rows"] = list(evidence.get("rows") or []) + list(found.pop("rows", []))
+                evidence.update(found)
         run = {"id": self.run_id, "dir": str(self.run_dir)}
         if self._write:
             run["trace"] = str(self.run_dir / "trace.jsonl")

@@ -329,6 +329,13 @@ def robust_rows(
         scale = np.where(scale > 0, scale, fallback)
         scale = np.where(scale > 0, scale, np.inf)
         z = dev / scale
+        # a column that is mostly one value (padding, one-hot) has a tiny scale: its other values
+        # only count as extreme when they are also far out against the whole batch's spread
+        overall = 1.4826 * float(np.nanmedian(np.abs(data - np.nanmedian(data))))
+        if not overall > 0:
+            overall = float(np.nanstd(data))
+        if overall > 0:
+            z = np.where(dev >= threshold * overall, z, np.minimum(z, dev / overall))
     z = np.where(np.isfinite(z), z, 0.0)
     row_score = z.max(axis=1)
     top = float(row_score.max()) if row_score.size else math.nan

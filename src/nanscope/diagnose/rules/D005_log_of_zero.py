@@ -60,7 +60,10 @@ def check(ctx: Context) -> Finding | None:
     located = ctx.located or {}
     op = str(located.get("op") or "").lower()
     op_is_log = any(name in op for name in _LOG_OPS) and "softplus" not in op
-    input_zero = bool(located.get("input_zero")) or "exactly 0" in str(located.get("inputs", ""))
+    inputs_text = str(located.get("inputs", ""))
+    input_zero = bool(located.get("input_zero")) or any(
+        word in inputs_text for word in ("exactly 0", "exactly zero")
+    )
     if nf["inputs"][i] > 0 or nf["targets"][i] > 0 or nf["params"][i] > 0:
         return None
     if not (nf["loss"][i] > 0 or ctx.filtered_nan[i]) and not op_is_log:
