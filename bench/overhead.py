@@ -94,8 +94,6 @@ def run(name: str, device: str, steps: int, rounds: int) -> dict[str, float]:
         for _ in range(5):
             step()
         times: dict[str, list[float]] = {"plain": [], "watched": [], "anomaly": []}
-        watcher = nanscope.watch(model, opt, policy="warn", run_dir=run_dir)
-        watcher.close()
         for _ in range(rounds):
             times["plain"].append(_block(step, steps, device))
             watcher = nanscope.watch(model, opt, policy="warn", run_dir=run_dir)
