@@ -180,3 +180,8 @@ def test_torch_tensors_are_read_without_the_adapter():
     loss.backward()
     rec = mon.update(loss, params={"w": w}, grads={"w": w.grad})
     assert rec["loss"] == 6.0 and rec["grad_norm"] == pytest.approx(math.sqrt(12))
+
+
+def test_an_empty_run_closes_cleanly():
+    diagnosis = nanscope.Monitor(write=False).close()
+    assert diagnosis.verdict == "healthy" and diagnosis.summary["updates"] == 0

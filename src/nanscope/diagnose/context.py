@@ -69,7 +69,9 @@ class Context:
     @cached_property
     def filtered_nan(self) -> np.ndarray:
         """Updates whose loss a logger replaced by 0.0 to hide a NaN (HF logging_nan_inf_filter)."""
-        return np.array(["loss_nan_filtered" in (r.get("events") or []) for r in self.records])
+        return np.array(
+            ["loss_nan_filtered" in (r.get("events") or []) for r in self.records], dtype=bool
+        )
 
     @cached_property
     def fail(self) -> int | None:
