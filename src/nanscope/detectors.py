@@ -77,33 +77,42 @@ class Divergence:
     ACCEL = 1.2
 
     def __init__(self) -> None:
-        self._loss: deque[float] = deque(maxlen=self.RISES + 1)
-        self._osc: deque[bool | None] = deque(maxlen=self.RISES)
-        self._descent: deque[bool | None] = deque(maxlen=self.RISES)
+        self._recent: deque[dict[str, Any]] = deque(maxlen=self.RISES + 1)
+        self._prev: float | None = None
+        self._rises = 0
 
     def step(self, record: dict[str, Any]) -> Alarm | None:
-        loss = record.get("loss")
-        if not _finite(loss):
-            self._loss.clear()
+        loss = _num(record.get("loss"))
+        if loss is None:
+            self._recent.clear()
+            self._prev, self._rises = None, 0
             return None
-        assert isinstance(loss, (int, float))
-        self._loss.append(float(loss))
-        grad_cos = _num(record.get("grad_cos"))
-        flip = _num(record.get("flip_frac"))
-        osc: bool | None = None
-        if grad_cos is not None or flip is not None:
-            osc = (grad_cos is not None and grad_cos < 0) or (flip is not None and flip >= 0.2)
-        self._osc.append(osc)
-        # either convention (update vs previous or vs current gradient) saying "downhill" counts
-        cosines = [
-            c
-            for c in (_num(record.get("update_cos")), _num(record.get("update_cos_same")))
-            if c is not None
-        ]
-        self._descent.append(min(cosines) < 0 if cosines else None)
-        if len(self._loss) <= self.RISES:
-            return None
-        losses = list(self._loss)
+        self._recent.append(record)
+        rising = self._prev is not None and loss > self._prev
+        self._prev = loss
+        self._rises = self._rises + 1 if rising else 0
+        if self._rises < self.RISES:
+            return None  # the common case: read nothing more
+        window = list(self._recent)
+        osc_flags: list[bool | None] = []
+        descent_flags: list[bool | None] = []
+        for rec in window[1:]:
+            grad_cos = _num(rec.get("grad_cos"))
+            flip = _num(rec.get("flip_frac"))
+            osc: bool | None = None
+            if grad_cos is not None or flip is not None:
+                osc = (grad_cos is not None and grad_cos < 0) or (flip is not None and flip >= 0.2)
+            osc_flags.append(osc)
+            # either convention (update vs previous or vs current gradient) saying "downhill"
+            cosines = [
+                c
+                for c in (_num(rec.get("update_cos")), _num(rec.get("update_cos_same")))
+                if c is not None
+            ]
+            descent_flags.append(min(cosines) < 0 if cosines else None)
+        self._osc = osc_flags
+        self._descent = descent_flags
+        losses = [float(rec["loss"]) for rec in window]
         deltas = [b - a for a, b in itertools.pairwise(losses)]
         if not all(d > 0 for d in deltas):
             return None

@@ -235,7 +235,7 @@ class Monitor:
                 self._writer.write(rec)
         except Exception as exc:
             self._internal_fault("observe", exc)
-        self.trace.append(rec)
+        self.trace.append(rec, copy=False)  # rec is already this Monitor's own copy
         if alarm is not None:
             self._fire(alarm)
         return rec

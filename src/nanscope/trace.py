@@ -198,9 +198,10 @@ class Trace:
     def __getitem__(self, index: int) -> dict[str, Any]:
         return self.records[index]
 
-    def append(self, record: Mapping[str, Any]) -> None:
-        self.records.append(dict(record))
-        self._columns.clear()
+    def append(self, record: Mapping[str, Any], *, copy: bool = True) -> None:
+        self.records.append(dict(record) if copy else record)  # type: ignore[arg-type]
+        if self._columns:
+            self._columns.clear()
 
     @property
     def granularity(self) -> str:

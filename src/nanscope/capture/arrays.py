@@ -67,7 +67,13 @@ def as_named(value: Any, name: str) -> dict[str, np.ndarray]:
     if value is None:
         return {}
     if isinstance(value, Mapping):
-        return {str(k): as_array(v, f"{name}[{k!r}]") for k, v in value.items()}
+        out: dict[str, np.ndarray] = {}
+        for k, v in value.items():
+            # numpy arrays pass straight through; only other types pay for a name in messages
+            out[k if isinstance(k, str) else str(k)] = (
+                v if type(v) is np.ndarray else as_array(v, f"{name}[{k!r}]")
+            )
+        return out
     if isinstance(value, (list, tuple)):
         return {str(i): as_array(v, f"{name}[{i}]") for i, v in enumerate(value)}
     return {"0": as_array(value, name)}
@@ -81,8 +87,9 @@ class _Layout:
     """Where each named tensor's sample sits in the shared buffer.
 
     Tensors up to ``SAMPLE`` elements are kept whole (exact measures); larger ones through a fixed
-    strided sample, scaled by ``sqrt(size / sample)`` so that sums over the buffer estimate sums
-    over the whole tensor. One buffer for all tensors means one small matrix product per update.
+    chunked sample whose columns weigh ``size / sample`` in the product, so that sums over the
+    buffer estimate sums over the whole tensor. One buffer for all tensors means one small matrix
+    product per update.
     """
 
     def __init__(self, shapes: Mapping[str, tuple[int, ...]]) -> None:
@@ -98,6 +105,9 @@ class _Layout:
             offset += count
         # rows: 0/1 weights (now/before), 2/3 gradients (now/before); roles swap, data stays
         self.buffer = np.zeros((4, max(offset, 1)), dtype=np.float64)
+        self.weights = np.ones(max(offset, 1), dtype=np.float64)
+        for where, _, scale in self.slices.values():
+            self.weights[where] = scale * scale
         self.w_now, self.g_now = 0, 2
         self.has_param = self.has_grad = False
         self.exact_weights = all(picks is None for _, picks, _ in self.slices.values())
@@ -116,12 +126,13 @@ def _sample_indices(size: int) -> np.ndarray | None:
     return (starts[:, None] + np.arange(run)[None, :]).reshape(-1)
 
 
-def _sample_into(flat: np.ndarray, picks: np.ndarray | None, scale: float, out: np.ndarray) -> None:
+def _sample_into(flat: np.ndarray, picks: np.ndarray | None, out: np.ndarray) -> None:
+    if flat.dtype.kind == "c":
+        flat = flat.real
     if picks is None:
-        np.copyto(out, flat.real if flat.dtype.kind == "c" else flat, casting="unsafe")
-        return
-    np.take(flat.real if flat.dtype.kind == "c" else flat, picks, out=out, mode="clip")
-    out *= scale
+        np.copyto(out, flat, casting="unsafe")
+    else:
+        np.take(flat, picks, out=out, mode="clip")
 
 
 def _sum_sq(flat: np.ndarray) -> float:
@@ -177,9 +188,9 @@ class ParamTracker:
             nf_params = 0
             w_exact = 0.0
             for name, w in params.items():
-                where, picks, scale = layout.slices[name]
+                where, picks, _ = layout.slices[name]
                 flat = w.reshape(-1)
-                _sample_into(flat, picks, scale, row[where])
+                _sample_into(flat, picks, row[where])
                 if full and picks is not None:
                     ww = _sum_sq(flat)
                     if not math.isfinite(ww):
@@ -196,7 +207,7 @@ class ParamTracker:
             g_sq = 0.0
             grad_norms: dict[str, float] = {}
             for name, g in grads.items():
-                where, picks, scale = layout.slices[name]
+                where, picks, _ = layout.slices[name]
                 flat = g.reshape(-1)
                 gg = _sum_sq(flat)
                 if not math.isfinite(gg):
@@ -206,17 +217,19 @@ class ParamTracker:
                         gg = _sum_sq(flat.astype(np.float64))
                 g_sq += gg
                 grad_norms[name] = math.sqrt(gg) if gg >= 0 else math.nan
-                _sample_into(flat, picks, scale, row[where])
-        gram = buf @ buf.T
+                _sample_into(flat, picks, row[where])
+        # each column weighted by size/sample of its tensor: sums over the buffer estimate sums
+        # over the whole tensors; 16 Python floats are cheaper to index than numpy scalars
+        gram = ((buf * layout.weights) @ buf.T).tolist()
         wn, wp, gn, gp = layout.w_now, 1 - layout.w_now, layout.g_now, 5 - layout.g_now
         if params:
-            ww = float(gram[wn, wn])
+            ww = gram[wn][wn]
             if full and not layout.exact_weights:
                 small = sum(
                     float(np.dot(buf[wn, sl], buf[wn, sl]))
                     for sl, picks, _ in layout.slices.values()
                     if picks is None
-                )
+                )  # exact: small tensors are kept whole
                 ww = w_exact + small
             elif not math.isfinite(ww):
                 nf_params = sum(_count_nonfinite(w) for w in params.values())
@@ -230,22 +243,22 @@ class ParamTracker:
             if len(grad_norms) > 1:
                 out["grad_norms"] = grad_norms
         if params and layout.has_param:
-            uu = max(float(gram[wn, wn]) - 2.0 * float(gram[wn, wp]) + float(gram[wp, wp]), 0.0)
+            uu = max(gram[wn][wn] - 2.0 * gram[wn][wp] + gram[wp][wp], 0.0)
             u_norm = math.sqrt(uu)
             out["update_norm"] = u_norm
             if grads and u_norm > 0:
-                if layout.has_grad and gram[gp, gp] > 0:
-                    u_pg = float(gram[wn, gp]) - float(gram[wp, gp])
-                    out["update_cos"] = _clip_cos(u_pg / (u_norm * math.sqrt(gram[gp, gp])))
-                if gram[gn, gn] > 0:
-                    u_g = float(gram[wn, gn]) - float(gram[wp, gn])
-                    out["update_cos_same"] = _clip_cos(u_g / (u_norm * math.sqrt(gram[gn, gn])))
+                if layout.has_grad and gram[gp][gp] > 0:
+                    u_pg = gram[wn][gp] - gram[wp][gp]
+                    out["update_cos"] = _clip_cos(u_pg / (u_norm * math.sqrt(gram[gp][gp])))
+                if gram[gn][gn] > 0:
+                    u_g = gram[wn][gn] - gram[wp][gn]
+                    out["update_cos_same"] = _clip_cos(u_g / (u_norm * math.sqrt(gram[gn][gn])))
             before = buf[wp]
             total = int(np.count_nonzero(before))
             if total:
                 out["flip_frac"] = int(np.count_nonzero(buf[wn] * before < 0.0)) / total
-        if grads and layout.has_grad and gram[gn, gn] > 0 and gram[gp, gp] > 0:
-            reversal = float(gram[gn, gp]) / math.sqrt(gram[gn, gn] * gram[gp, gp])
+        if grads and layout.has_grad and gram[gn][gn] > 0 and gram[gp][gp] > 0:
+            reversal = gram[gn][gp] / math.sqrt(gram[gn][gn] * gram[gp][gp])
             out["grad_cos"] = _clip_cos(reversal)
         layout.has_param = layout.has_param or bool(params)
         layout.has_grad = layout.has_grad or bool(grads)
@@ -368,7 +381,7 @@ class BatchChecker:
         self._last: Any = None
         self._last_result: dict[str, Any] = {}
         self._ring: list[np.ndarray] = []
-        self._reference: np.ndarray | None = None
+        self._inverse: np.ndarray | None = None  # 1 / typical column max (0 where none)
         self._seen = 0
         self.scale_ratio: float | None = None
 
@@ -385,16 +398,22 @@ class BatchChecker:
             self._remember(batch, result)
             return result
         if rows2d.dtype.kind in "iub":
-            col_max = np.abs(rows2d).max(axis=0).astype(np.float64)
+            # integers (class labels) cannot be NaN or inf and have no rows to call extreme
+            absmax_int = float(max(int(rows2d.max()), -int(rows2d.min()))) if rows2d.size else 0.0
+            result[f"nf_{self.source}"] = 0
+            result[f"{prefix}_absmax"] = absmax_int
+            self._seen += 1
+            self._remember(batch, result)
+            return result
         else:
-            col_max = np.maximum(rows2d.max(axis=0), -rows2d.min(axis=0)).astype(np.float64)
-        absmax = float(col_max.max()) if col_max.size else 0.0
+            col_max = np.maximum(rows2d.max(axis=0), -rows2d.min(axis=0))
+        absmax = float(col_max.max()) if col_max.size else 0.0  # NaN propagates through max
         if self._ring and self._ring[-1].shape != col_max.shape:
             # batches of another width (variable sequence length): start a new history
             self._ring.clear()
-            self._reference = None
+            self._inverse = None
         rows: list[dict[str, Any]] = []
-        if not math.isfinite(absmax) or not np.isfinite(col_max).all():
+        if not math.isfinite(absmax):
             nf, rows = nonfinite_rows(array, self.source, index)
             result[f"nf_{self.source}"] = nf
             finite_cols = col_max[np.isfinite(col_max)]
@@ -402,10 +421,8 @@ class BatchChecker:
         else:
             result[f"nf_{self.source}"] = 0
             analyse = self._seen == 0
-            if self._reference is not None:
-                with np.errstate(all="ignore"):
-                    jump = np.max(col_max / np.maximum(self._reference, 1e-300))
-                analyse = analyse or bool(jump >= COLUMN_JUMP)
+            if self._inverse is not None:
+                analyse = analyse or float(np.max(col_max * self._inverse)) >= COLUMN_JUMP
             if analyse:
                 top, rows = robust_rows(array, self.source, index)
                 if math.isfinite(top):
@@ -419,8 +436,10 @@ class BatchChecker:
             self._ring.append(col_max)
             if len(self._ring) > self.HISTORY:
                 self._ring.pop(0)
-            if self._reference is None or self._seen % 8 == 0:
-                self._reference = np.median(np.stack(self._ring), axis=0)
+            if self._inverse is None or self._seen % 8 == 0:
+                reference = np.median(np.stack(self._ring), axis=0)
+                with np.errstate(divide="ignore"):
+                    self._inverse = np.where(reference > 0, 1.0 / reference, 0.0)
         result[f"{prefix}_absmax"] = absmax
         if rows:
             result["rows"] = rows
