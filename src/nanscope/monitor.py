@@ -228,6 +228,12 @@ class Monitor:
                 fired = detector.step(rec)
                 if fired is not None and alarm is None:
                     alarm = fired
+            events = rec.get("events")
+            if events and alarm is None and ("loss_spike" in events or "grad_jump" in events):
+                # a finite spike the run may survive: look at its batches now, while we have them
+                spotted = self._probe_rows(last=2)
+                if spotted:
+                    rec["rows"] = list(rec.get("rows") or []) + spotted
             if self._write:
                 if self._writer is None:
                     self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -330,10 +336,11 @@ class Monitor:
         self.diagnosis = diagnosis
         return diagnosis
 
-    def _probe_rows(self) -> list[dict[str, Any]]:
+    def _probe_rows(self, last: int | None = None) -> list[dict[str, Any]]:
         """Rows of the last batches that hold non-finite or extreme values, newest batch first."""
         found: list[dict[str, Any]] = []
-        for step, inputs, targets, index in reversed(self._recent):
+        recent = list(self._recent)[-last:] if last else list(self._recent)
+        for step, inputs, targets, index in reversed(recent):
             rows_index = None if index is None else np.asarray(index).reshape(-1)
             for source, batch in (("inputs", inputs), ("targets", targets)):
                 if batch is None:

@@ -263,7 +263,7 @@ class Context:
                 out.append(dict(row))
         for record in self.records:
             for row in record.get("rows") or []:
-                row = {**row, "step": record.get("step")}
+                row = {"step": record.get("step"), **row}  # a probe's own step wins
                 key = (row.get("step"), row.get("source"), row.get("batch_row"), row.get("why"))
                 if key not in seen:
                     seen.add(key)
