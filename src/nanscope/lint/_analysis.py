@@ -18,7 +18,7 @@ import re
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-__all__ = ["FileContext", "K", "Scope", "Site"]
+__all__ = ["INPLACE_METHODS", "FileContext", "K", "Scope", "Site", "inplace_root", "ref_key"]
 
 
 class K:
@@ -270,6 +270,22 @@ _OPTIMIZERS = frozenset(
         "Ftrl",
     }
 )
+#: methods that update their receiver in place (torch, TensorFlow variables)
+INPLACE_METHODS = frozenset(
+    {
+        "add_",
+        "sub_",
+        "mul_",
+        "div_",
+        "lerp_",
+        "copy_",
+        "addcmul_",
+        "addcdiv_",
+        "assign",
+        "assign_add",
+        "assign_sub",
+    }
+)
 _ZERO_GRAD_ATTRS = frozenset({"zero_grad", "clear_grad", "clear_gradients"})
 _INTERESTING_STRINGS = frozenset({"mixed_float16", "float16", "16-mixed", "fp16"})
 
@@ -330,6 +346,41 @@ def same_expr(a: ast.AST, b: ast.AST) -> bool:
     return ast.dump(a) == ast.dump(b)
 
 
+def ref_key(expr: ast.AST) -> str | None:
+    """A name for a storage location: ``buf``, ``self.v``, ``state["buf"]`` (``.data`` dropped)."""
+    t = type(expr)
+    if t is ast.Name:
+        return expr.id  # type: ignore[attr-defined,no-any-return]
+    if t is ast.Attribute:
+        base = ref_key(expr.value)  # type: ignore[attr-defined]
+        if base is None:
+            return None
+        attr: str = expr.attr  # type: ignore[attr-defined]
+        return base if attr == "data" else f"{base}.{attr}"
+    if t is ast.Subscript:
+        key = expr.slice  # type: ignore[attr-defined]
+        base = ref_key(expr.value)  # type: ignore[attr-defined]
+        if base is None or not isinstance(key, ast.Constant):
+            return None
+        return f"{base}[{key.value!r}]"
+    return None
+
+
+def inplace_root(call: ast.Call) -> ast.expr | None:
+    """The object an in-place update call (or a chain of them) modifies, else None."""
+    func = call.func
+    if not (isinstance(func, ast.Attribute) and func.attr in INPLACE_METHODS):
+        return None
+    recv = func.value
+    while (
+        isinstance(recv, ast.Call)
+        and isinstance(recv.func, ast.Attribute)
+        and recv.func.attr in INPLACE_METHODS
+    ):
+        recv = recv.func.value
+    return recv
+
+
 def keyword(call: ast.Call, name: str) -> ast.expr | None:
     for kw in call.keywords:
         if kw.arg == name:
@@ -347,6 +398,7 @@ class Scope:
         "cls",
         "functions",
         "guarded",
+        "inplace",
         "kind",
         "name",
         "node",
@@ -367,6 +419,9 @@ class Scope:
         self.attrs: dict[str, list[tuple[tuple[int, int], ast.expr | None, Scope]]] = {}
         #: names assigned through a subscript (``s[s == 0] = 1``): treated as guarded
         self.guarded: set[str] = set()
+        #: ``ref_key`` of a receiver -> the in-place update calls made on it, in source order
+        #: (``buf.mul_(m).add_(g)`` records both calls under ``"buf"``)
+        self.inplace: dict[str, list[ast.Call]] = {}
         self.functions: dict[str, Scope] = {}
         self.classes: dict[str, Scope] = {}
         self.returns: list[ast.expr] = []
@@ -654,6 +709,11 @@ class FileContext:
                     self.loop_calls.setdefault(id(loop), set()).add(name)
         if isinstance(func, ast.Attribute):
             attr = func.attr
+            if attr in INPLACE_METHODS:
+                root = inplace_root(node)
+                key = ref_key(root) if root is not None else None
+                if key is not None:
+                    self._scope.inplace.setdefault(key, []).append(node)
             if attr in _ZERO_GRAD_ATTRS or (
                 attr in ("zero_", "fill_", "detach_") and _mentions_grad(func.value)
             ):
@@ -736,6 +796,19 @@ class FileContext:
                 return entries[-1]
             s = s.parent
         return None
+
+    def inplace_updates(self, key: str, scope: Scope) -> list[ast.Call]:
+        """The in-place update calls on ``key`` in the nearest scope (outwards) that has any."""
+        s: Scope | None = scope
+        while s is not None:
+            if s.kind == "class" and s is not scope:
+                s = s.parent
+                continue
+            calls = s.inplace.get(key)
+            if calls:
+                return calls
+            s = s.parent
+        return []
 
     def is_guarded(self, name: str, scope: Scope) -> bool:
         s: Scope | None = scope

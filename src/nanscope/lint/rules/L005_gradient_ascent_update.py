@@ -4,7 +4,16 @@ import ast
 import re
 from collections.abc import Iterator
 
-from nanscope.lint._analysis import FileContext, K, Site, same_expr
+from nanscope.lint._analysis import (
+    FileContext,
+    K,
+    Scope,
+    Site,
+    keyword,
+    name_kind,
+    ref_key,
+    same_expr,
+)
 from nanscope.lint._types import Hit, Rule
 
 _LR = re.compile(
@@ -21,6 +30,7 @@ _NOT_WEIGHTS = re.compile(
 _MOMENT = re.compile(r"^(m|m_?hat|m_?t|mt|exp_avg|m_corr\w*|first_moment\w*)$", re.I)
 _ADD_METHODS = frozenset({"add_", "assign_add"})
 _SUB_METHODS = frozenset({"sub_", "assign_sub"})
+_SCALED_METHODS = frozenset({"addcdiv_", "addcmul_"})
 
 
 def _base_name(expr: ast.AST) -> str | None:
@@ -55,6 +65,68 @@ def _factors(expr: ast.expr, sign: int = 1) -> tuple[int, list[ast.expr]]:
     return sign, [expr]
 
 
+def _scaled_product(call: ast.Call) -> ast.expr | None:
+    """``x.addcdiv_(t1, t2, value=v)`` adds ``v * t1 / t2``, ``x.addcmul_(t1, t2, value=v)``
+    adds ``v * t1 * t2``: the product whose sign is the step's (a divisor is a positive
+    ``sqrt(v) + eps``). None for ``addcmul_(g, g)``, a square with no direction."""
+    func = call.func
+    assert isinstance(func, ast.Attribute)
+    if len(call.args) < 2:
+        return None
+    t1, t2 = call.args[0], call.args[1]
+    product: ast.expr = t1
+    if func.attr == "addcmul_":
+        if same_expr(t1, t2):
+            return None
+        product = ast.BinOp(left=t1, op=ast.Mult(), right=t2)
+    value = keyword(call, "value")
+    if value is None and len(call.args) > 2:
+        value = call.args[2]
+    if value is not None:
+        product = ast.BinOp(left=product, op=ast.Mult(), right=value)
+    return product
+
+
+def _mentions(expr: ast.AST, key: str) -> bool:
+    return any(
+        isinstance(n, (ast.Name, ast.Attribute, ast.Subscript)) and ref_key(n) == key
+        for n in ast.walk(expr)
+    )
+
+
+def _rebind_terms(value: ast.expr, key: str) -> list[tuple[int, ast.expr]]:
+    """``v = mu * v + g`` -> [(+1, g)]; ``v = mu * v - g`` -> [(-1, g)]; else []."""
+    if not isinstance(value, ast.BinOp) or not isinstance(value.op, (ast.Add, ast.Sub)):
+        return []
+    left, right = _mentions(value.left, key), _mentions(value.right, key)
+    if left and not right:
+        return [(-1 if isinstance(value.op, ast.Sub) else 1, value.right)]
+    if right and not left and isinstance(value.op, ast.Add):
+        return [(1, value.left)]
+    return []
+
+
+def _inplace_terms(call: ast.Call, key: str) -> list[tuple[int, ast.expr]]:
+    """What an in-place update on buffer ``key`` adds to it, with the sign it is added with."""
+    func = call.func
+    assert isinstance(func, ast.Attribute)
+    method = func.attr
+    if method in ("add_", "sub_", "assign_add", "assign_sub") and call.args:
+        term: ast.expr = call.args[0]
+        for kw in call.keywords:
+            if kw.arg in ("alpha", "value"):
+                term = ast.BinOp(left=term, op=ast.Mult(), right=kw.value)
+        return [(-1 if method in _SUB_METHODS else 1, term)]
+    if method in ("lerp_", "copy_") and call.args:
+        return [(1, call.args[0])]
+    if method in _SCALED_METHODS:
+        product = _scaled_product(call)
+        return [(1, product)] if product is not None else []
+    if method == "assign" and call.args:
+        return _rebind_terms(call.args[0], key)
+    return []  # mul_ / div_ rescale
+
+
 class GradientAscentUpdate(Rule):
     """A hand-written update that adds the gradient to the weights (gradient ascent).
 
@@ -65,8 +137,16 @@ class GradientAscentUpdate(Rule):
     gradient when it is `.grad`, a variable assigned from one, or is named like one (`g`, `grad`,
     `dw`, `grad_w`...); as the step size when it is a number or named like one (`lr`, `eta`,
     `learning_rate`, `group["lr"]`). `w -= lr * g`, `w = w - lr * g` and
-    `p.add_(p.grad, alpha=-lr)` are the descent forms and are not flagged, nor are momentum
-    buffers and running sums (`v = mu * v + lr * g; w -= v`).
+    `p.add_(p.grad, alpha=-lr)` are the descent forms and are not flagged.
+
+    Momentum and velocity buffers are followed to the gradient they accumulate, with its sign:
+    `v = mu * v + g`, `v += g`, `buf.mul_(m).add_(p.grad)`, `m.lerp_(g, 1 - b)`,
+    `m.assign(b * m + g)` hold `+g`, so `w += lr * v`, `p.add_(buf, alpha=lr)`,
+    `p.data.add_(lr * buf)` and `p.addcdiv_(exp_avg, denom, value=step_size)` are ascent, while
+    `w -= lr * v`, `p.add_(buf, alpha=-lr)` and `p.sub_(lr * buf)` are descent. A buffer that
+    already holds the step size is the step: `v = mu * v + lr * g; w += v` is ascent,
+    `v = mu * v - lr * g; w += v` and `v = mu * v + lr * g; w -= v` are descent. The buffers
+    themselves and running sums are never the weights being checked.
 
     ## Why is this bad?
     Gradient descent subtracts the gradient. Adding it climbs the loss: the loss rises smoothly and
@@ -81,6 +161,9 @@ class GradientAscentUpdate(Rule):
 
     for p in model.parameters():
         p.data.add_(lr * p.grad)
+
+    buf.mul_(momentum).add_(p.grad)    # a custom momentum optimizer
+    p.add_(buf, alpha=group["lr"])
     ```
 
     ## Use instead
@@ -89,6 +172,9 @@ class GradientAscentUpdate(Rule):
 
     for p in model.parameters():
         p.data.add_(p.grad, alpha=-lr)     # or p -= lr * p.grad under torch.no_grad()
+
+    buf.mul_(momentum).add_(p.grad)
+    p.add_(buf, alpha=-group["lr"])
     ```
     """
 
@@ -127,18 +213,57 @@ class GradientAscentUpdate(Rule):
                 sign = self._sign(product, site, ctx)
                 if last in _SUB_METHODS:
                     sign = -sign
+            elif last in _SCALED_METHODS:
+                scaled = _scaled_product(node)
+                if scaled is None:
+                    return
+                sign = self._sign(scaled, site, ctx)
             elif last == "assign" and node.args:
                 sign = self._assign_sign(recv, node.args[0], site, ctx)
         if sign <= 0 or target is None:
             return
         name = _base_name(target)
-        if name is None or _NOT_WEIGHTS.match(name) or ctx.kind(target, site.scope) & K.GRAD:
+        if name is None or _NOT_WEIGHTS.match(name) or self._is_gradient(target, site, ctx):
             return
         yield Hit(
             node,
             "update adds lr * gradient to the weights: gradient ascent, the loss "
             "will rise from the first update",
         )
+
+    def _is_gradient(self, target: ast.AST, site: Site, ctx: FileContext) -> bool:
+        """Whether the updated object holds a gradient (``g += ...``, ``p.grad.add_(...)``).
+
+        A weight's own earlier updates (``w -= lr * g``) do not make it a gradient: for a plain
+        name the value looked at is the last assignment that does not mention the name itself.
+        """
+        base = target
+        while (isinstance(base, ast.Attribute) and base.attr == "data") or isinstance(
+            base, ast.Subscript
+        ):
+            base = base.value
+        if not isinstance(base, ast.Name):
+            return bool(ctx.kind(target, site.scope) & K.GRAD)
+        if name_kind(base.id) & K.GRAD:
+            return True
+        pos = (base.lineno, base.col_offset)
+        scope: Scope | None = site.scope
+        while scope is not None:
+            if scope.kind == "class" and scope is not site.scope:
+                scope = scope.parent
+                continue
+            entries = scope.assigns.get(base.id)
+            if entries:
+                if scope is site.scope:
+                    entries = [e for e in entries if e[0] <= pos]
+                for _end, value, vscope in reversed(entries):
+                    if value is None:
+                        return False
+                    if not _mentions(value, base.id):
+                        return bool(ctx.kind(value, vscope) & K.GRAD)
+                return False
+            scope = scope.parent
+        return False
 
     def _assign_sign(self, target: ast.AST, value: ast.expr, site: Site, ctx: FileContext) -> int:
         if not isinstance(value, ast.BinOp):
@@ -154,22 +279,99 @@ class GradientAscentUpdate(Rule):
 
     def _sign(self, inc: ast.expr, site: Site, ctx: FileContext) -> int:
         """+1 when ``inc`` is a positive lr * gradient, -1 when negative, 0 when not a step."""
+        sign, has_lr, has_grad = self._analyse(inc, site, ctx, 0)
+        return sign if has_lr and has_grad else 0
+
+    def _analyse(
+        self, inc: ast.expr, site: Site, ctx: FileContext, depth: int
+    ) -> tuple[int, bool, bool]:
+        """``(sign, has a step size, has a gradient)`` of an increment."""
         if isinstance(inc, ast.Name):
-            inc, _ = ctx.value_of(inc, site.scope, site.comps)
+            acc = self._accumulated(inc, site, ctx, depth)
+            if acc is not None:
+                return acc[0], acc[1], True
+            value, _ = ctx.value_of(inc, site.scope, site.comps)
+            if value is not inc:
+                got = self._analyse_factors(value, site, ctx, depth)
+                if got[2]:  # `step = lr * g`; else `g = view_as_real(g)` is still a gradient
+                    return got
+        return self._analyse_factors(inc, site, ctx, depth)
+
+    def _analyse_factors(
+        self, inc: ast.expr, site: Site, ctx: FileContext, depth: int
+    ) -> tuple[int, bool, bool]:
         sign, factors = _factors(inc)
-        has_lr = has_grad = False
+        has_lr = has_grad = inner_lr = False
         for f in factors:
             if self._is_lr(f, site, ctx):
                 has_lr = True
-            elif not has_grad and (
-                ctx.kind(f, site.scope, site.comps) & K.GRAD or _MOMENT.match(_base_name(f) or "")
-            ):
+                continue
+            if has_grad:
+                continue
+            acc = self._accumulated(f, site, ctx, depth)
+            if acc is not None:
+                has_grad = True
+                sign *= acc[0]
+                inner_lr = acc[1]
+            elif ctx.kind(f, site.scope, site.comps) & K.GRAD or _MOMENT.match(_base_name(f) or ""):
                 has_grad = True
                 value, _ = ctx.value_of(f, site.scope, site.comps)
                 if value is not f:
-                    s, _ = _factors(value)
+                    s, inner = _factors(value)
                     sign *= s
-        return sign if has_lr and has_grad else 0
+                    inner_lr = any(self._is_lr(x, site, ctx) for x in inner)
+        if inner_lr:
+            # the gradient or buffer already holds the step size; scaled by one again, it is more
+            # likely a value from another branch (`if ...: g = -lr * g` / `else: ...`) than a step
+            if has_lr:
+                return 0, False, False
+            has_lr = True
+        return sign, has_lr, has_grad
+
+    def _accumulated(
+        self, f: ast.expr, site: Site, ctx: FileContext, depth: int
+    ) -> tuple[int, bool] | None:
+        """A momentum / velocity buffer accumulated from the gradient: ``(sign, holds lr)``.
+
+        The sign is the one the gradient enters the buffer with: ``v = mu * v + g``,
+        ``v += g``, ``buf.mul_(m).add_(g)``, ``buf.add_(g, alpha=1 - d)``,
+        ``m.lerp_(g, 1 - b)``, ``v.assign(mu * v + g)`` are +1; ``v = mu * v - lr * g`` and
+        ``buf.mul_(m).add_(g, alpha=-lr)`` are -1 (and hold the step size). Following simple
+        aliases (``d_p = buf``). None when ``f`` is not such a buffer or the updates disagree.
+        """
+        if depth > 2:
+            return None
+        scope, comps = site.scope, site.comps
+        for _ in range(8):
+            key = ref_key(f)
+            if key is None:
+                return None
+            terms: list[tuple[int, ast.expr]] = []
+            for call in ctx.inplace_updates(key, scope):
+                terms.extend(_inplace_terms(call, key))
+            if not terms and isinstance(f, ast.Name):
+                entry = ctx.lookup(f.id, scope, (f.lineno, f.col_offset), comps)
+                if not isinstance(entry, tuple) or entry[1] is None:
+                    return None
+                value = entry[1]
+                if ref_key(value) is not None:  # an alias: follow it
+                    f, scope, comps = value, entry[2], ()
+                    site = Site(scope, site.loops, (), site.no_grad)
+                    continue
+                terms = _rebind_terms(value, key)
+            if not terms:
+                return None
+            signs: set[int] = set()
+            lrs: set[bool] = set()
+            for outer, term in terms:
+                s, has_lr, has_grad = self._analyse(term, site, ctx, depth + 1)
+                if has_grad:
+                    signs.add(outer * s)
+                    lrs.add(has_lr)
+            if len(signs) != 1:
+                return None
+            return signs.pop(), all(lrs)
+        return None
 
     def _is_lr(self, f: ast.expr, site: Site, ctx: FileContext) -> bool:
         if isinstance(f, ast.Constant):
