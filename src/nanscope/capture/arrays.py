@@ -110,6 +110,7 @@ class _Layout:
         # rows: 0/1 weights (now/before), 2/3 gradients (now/before); roles swap, data stays
         self.buffer = np.zeros((4, max(offset, 1)), dtype=np.float64)
         self.weights = np.ones(max(offset, 1), dtype=np.float64)
+        self.scratch = np.empty_like(self.buffer)
         for where, _, scale in self.slices.values():
             self.weights[where] = scale * scale
         self.w_now, self.g_now = 0, 2
@@ -224,7 +225,8 @@ class ParamTracker:
                 _sample_into(flat, picks, row[where])
         # each column weighted by size/sample of its tensor: sums over the buffer estimate sums
         # over the whole tensors; 16 Python floats are cheaper to index than numpy scalars
-        gram = ((buf * layout.weights) @ buf.T).tolist()
+        np.multiply(buf, layout.weights, out=layout.scratch)  # preallocated: no page faults
+        gram = (layout.scratch @ buf.T).tolist()
         wn, wp, gn, gp = layout.w_now, 1 - layout.w_now, layout.g_now, 5 - layout.g_now
         if params:
             ww = gram[wn][wn]
@@ -260,7 +262,8 @@ class ParamTracker:
             before = buf[wp]
             total = int(np.count_nonzero(before))
             if total:
-                out["flip_frac"] = int(np.count_nonzero(buf[wn] * before < 0.0)) / total
+                product = np.multiply(buf[wn], before, out=layout.scratch[0])
+                out["flip_frac"] = int(np.count_nonzero(product < 0.0)) / total
         if grads and layout.has_grad and gram[gn][gn] > 0 and gram[gp][gp] > 0:
             reversal = gram[gn][gp] / math.sqrt(gram[gn][gn] * gram[gp][gp])
             out["grad_cos"] = _clip_cos(reversal)
