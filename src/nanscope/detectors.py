@@ -6,10 +6,11 @@ counts of consecutive updates, deviations measured against the run's own history
 that falls is fine; a gradient norm of 400 can be normal.
 
 * :class:`NonFinite` fires at the first non-finite loss, gradient or weight.
-* :class:`Divergence` fires on the divergence fingerprint: ``RISES`` consecutive rising updates
-  whose increments grow (geometric growth) by a total factor of at least ``GROWTH``, with the
+* :class:`Divergence` fires on the divergence fingerprint: ``RISES`` (4) consecutive rising
+  updates whose increments grow, or ``SLOW_RISES`` (12) rising by a steady factor, by a total of
+  at least ``GROWTH`` (10x), above anything the loss reached in the 64 updates before, with the
   gradient reversing direction or the weights flipping sign (an oversized step overshooting).
-  Without gradients it needs ``LOSS_ONLY_GROWTH`` instead.
+  Without gradients it needs ``LOSS_ONLY_GROWTH`` (100x) instead.
 * :class:`Ascent` fires when ``ASCENT_RISES`` consecutive updates raise the loss while the applied
   update points along the gradient (cosine > 0.5): the update's sign is flipped.
 * :class:`Spikes` never stops a run; it tags updates whose loss or gradient norm jumps far above
@@ -69,16 +70,27 @@ class NonFinite:
 
 
 class Divergence:
-    """Sustained geometric growth of the loss with oscillation: the step size is too large."""
+    """Sustained geometric growth of the loss with oscillation: the step size is too large.
+
+    Two shapes count: a fast climb (``RISES`` consecutive rises, each larger than the last, at
+    least ``GROWTH`` in total) and a slow one (``SLOW_RISES`` consecutive rises of a steady factor,
+    at least ``GROWTH`` in total). Either must also take the loss above everything it reached in
+    the ``HISTORY`` updates before the climb: a transient excursion that stays inside the run's
+    own range (minibatch noise on the edge of stability) is not a divergence.
+    """
 
     RISES = 4
+    SLOW_RISES = 12
     GROWTH = 10.0
     LOSS_ONLY_GROWTH = 100.0
     ACCEL = 1.2
+    HISTORY = 64
 
     def __init__(self) -> None:
-        self._recent: deque[dict[str, Any]] = deque(maxlen=self.RISES + 1)
+        self._recent: deque[dict[str, Any]] = deque(maxlen=self.SLOW_RISES + 1)
+        self._history: deque[float] = deque(maxlen=self.HISTORY + self.SLOW_RISES + 1)
         self._prev: float | None = None
+        self._rise_from: float | None = None
         self._rises = 0
 
     def step(self, record: dict[str, Any]) -> Alarm | None:
@@ -88,54 +100,86 @@ class Divergence:
             self._prev, self._rises = None, 0
             return None
         self._recent.append(record)
+        self._history.append(loss)
         rising = self._prev is not None and loss > self._prev
+        if rising and self._rises == 0:
+            self._rise_from = self._prev  # the loss the climb started from
         self._prev = loss
         self._rises = self._rises + 1 if rising else 0
         if self._rises < self.RISES:
             return None  # the common case: read nothing more
-        window = list(self._recent)
-        osc_flags: list[bool | None] = []
-        descent_flags: list[bool | None] = []
-        for rec in window[1:]:
-            grad_cos = _num(rec.get("grad_cos"))
-            flip = _num(rec.get("flip_frac"))
-            osc: bool | None = None
-            if grad_cos is not None or flip is not None:
-                osc = (grad_cos is not None and grad_cos < 0) or (flip is not None and flip >= 0.2)
-            osc_flags.append(osc)
-            # either convention (update vs previous or vs current gradient) saying "downhill"
-            cosines = [
-                c
-                for c in (_num(rec.get("update_cos")), _num(rec.get("update_cos_same")))
-                if c is not None
-            ]
-            descent_flags.append(min(cosines) < 0 if cosines else None)
-        self._osc = osc_flags
-        self._descent = descent_flags
+        rises = min(self._rises, self.SLOW_RISES)
+        window = list(self._recent)[-(rises + 1) :]
         losses = [float(rec["loss"]) for rec in window]
         deltas = [b - a for a, b in itertools.pairwise(losses)]
-        if not all(d > 0 for d in deltas):
+        fast = losses[-self.RISES - 1 :]
+        fast_deltas = deltas[-self.RISES :]
+        accelerating = sum(b >= self.ACCEL * a for a, b in itertools.pairwise(fast_deltas))
+        shapes: list[tuple[str, list[float]]] = []
+        if accelerating >= len(fast_deltas) - 2:
+            shapes.append(("fast", fast))
+        if rises >= self.SLOW_RISES and _steady(losses):
+            shapes.append(("slow", losses))
+        if not shapes:
             return None
-        accelerating = sum(b >= self.ACCEL * a for a, b in itertools.pairwise(deltas))
-        if accelerating < len(deltas) - 2:
-            return None
-        growth = _growth(losses)
-        known = [o for o in self._osc if o is not None]
-        descent = [d for d in self._descent if d is not None]
-        if descent and sum(not d for d in descent) > len(descent) / 2:
-            return None  # the update ascends: that is the Ascent detector's case
-        if known:
-            if sum(known) < max(2, len(known) - 1) or growth < self.GROWTH:
-                return None
-        elif growth < self.LOSS_ONLY_GROWTH:
+        before = list(self._history)[: -(rises + 1)][-self.HISTORY :]
+        if before and loss <= max(before):
+            return None  # still inside the range the run has already visited
+        for shape, used in shapes:
+            growth = _growth(used)
+            if shape == "slow" and self._rise_from and self._rise_from > 0:
+                growth = loss / self._rise_from  # the whole climb, however long
+            osc_flags, descent_flags = _direction(window[-(len(used) - 1) :])
+            known = [o for o in osc_flags if o is not None]
+            descent = [d for d in descent_flags if d is not None]
+            if descent and sum(not d for d in descent) > len(descent) / 2:
+                return None  # the update ascends: that is the Ascent detector's case
+            if known:
+                if sum(known) >= max(2, len(known) - 1) and growth >= self.GROWTH:
+                    break
+            elif growth >= self.LOSS_ONLY_GROWTH:
+                break
+        else:
             return None
         step = int(record["step"])
+        n = len(used) - 1 if shape == "fast" else self._rises
+        how = "each rise larger than the last" if shape == "fast" else "by a steady factor"
         return Alarm(
             "diverging",
             step,
-            f"loss grew {growth:.3g}x over {self.RISES} updates, each rise larger than the last",
-            {"growth": growth, "rises": self.RISES, "oscillating": sum(known)},
+            f"loss grew {growth:.3g}x over {n} consecutive updates, {how}",
+            {"growth": growth, "rises": n, "oscillating": sum(known), "shape": shape},
         )
+
+
+def _direction(window: list[dict[str, Any]]) -> tuple[list[bool | None], list[bool | None]]:
+    """Per update: did the gradient reverse / weights flip, and did the update point downhill."""
+    osc_flags: list[bool | None] = []
+    descent_flags: list[bool | None] = []
+    for rec in window:
+        grad_cos = _num(rec.get("grad_cos"))
+        flip = _num(rec.get("flip_frac"))
+        osc: bool | None = None
+        if grad_cos is not None or flip is not None:
+            osc = (grad_cos is not None and grad_cos < 0) or (flip is not None and flip >= 0.2)
+        osc_flags.append(osc)
+        # either convention (update vs previous or vs current gradient) saying "downhill" counts
+        cosines = [
+            c
+            for c in (_num(rec.get("update_cos")), _num(rec.get("update_cos_same")))
+            if c is not None
+        ]
+        descent_flags.append(min(cosines) < 0 if cosines else None)
+    return osc_flags, descent_flags
+
+
+def _steady(losses: list[float]) -> bool:
+    """Every rise multiplies the loss by a similar factor: no single update carries the growth."""
+    if losses[0] <= 0:
+        return False
+    logs = [math.log(b / a) for a, b in itertools.pairwise(losses)]
+    total = sum(logs)
+    return total > 0 and max(logs) <= 0.5 * total
 
 
 def _growth(losses: list[float]) -> float:

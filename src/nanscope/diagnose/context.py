@@ -42,6 +42,8 @@ class Rise:
         """Growth carried by every update, not one jump on top of noise (scale-free)."""
         if math.isnan(self.median_ratio):
             return self.geometric
+        if self.length >= 8 and not self.top_share > 0.5:
+            return True  # a long climb by a steady factor: a slow divergence
         if self.length >= 3:
             return self.median_ratio >= 1.3 and not self.top_share > 0.8
         return self.median_ratio >= 2.0 and not self.top_share > 0.9
