@@ -135,6 +135,8 @@ class Monitor:
         self.evidence: dict[str, Any] = {}
         self.probes: list[Probe] = []
         self.rollback_handler: Callable[[Monitor, Alarm], bool] | None = None
+        #: what the rollback policy did: ``{"step", "kind", "why", "action"}`` per rollback
+        self.rollbacks: list[dict[str, Any]] = []
         self.on_stop: list[Callable[[Monitor, Alarm], None]] = []
         self._last_good: dict[str, np.ndarray] = {}
         self._closed = False
@@ -234,6 +236,13 @@ class Monitor:
                 spotted = self._probe_rows(last=2)
                 if spotted:
                     rec["rows"] = list(rec.get("rows") or []) + spotted
+                    extreme = any(r.get("why") == "extreme" for r in spotted)
+                    if self.policy == "rollback" and extreme:
+                        # a spike with an extreme row in its batch is confirmed: roll it back too
+                        text = f"loss spike at update {step} with an extreme row in its batch"
+                        alarm = Alarm("spike", step, text, {"rows": len(spotted)})
+            if alarm is not None and self._try_rollback(alarm, rec):
+                alarm = None
             if self._write:
                 if self._writer is None:
                     self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -255,17 +264,31 @@ class Monitor:
 
     # ------------------------------------------------------------------ policy
 
+    def _try_rollback(self, alarm: Alarm, rec: dict[str, Any]) -> bool:
+        """Policy rollback: let the adapter restore the last good state; record what it did."""
+        if self.policy != "rollback" or self.rollback_handler is None:
+            return False
+        try:
+            handled = bool(self.rollback_handler(self, alarm))
+        except Exception as exc:
+            self._internal_fault("rollback", exc)
+            handled = False
+        if not handled:
+            return False
+        entry = {"step": alarm.step, "kind": alarm.kind, "why": alarm.text,
+                 "action": "restored the last good state, skipped the batch, lr x 0.1"}  # fmt: skip
+        self.rollbacks.append(entry)
+        rec.setdefault("events", []).append("rollback")
+        rec.setdefault("extra", {})["rollback"] = entry
+        print(f"nanscope: rolled back update {alarm.step} ({alarm.text}); lr x 0.1, batch "
+              f"skipped [{len(self.rollbacks)} rollback(s)]", file=sys.stderr)  # fmt: skip
+        self._reset_detectors()
+        return True
+
     def _fire(self, alarm: Alarm) -> None:
         first = self.alarm is None
-        if self.policy == "rollback" and self.rollback_handler is not None:
-            try:
-                handled = self.rollback_handler(self, alarm)
-            except Exception as exc:
-                self._internal_fault("rollback", exc)
-                handled = False
-            if handled:
-                self._reset_detectors()
-                return
+        if alarm.kind == "spike":
+            return  # only ever a reason to roll back, never to stop
         if not first and self.policy == "warn":
             return
         self.alarm = alarm
@@ -333,6 +356,8 @@ class Monitor:
             run["last_good"] = self.meta["last_good"]
         evidence["run"] = run
         diagnosis = diagnose(self.trace, evidence=evidence)
+        if self.rollbacks:
+            diagnosis.extra["rollbacks"] = list(self.rollbacks)
         self.diagnosis = diagnosis
         return diagnosis
 

@@ -184,7 +184,14 @@ def _record(diagnosis: Diagnosis, monitor: Monitor | None, target: Target, start
     except ImportError:
         return
     try:
-        record_diagnosis(diagnosis, monitor, script=target.script, duration=time.time() - started)
+        rollbacks = len(monitor.rollbacks) if monitor is not None else 0
+        record_diagnosis(
+            diagnosis,
+            monitor,
+            script=target.script,
+            duration=time.time() - started,
+            rollbacks=rollbacks,
+        )
     except Exception as exc:
         warnings.warn(f"nanscope: ledger not updated ({exc})", RuntimeWarning, stacklevel=2)
 
