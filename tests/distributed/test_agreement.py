@@ -55,15 +55,6 @@ def test_bad_every():
         nd.DistributedAgreement(every=0)
 
 
-def test_rank_outputs_rename_json_and_html_of_other_ranks():
-    argv = ["--json", "d.json", "--html=r.html", "--policy", "warn", "--", "t.py", "--json", "x"]
-    assert nd._rank_outputs(argv, 2) == [
-        "--json", "d.json.rank2", "--html=r.html.rank2", "--policy", "warn",
-        "--", "t.py", "--json", "x",
-    ]  # fmt: skip
-    assert nd._rank_outputs(["--json", "-", "t.py"], 1) == ["t.py"]
-
-
 def test_sweep_refused_under_torchrun(monkeypatch):
     monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
     monkeypatch.delenv("LOCAL_RANK", raising=False)

@@ -99,7 +99,7 @@ def test_epoch_text_log() -> None:
     assert_self_contained(page)
     assert _attr(_figure(page, "loss"), "data-marks") == "85"
     assert "non-finite at epoch 85" in page
-    assert "Log the loss per update" in page
+    assert "per update (not per epoch)" in page
 
 
 def test_only_a_loss_and_hidden_nan() -> None:

@@ -145,7 +145,8 @@ def _sum_sq(flat: np.ndarray) -> float:
         return float(np.vdot(flat, flat).real)
     if flat.dtype.kind != "f" or flat.dtype.itemsize < 4:
         flat = flat.astype(np.float64)
-    return float(np.dot(flat, flat))
+    with np.errstate(over="ignore", invalid="ignore"):  # an overflow is the answer, not a warning
+        return float(np.dot(flat, flat))
 
 
 class ParamTracker:

@@ -696,30 +696,6 @@ def _on_sigterm(signum: int, frame: Any) -> None:
         raise SystemExit(128 + signum)
 
 
-def _rank_outputs(argv: list[str], rank: int) -> list[str]:
-    """``--json``/``--html`` paths of a rank other than 0 get ``.rank{r}`` (stdout: none)."""
-    out: list[str] = []
-    cut = argv.index("--") if "--" in argv else len(argv)
-    i = 0
-    while i < len(argv):
-        word = argv[i]
-        if i < cut and word in ("--json", "--html") and i + 1 < len(argv):
-            value = argv[i + 1]
-            if value != "-":
-                out += [word, f"{value}.rank{rank}"]
-            i += 2
-            continue
-        if i < cut and word.startswith(("--json=", "--html=")):
-            name, _, value = word.partition("=")
-            if value != "-":
-                out.append(f"{name}={value}.rank{rank}")
-            i += 1
-            continue
-        out.append(word)
-        i += 1
-    return out
-
-
 def run_main(argv: list[str]) -> int:
     """``python -m nanscope.torch.distributed run [options] -- train.py``: ``nanscope run`` with
     the ranks agreeing, usable under torchrun before ``nanscope run`` itself calls :func:`arm` and
@@ -730,18 +706,10 @@ def run_main(argv: list[str]) -> int:
               file=sys.stderr)  # fmt: skip
         return 2
     from nanscope.cli import main as cli_main
-    from nanscope.monitor import active_monitors
 
-    arm()
-    rank = env_rank()
-    rest = argv[1:] if rank == 0 else _rank_outputs(argv[1:], rank)
-    code = cli_main(["run", *rest])
-    diagnosis = None
-    for monitor in active_monitors():
-        if monitor in _ATTACHED and monitor.diagnosis is not None:
-            diagnosis = monitor.diagnosis
-    finish(diagnosis, code=code)
-    return code
+    # `nanscope run` itself arms the agreement, writes PATH.rank{r} on the other ranks and merges
+    # the diagnosis on rank 0 under torchrun; this entry point stays for existing command lines
+    return cli_main(["run", *argv[1:]])
 
 
 if __name__ == "__main__":  # pragma: no cover - the entry point under torchrun
