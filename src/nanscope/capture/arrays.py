@@ -31,9 +31,9 @@ from nanscope.errors import UsageError
 __all__ = ["BatchChecker", "ParamTracker", "as_array", "as_named", "nonfinite_rows", "robust_rows"]
 
 #: coordinates per tensor kept for the update/cosine/sign-flip measures
-SAMPLE = 4096
+SAMPLE = 1024
 #: the sample of a large tensor is taken in this many contiguous runs
-CHUNKS = 16
+CHUNKS = 8
 #: large weight tensors get an exact norm and finiteness pass every this many updates
 FULL_EVERY = 16
 #: a row is "extreme" when one of its values lies this many robust standard deviations out
