@@ -12,6 +12,7 @@ nn = torch.nn
 
 import nanscope  # noqa: E402
 from nanscope.errors import UsageError  # noqa: E402
+from nanscope.torch.watch import FULL_EVERY  # noqa: E402
 
 
 def _data(n=64, d=4, seed=0, scale=1.0):
@@ -59,7 +60,7 @@ def test_measures_match_a_plain_reference():
     x, y = _data()
     model = _mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    watcher = nanscope.watch(model, opt, policy="warn")
+    watcher = nanscope.watch(model, opt, policy="warn", every=1)
     prev_w = prev_g = None
     for _ in range(3):
         opt.zero_grad()
@@ -79,6 +80,30 @@ def test_measures_match_a_plain_reference():
             assert math.isclose(rec["update_cos"], cos, abs_tol=1e-4)
             assert rec["update_cos"] < -0.99  # plain SGD steps against the gradient
         prev_w, prev_g = w, g
+
+
+def test_default_thins_only_the_full_measures():
+    x, y = _data()
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    watcher = nanscope.watch(model, opt, policy="warn")
+    for _ in range(2 * FULL_EVERY + 1):
+        opt.zero_grad()
+        nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+    records = watcher.monitor.trace.records
+    full = [r["step"] for r in records if "weight_norm" in r]
+    assert full == [1, FULL_EVERY + 1, 2 * FULL_EVERY + 1]
+    assert [r["step"] for r in records if "grad_norms" in r] == full
+    assert [r["step"] for r in records if "input_absmax" in r] == full
+    # the loss and the gradient norm are on every update
+    assert all("loss" in r and "grad_norm" in r and r["nf_grads"] == 0 for r in records)
+    # the sampled cosines on the update after each full one, and over any run of rising losses
+    sampled = [r["step"] for r in records if "update_cos" in r and "flip_frac" in r]
+    assert {2, FULL_EVERY + 2} <= set(sampled)
+    for a, b, c in zip(records, records[1:], records[2:]):
+        if b["loss"] > a["loss"] and c["loss"] > b["loss"]:
+            assert "update_cos" in c and "grad_cos" in c
 
 
 def test_nan_in_a_batch_stops_at_that_update(tmp_path):
@@ -303,9 +328,10 @@ def test_frozen_params_and_params_without_grads():
         opt.zero_grad()
         nn.functional.mse_loss(model(x), y).backward()
         opt.step()
-    rec = watcher.monitor.trace.records[-1]
+    rec = watcher.monitor.trace.records[0]  # a full update (per-name norms)
     assert set(rec["grad_norms"]) == {"0.bias", "2.weight", "2.bias"}
-    assert rec["nf_grads"] == 0 and math.isfinite(rec["grad_norm"])
+    for rec in watcher.monitor.trace.records:
+        assert rec["nf_grads"] == 0 and math.isfinite(rec["grad_norm"])
 
 
 def test_meta_device_model_does_not_crash():

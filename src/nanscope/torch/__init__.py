@@ -10,6 +10,8 @@ so ``nanscope run`` can arm :mod:`nanscope.torch.autowatch` for a script that ma
 
 from __future__ import annotations
 
+import sys
+import types
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -27,3 +29,21 @@ def __getattr__(name: str) -> Any:
         globals().update(watch=module.watch, Watcher=module.Watcher)
         return globals()[name]
     raise AttributeError(f"module 'nanscope.torch' has no attribute {name!r}")
+
+
+class _Package(types.ModuleType):
+    """Keeps ``nanscope.torch.watch`` the function when the submodule of that name is imported.
+
+    The import system binds a submodule on its package once it ran (``from nanscope.torch.watch
+    import Watcher`` would leave ``nanscope.torch.watch`` -- and so ``nanscope.watch`` -- the
+    module); the function and the class are bound instead.
+    """
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "watch" and isinstance(value, types.ModuleType) and hasattr(value, "watch"):
+            super().__setattr__("Watcher", value.Watcher)
+            value = value.watch
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package

@@ -125,6 +125,8 @@ def user_site(depth: int = 2) -> CallSite | None:
 
 def scaled_by(tensor: torch.Tensor) -> Any:
     """The GradScaler whose ``scale()`` produced ``tensor``, if one did."""
+    if not _SCALED:
+        return None
     try:
         return _SCALED.get(tensor)
     except TypeError:

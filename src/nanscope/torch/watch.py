@@ -45,12 +45,15 @@ from nanscope.probes.failure import CallSite, TorchFailure
 from nanscope.torch import _hooks
 from nanscope.torch.measure import ParamMeasure, batch_stats, param_names
 
-__all__ = ["SCALE_FLOOR", "SKIP_LIMIT", "Watcher", "watch"]
+__all__ = ["FULL_EVERY", "SCALE_FLOOR", "SKIP_LIMIT", "Watcher", "watch"]
 
 #: a loss scale below this is a collapse: fp16 overflow that scaling cannot fix
 SCALE_FLOOR = 1e-4
 #: this many consecutive skipped steps is a collapse too
 SKIP_LIMIT = 25
+#: default ``every``: the weight norm, per-layer gradient norms and batch max |x| every this many
+#: updates (the loss, gradient finiteness and norm, and the sampled cosines on every update)
+FULL_EVERY = 16
 #: how many consecutive rollbacks the rollback policy tries before giving up
 ROLLBACK_LIMIT = 3
 
@@ -65,7 +68,7 @@ def watch(
     policy: str | None = None,
     monitor: Monitor | None = None,
     run_dir: str | os.PathLike[str] | None = None,
-    every: int = 1,
+    every: int | None = None,
     sync_every: int | None = None,
 ) -> Watcher:
     """Watch ``model`` trained by ``optimizer``; returns the :class:`Watcher` (call ``.close()``).
@@ -73,8 +76,10 @@ def watch(
     policy: ``"raise"`` (default), ``"warn"`` or ``"rollback"`` (skip the bad update: its
         gradients are dropped before the step, at most three times in a row).
     monitor: a :class:`nanscope.Monitor` to feed (default: a new one with ``policy``/``run_dir``).
-    every: take the full measures (weight norm, update cosine, sign flips, batch) every ``every``
-        updates; the loss and gradient finiteness are checked on every update.
+    every: take the full measures (weight norm, per-layer gradient norms, the batch's max |x|)
+        every ``every`` updates (default :data:`FULL_EVERY`), and at any non-finite update. The
+        loss, the gradient's finiteness and norm, and the sampled update norm, cosines and sign
+        flips are measured on every update.
     sync_every: read the device-side measures every this many updates (default 1 on CPU, 16 when
         the parameters are on an accelerator). Detection is then up to ``sync_every`` updates late;
         the failing update is still found exactly and the weights are restored from the last
@@ -109,11 +114,13 @@ class Watcher:
         policy: str | None = None,
         monitor: Monitor | None = None,
         run_dir: str | os.PathLike[str] | None = None,
-        every: int = 1,
+        every: int | None = None,
         sync_every: int | None = None,
         hook_model: bool = True,
         hook_optimizer: bool = True,
     ) -> None:
+        if every is None:
+            every = FULL_EVERY
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:
             raise UsageError(f"every must be a positive integer, got {every!r}")
         if sync_every is not None and (
@@ -143,6 +150,11 @@ class Watcher:
         self.notes: list[str] = []
         self._handles: list[Any] = []
         self._measure: ParamMeasure | None = None
+        self._groups_sig: list[tuple[int, int]] = []
+        self._sampled_at = -1
+        self._prev_loss: float | None = None
+        # per-param gradient norms of recent updates, for the per-name norms at a stop
+        self._gnorms: deque[tuple[int, list[float], Any]] = deque(maxlen=64)
         self._names: dict[int, str] = {}
         # the current window: what happened since the last optimizer step
         self._losses: list[torch.Tensor] = []
@@ -248,7 +260,7 @@ class Watcher:
             self._rng = torch.get_rng_state()
         if torch.is_autocast_enabled("cpu"):
             self._autocast = torch.get_autocast_dtype("cpu")
-        elif torch.cuda.is_available() and torch.is_autocast_enabled("cuda"):
+        elif _cuda_available() and torch.is_autocast_enabled("cuda"):
             self._autocast = torch.get_autocast_dtype("cuda")
         else:
             self._autocast = None
@@ -390,36 +402,48 @@ class Watcher:
         self.step += 1
         step = self.step
         full = (step - 1) % self.every == 0
-        measure = self._get_measure()
-        if measure.notes:
-            self._note(measure.notes)
+        measure = self._measure
+        if measure is None or self._params_changed():
+            measure = self._get_measure()
+            if measure.notes:
+                self._note(measure.notes)
         loss = self._loss_tensor(closure_loss)
-        vec, layout = measure.device_vector(full)
-        inputs, targets = self._batch()
-        parts: list[torch.Tensor] = []
+        sync_every = self._sync_every(_device_of(measure.weight if measure.weight is not None
+                                                 else loss))  # fmt: skip
+        # read every update (CPU): the sample is taken after the read, only when it is wanted
+        deferred_sample = sync_every <= 1
+        vec, layout = measure.device_vector(full, sample=not deferred_sample)
+        if not deferred_sample:
+            self._sampled_at = step
+        args, kwargs = self._args, self._kwargs
+        targets = self._targets_of()
+        inputs = _pick_input(args, kwargs)
         dev = vec.device if vec is not None else _device_of(loss)
         if dev.type == "meta":
             dev = torch.device("cpu")
-        slots: dict[str, Any] = {}
-
-        def add(name: str, t: torch.Tensor | None, width: int) -> None:
+        parts: list[torch.Tensor] = []
+        slots: dict[str, tuple[int, int]] = {}
+        at = 0
+        for name, t in (
+            ("loss", loss),
+            ("inputs", batch_stats(inputs) if full else None),
+            ("targets", batch_stats(targets) if full else None),
+            ("clip", self._clip_norm),
+            ("scale", self._scale_tensor()),
+            ("measure", vec),
+        ):
             if t is None or t.device.type == "meta":
-                return
-            slots[name] = (sum(p.numel() for p in parts), width)
-            parts.append(t.detach().reshape(-1).float().to(dev, non_blocking=True))
-
-        add("loss", loss, 1)
-        if full:
-            add("inputs", batch_stats(inputs), 1)
-            add("targets", batch_stats(targets), 1)
-        if self._clip_norm is not None:
-            add("clip", self._clip_norm, 1)
-        scaler = self.scaler if self.scaler is not None and _enabled(self.scaler) else None
-        if scaler is not None and getattr(scaler, "_scale", None) is not None:
-            add("scale", scaler._scale, 1)
-        if vec is not None:
-            slots["measure"] = (sum(p.numel() for p in parts), vec.numel())
-            parts.append(vec)
+                continue
+            if t.dtype != torch.float32:
+                t = t.float()
+            if t.device != dev:
+                t = t.to(dev, non_blocking=True)
+            if t.dim() != 1:
+                t = t.reshape(-1)
+            width = t.shape[0]
+            slots[name] = (at, width)
+            at += width
+            parts.append(t)
         ctx = {
             "slots": slots,
             "layout": layout,
@@ -427,18 +451,58 @@ class Watcher:
             "micro": len(self._losses),
             "full": full,
         }
-        self._remember(step, inputs, targets)
-        device_vec = torch.cat(parts) if parts else None
-        sync_every = self._sync_every(dev)
+        self._remember(step, targets, sync_every)
+        device_vec = (torch.cat(parts) if len(parts) > 1 else parts[0]) if parts else None
+        batch = (inputs, targets, self._rows_of(inputs))
         if sync_every <= 1 or device_vec is None:
             values = device_vec.tolist() if device_vec is not None else []
-            self._process(step, values, ctx, batch=(inputs, targets, self._index))
+            self._process(step, values, ctx, batch=batch)
         else:
-            batch = (inputs, targets, self._index)
             self._pending.append((step, device_vec, ctx, {"batch": batch}))
             if len(self._pending) >= sync_every:
                 self._drain(force=True, allow_raise=True)
         self._reset_window()
+
+    def _sample_if_wanted(self, step: int, record: dict[str, Any], ctx: dict[str, Any]) -> None:
+        """The sampled update norm, cosines and sign flips, when a detector can use them.
+
+        The divergence and ascent detectors read them only over a run of rising losses, so on
+        the synchronous path (CPU) the sample is taken on an update whose loss rose, and on the
+        full update and the one after it (a point every ``every`` updates for the plots). The
+        cosines need the previous update's sample: they appear from the second rising update on.
+        """
+        loss = record.get("loss")
+        prev, self._prev_loss = self._prev_loss, loss
+        rising = loss is not None and prev is not None and loss > prev
+        if not (rising or ctx["full"] or (step - 2) % self.every == 0):
+            return
+        measure = self._measure
+        if measure is None:
+            return
+        if self._sampled_at != step - 1:
+            measure.reset_history()
+        self._sampled_at = step
+        stats = measure._sample_stats([p.grad for p in measure.params])
+        if stats is not None:
+            layout = {"n": 0, "stats": True, "no_grads": True, "half": measure._half ^ 1}
+            record.update(measure.record(stats.tolist(), layout))
+
+    def _scale_tensor(self) -> torch.Tensor | None:
+        scaler = self.scaler
+        if scaler is None or not _enabled(scaler):
+            return None
+        scale = getattr(scaler, "_scale", None)
+        return scale if isinstance(scale, torch.Tensor) else None
+
+    def _rows_of(self, inputs: Any) -> Any:
+        """The dataset rows of this batch, when they are known and fit its first dimension."""
+        index = self._index
+        if index is None:
+            return None
+        first = inputs if isinstance(inputs, torch.Tensor) else self._targets_of()
+        if isinstance(first, torch.Tensor) and first.dim() >= 1 and first.shape[0] != len(index):
+            return None
+        return index
 
     def _sync_every(self, dev: torch.device) -> int:
         if self.sync_every is not None:
@@ -488,11 +552,21 @@ class Watcher:
         if "measure" in slots:
             start, width = slots["measure"]
             assert self._measure is not None
-            record.update(self._measure.record(values[start : start + width], ctx["layout"]))
+            measured = values[start : start + width]
+            record.update(self._measure.record(measured, ctx["layout"]))
+            n = int(ctx["layout"].get("n", 0))
+            if n and "grad_norms" not in record:
+                self._gnorms.append((step, measured[:n], ctx["layout"].get("has")))
+        bad = bool(record.get("nf_loss") or record.get("nf_grads"))
+        if not late and not bad and "measure" in slots and not ctx["layout"].get("stats"):
+            self._sample_if_wanted(step, record, ctx)
+        if bad and not ctx["full"]:
+            self._full_at_failure(record, slots, batch, late=late)
         for source, prefix in (("inputs", "input"), ("targets", "target")):
             if source in slots:
                 start, _ = slots[source]
-                absmax = values[start]
+                lo, hi = values[start], values[start + 1]
+                absmax = max(abs(lo), abs(hi))
                 if not math.isfinite(absmax):
                     record[f"nf_{source}"] = _count_nonfinite(batch[0 if source == "inputs" else 1])
                 else:
@@ -540,6 +614,7 @@ class Watcher:
         if not self._observing:
             return {}
         evidence: dict[str, Any] = {}
+        self.guard.run("grad norms", self._backfill_grad_norms)
         self._save_last_good(alarm)
         failure = self._make_failure(alarm)
         self.failure = failure
@@ -652,7 +727,63 @@ class Watcher:
         key = (len(params), sum(id(p) for p in params))
         if self._measure is None or self._measure.key != key:
             self._measure = ParamMeasure(params, self._names)
+        self._groups_sig = self._group_signature()
         return self._measure
+
+    def _group_signature(self) -> list[tuple[int, int]]:
+        return [(id(g["params"]), len(g["params"])) for g in self.optimizer.param_groups]
+
+    def _params_changed(self) -> bool:
+        """Cheap per-update test: a param group added, or a group's list replaced or resized."""
+        return self._group_signature() != self._groups_sig
+
+    def _full_at_failure(
+        self, record: dict[str, Any], slots: dict[str, Any], batch: Any, *, late: bool
+    ) -> None:
+        """A non-finite update that was not a full one: take the skipped measures now.
+
+        The batch's max |x| (from the kept references), the per-name gradient norms and, when
+        the weights are still those of this update, the weight norms.
+        """
+        measure = self._measure
+        if measure is not None and self._gnorms and self._gnorms[-1][0] == record["step"]:
+            _, gnorms, have = self._gnorms[-1]
+            names = measure.grad_norms(gnorms, have)
+            if names:
+                record["grad_norms"] = names
+        if measure is not None and not late:
+            vec, layout = measure.weight_vector()
+            if vec is not None:
+                record.update(measure.record(vec.tolist(), layout))
+        for source, prefix, value in (("inputs", "input", batch[0]),
+                                      ("targets", "target", batch[1])):  # fmt: skip
+            if source in slots:
+                continue
+            stats = batch_stats(value)
+            if stats is None:
+                continue
+            lo, hi = stats.float().tolist()
+            absmax = max(abs(lo), abs(hi))
+            if math.isfinite(absmax):
+                record[f"nf_{source}"] = 0
+                record[f"{prefix}_absmax"] = absmax
+            else:
+                record[f"nf_{source}"] = _count_nonfinite(value)
+
+    def _backfill_grad_norms(self) -> None:
+        """At a stop: per-name gradient norms into the recent records that went without them."""
+        measure = self._measure
+        if measure is None or not self._gnorms:
+            return
+        kept = {step: (gnorms, have) for step, gnorms, have in self._gnorms}
+        for record in self.monitor.trace.records[-len(kept) - 1 :]:
+            step = record.get("step")
+            if "grad_norms" in record or step not in kept:
+                continue
+            gnorms, have = kept[step]
+            names = measure.grad_norms(gnorms, have)
+            if names:
+                record["grad_norms"] = names
 
     def _reset_measure_history(self) -> None:
         if self._measure is not None:
@@ -694,12 +825,10 @@ class Watcher:
                 return value
         return None
 
-    def _remember(self, step: int, inputs: Any, targets: Any) -> None:
-        if self._sync_every(_device_of(inputs)) > 1:
-            self._recent.append((step, self._args, self._kwargs, targets))
-        else:
+    def _remember(self, step: int, targets: Any, sync_every: int) -> None:
+        if sync_every <= 1:
             self._recent.clear()
-            self._recent.append((step, self._args, self._kwargs, targets))
+        self._recent.append((step, self._args, self._kwargs, targets))
 
     def _reset_window(self) -> None:
         self._losses = []
@@ -711,6 +840,15 @@ class Watcher:
             if note not in self.notes:
                 self.notes.append(note)
                 warnings.warn(f"nanscope: {note}", RuntimeWarning, stacklevel=4)
+
+
+_CUDA: list[bool] = []
+
+
+def _cuda_available() -> bool:
+    if not _CUDA:
+        _CUDA.append(bool(torch.cuda.is_available()))
+    return _CUDA[0]
 
 
 def _batch_index() -> Any:
