@@ -423,3 +423,24 @@ def test_deferred_reads_find_the_exact_update_and_restore(tmp_path):
     saved = torch.load(tmp_path / "last_good.pt", weights_only=True)
     for _name, value in saved.items():
         assert torch.isfinite(value).all()
+
+
+def test_a_nan_loss_is_located_from_its_live_graph(tmp_path):
+    torch.manual_seed(0)
+    model = nn.Linear(8, 8)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    watcher = nanscope.watch(model, opt, run_dir=tmp_path)
+    x = torch.randn(4, 8)
+    t = torch.randn(4, 8)
+    t[2] = 0.0  # a padded position: its target is the zero vector
+    with pytest.raises(nanscope.DivergenceError) as info:
+        opt.zero_grad()
+        o = model(x)
+        cos = (o * t).sum(-1) / (o.norm(dim=-1) * t.norm(dim=-1))  # 0/0 on the padding
+        (1 - cos).mean().backward()
+        opt.step()
+    assert watcher.step == 1
+    located = info.value.diagnosis.located
+    assert located["from"] == "live graph" and located["op"] == "div"
+    assert located["inputs"] == "exactly zero" and not located.get("guessed")
+    assert located["source"]["code"].startswith("cos = (o * t)")

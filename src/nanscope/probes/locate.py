@@ -42,7 +42,7 @@ from typing import Any
 
 from nanscope.probes.failure import TorchFailure
 
-__all__ = ["HALF_MAX", "locate"]
+__all__ = ["HALF_MAX", "inspect_graph", "locate"]
 
 #: the largest finite float16
 HALF_MAX = 65504.0
@@ -87,6 +87,24 @@ def locate(failure: TorchFailure) -> dict[str, Any]:
             stacklevel=2,
         )
         return {}
+
+
+def inspect_graph(loss: Any, *, output: Any = None, site: Any = None) -> dict[str, Any]:
+    """The hazardous op of a non-finite loss's autograd graph, read while the graph is alive.
+
+    Called by the adapter right before ``backward()`` frees the saved tensors, so the op (a
+    division by exactly zero, a log of zero ...) is named from its inputs, not guessed. Returns
+    the ``located`` dict, or ``{}``.
+    """
+    try:
+        failure = TorchFailure(model=None, loss=loss, output=output, backward_site=site)
+        found = _Locator(failure)._from_loss_graph(loss)
+    except Exception:
+        return {}
+    if not found or found.get("guessed"):
+        return {}
+    found["from"] = "live graph"
+    return found
 
 
 # ---------------------------------------------------------------------------------- helpers
@@ -349,6 +367,9 @@ class _Locator:
                 result["weight_scale"] = scale
         elif self.f.loss is not None:
             located = self._from_loss_graph(self.f.loss)
+        live = self.f.extra.get("graph_located")
+        if live and (not located or located.get("guessed") or not located.get("op")):
+            located = dict(live)
         if located:
             located.setdefault("step", self.f.step)
             result["located"] = {k: v for k, v in located.items() if v is not None}

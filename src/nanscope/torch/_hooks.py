@@ -79,11 +79,28 @@ _INSTALLED = False
 _STATE = threading.local()
 _SCALED: weakref.WeakKeyDictionary[torch.Tensor, Any] = weakref.WeakKeyDictionary()
 
+#: installed packages whose frames are never the user's (matched under site-packages only, so a
+#: user's own folder named ``torch`` or ``lightning`` still counts as theirs)
 _LIBRARY_DIRS = tuple(
     os.sep + part + os.sep
     for part in ("torch", "nanscope", "lightning", "pytorch_lightning", "lightning_fabric",
-                 "transformers", "accelerate", "runpy")
+                 "transformers", "accelerate")
 )
+#: torch's and nanscope's own folders, wherever they are installed, and runpy
+_LIBRARY_PREFIXES = (
+    os.path.dirname(torch.__file__) + os.sep,
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,
+    os.path.splitext(os.path.abspath(str(__import__("runpy").__file__)))[0],
+)
+
+
+def _is_library(filename: str) -> bool:
+    if filename.startswith(_LIBRARY_PREFIXES):
+        return True
+    if "-packages" + os.sep in filename:
+        return any(part in filename for part in _LIBRARY_DIRS)
+    return False
+
 _SITE_CACHE: dict[tuple[int, int], CallSite | None] = {}
 
 
@@ -113,7 +130,7 @@ def user_site(depth: int = 2) -> CallSite | None:
     f: Any = frame
     while f is not None:
         filename = f.f_code.co_filename
-        if not any(part in filename for part in _LIBRARY_DIRS) and not filename.startswith("<"):
+        if not filename.startswith("<") and not _is_library(filename):
             found = CallSite(filename, f.f_lineno, f.f_code.co_name)
             break
         f = f.f_back

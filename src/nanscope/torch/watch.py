@@ -167,6 +167,7 @@ class Watcher:
         self._rng: Any = None
         self._index: Any = None
         self._loss_module: Any = None
+        self._graph_located: dict[str, Any] | None = None
         self._loss_args: tuple[Any, ...] = ()
         self._clip_norm: Any = None
         self._autocast: Any = None
@@ -284,6 +285,16 @@ class Watcher:
             self._scaled = scaler
         value = tensor.detach().reshape(())
         self._losses.append(value)
+        # the graph's saved tensors are freed by this backward: read them now if it broke (CPU:
+        # the read is free; on an accelerator it would be a sync per update)
+        if (value.device.type == "cpu" and self._graph_located is None
+                and not math.isfinite(float(value))):  # fmt: skip
+            self.guard.run("live graph", self._inspect_live_graph, tensor, site)
+
+    def _inspect_live_graph(self, tensor: torch.Tensor, site: CallSite | None) -> None:
+        from nanscope.probes.locate import inspect_graph
+
+        self._graph_located = inspect_graph(tensor, output=self._output, site=site) or {}
 
     def _in_window(self, tensor: torch.Tensor) -> bool:
         # a backward that cannot reach this optimizer's params is someone else's (GAN, 2 models)
@@ -678,6 +689,8 @@ class Watcher:
             }
         if self._rng is not None:
             extra["rng_state"] = self._rng
+        if self._graph_located and step == self.step:
+            extra["graph_located"] = self._graph_located
         extra["alarm"] = alarm.kind
         return TorchFailure(
             model=self.model,
@@ -694,7 +707,7 @@ class Watcher:
             autocast=self._autocast,
             grad_scaler=self.scaler,
             scale_history=list(self.scale_history),
-            batch_index=self._index,
+            batch_index=self._rows_of(_pick_input(args, kwargs)),
             extra=extra,
         )
 
@@ -831,6 +844,7 @@ class Watcher:
         self._recent.append((step, self._args, self._kwargs, targets))
 
     def _reset_window(self) -> None:
+        self._graph_located = None
         self._losses = []
         self._scaled = None
         self._clip_norm = None
