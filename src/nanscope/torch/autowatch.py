@@ -26,9 +26,10 @@ import sys
 import threading
 import warnings
 import weakref
+from collections.abc import Callable
 from typing import Any
 
-__all__ = ["arm", "disarm", "enable", "enabled", "watchers"]
+__all__ = ["arm", "disarm", "enable", "enabled", "on_watcher", "watchers"]
 
 _LOCK = threading.Lock()
 _ENABLED = False
@@ -40,6 +41,9 @@ _STATE = threading.local()
 _SEEN: dict[int, tuple[Any, tuple[Any, ...], dict[str, Any], Any]] = {}
 #: models bound to a watcher: id(module) -> watchers
 _BOUND: dict[int, list[Any]] = {}
+#: called with each Watcher right after it is made for an optimizer (e.g. by
+#: ``nanscope.torch.distributed.arm``); a fault in one warns once and never stops training
+on_watcher: list[Callable[[Any], None]] = []
 
 
 def arm() -> None:
@@ -263,6 +267,8 @@ def _watcher_for(optimizer: Any) -> Any:
     _WATCHERS[optimizer] = watcher
     _bind(watcher)
     _COLLECTOR.hand_over(watcher)
+    for callback in list(on_watcher):
+        _guard().run("autowatch on_watcher", callback, watcher)
     return watcher
 
 

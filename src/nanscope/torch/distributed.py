@@ -346,9 +346,9 @@ def watch(model: Any, optimizer: Any, *, every_agree: int = 1, **kwargs: Any) ->
 
     ``model`` may be the DDP wrapper or the module inside it.
     """
-    from nanscope.torch.watch import watch as plain_watch
+    from nanscope.torch.watch import _make_watcher
 
-    watcher = plain_watch(model, optimizer, **kwargs)
+    watcher = _make_watcher(model, optimizer, **kwargs)
     attach_watcher(watcher, every=every_agree)
     return watcher
 

@@ -85,6 +85,14 @@ def watch(
         the failing update is still found exactly and the weights are restored from the last
         verified snapshot (see ``docs/torch.md``).
     """
+    watcher = _make_watcher(model, optimizer, policy=policy, monitor=monitor, run_dir=run_dir,
+                            every=every, sync_every=sync_every)  # fmt: skip
+    _attach_distributed(watcher)
+    return watcher
+
+
+def _make_watcher(model: Any, optimizer: Any, **kwargs: Any) -> Watcher:
+    """:func:`watch` without the distributed attachment (its arguments checked)."""
     if not isinstance(model, torch.nn.Module):
         raise UsageError(
             f"watch(model, optimizer): model must be a torch.nn.Module, got {type(model).__name__}"
@@ -94,8 +102,26 @@ def watch(
             "watch(model, optimizer): optimizer must be a torch.optim.Optimizer, got "
             f"{type(optimizer).__name__}"
         )
-    return Watcher(model, optimizer, policy=policy, monitor=monitor, run_dir=run_dir,
-                   every=every, sync_every=sync_every)  # fmt: skip
+    return Watcher(model, optimizer, **kwargs)
+
+
+def _attach_distributed(watcher: Watcher) -> None:
+    """Under ``torch.distributed`` (world size > 1): make the ranks agree on every stop."""
+    dist = getattr(torch, "distributed", None)
+    try:
+        if dist is None or not dist.is_available() or not dist.is_initialized():
+            return
+        if dist.get_world_size() <= 1:
+            return
+    except Exception:
+        return
+    from nanscope.torch import distributed
+
+    try:
+        distributed.attach_watcher(watcher)
+    except Exception as exc:  # never stop training for nanscope's sake
+        warnings.warn(f"nanscope: ranks will not agree on stops ({type(exc).__name__}: {exc})",
+                      RuntimeWarning, stacklevel=3)  # fmt: skip
 
 
 class Watcher:
