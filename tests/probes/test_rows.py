@@ -55,3 +55,30 @@ def test_iterable_datasets_and_non_loaders_are_left_alone() -> None:
 
     assert rows.track_dataloader(DataLoader(Stream(), batch_size=2)) is None
     assert rows.track_dataloader([1, 2, 3]) is None
+
+
+def test_a_loader_read_one_batch_ahead_still_names_the_batch_rows() -> None:
+    import numpy as np
+
+    loader = DataLoader(DATA, batch_size=4, shuffle=True,
+                        generator=torch.Generator().manual_seed(1))  # fmt: skip
+    assert rows.track_dataloader(loader) is not None
+    it = iter(loader)
+    ahead = next(it)
+    for upcoming in it:  # like accelerate's DataLoaderShard: the next batch is already drawn
+        (x,) = ahead
+        assert rows.current_batch_index() != indices(x)  # the tracker is one batch ahead
+        found = rows.current_batch_rows((x,), {})
+        assert found is not None and np.asarray(found).tolist() == indices(x)
+        ahead = upcoming
+
+
+def test_rows_that_match_no_candidate_are_dropped_not_guessed() -> None:
+    import numpy as np
+
+    loader = DataLoader(DATA, batch_size=4)
+    assert rows.track_dataloader(loader) is not None
+    for (x,) in loader:
+        found = rows.current_batch_rows((x + 100.0,), {})  # not the dataset's rows
+        assert found is not None and np.asarray(found).size == 0
+        break

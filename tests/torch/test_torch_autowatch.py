@@ -171,7 +171,12 @@ def test_hf_trainer(tmp_path):
     assert diagnosis["cause"] == "nonfinite_input"
     assert any(r.get("source") == "inputs" for r in diagnosis["rows"])
     # the Trainer shuffles, so the batch row is random; the value is the planted NaN in column 1
-    assert any(r.get("column") == 1 and r.get("value") == "nan" for r in diagnosis["rows"])
+    nan_rows = [r for r in diagnosis["rows"] if r.get("column") == 1 and r.get("value") == "nan"]
+    assert nan_rows
+    # accelerate's DataLoaderShard prefetches a batch ahead: the rows are still those of the
+    # failing batch (dataset row 50), never the next batch's
+    assert {r.get("dataset_row") for r in nan_rows} == {50}
+    assert all(r.get("dataset_row") in (None, 50) for r in diagnosis["rows"])
     lines = Path(diagnosis["run"]["trace"]).read_text().splitlines()[1:]
     records = [json.loads(line) for line in lines]
     assert [r["step"] for r in records] == list(range(1, diagnosis["step"] + 1))

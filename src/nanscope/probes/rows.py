@@ -12,7 +12,9 @@ indices of the batch the loader handed out last, for the price of one list per b
 
 With ``num_workers > 0`` the sampler runs ahead of the batches (prefetching); the tracker queues
 the indices it saw drawn and pops one list per batch *yielded*, so ``current`` is the batch the
-training loop holds, not the one being prefetched. Iterable-style datasets have no indices:
+training loop holds, not the one being prefetched. A loader read one batch ahead by its caller
+(accelerate's ``DataLoaderShard``) is another matter: :func:`current_batch_rows` keeps the last
+few index sets and picks, only when read, the one whose dataset rows equal the batch's rows. Iterable-style datasets have no indices:
 ``current`` stays ``None``. ``install()`` does the same for every DataLoader of the process
 (``nanscope run``); ``uninstall()`` undoes it.
 """
@@ -25,10 +27,16 @@ from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["LoaderTracker", "current_batch_index", "install", "track_dataloader", "uninstall"]
+__all__ = ["BatchRows", "LoaderTracker", "current_batch_index", "current_batch_rows", "install",
+           "track_dataloader", "uninstall"]  # fmt: skip
 
 _ATTR = "_nanscope_tracker"
-_last: dict[str, Any] = {"index": None}
+_last: dict[str, Any] = {"index": None, "tracker": None}
+#: index sets kept per tracker: a loader that prefetches (accelerate's DataLoaderShard, Lightning's
+#: fetcher) has already yielded the next batch when the model runs on this one
+KEEP = 4
+#: rows of a candidate index set compared with the batch before it is believed
+CHECK_ROWS = 3
 _patched: dict[str, Any] = {}
 _lock = threading.Lock()
 
@@ -37,6 +45,113 @@ def current_batch_index() -> list[int] | None:
     """Dataset indices of the batch most recently yielded by any tracked DataLoader."""
     index = _last["index"]
     return list(index) if index is not None else None
+
+
+def current_batch_rows(args: Any = (), kwargs: Any = None) -> BatchRows | None:
+    """The dataset rows of the batch the model now runs on (``args``/``kwargs``), verified lazily.
+
+    The last :data:`KEEP` index sets of the loader that yielded last are candidates; nothing is
+    compared until the rows are read (``numpy.asarray(rows)``, only after something fired).
+    """
+    tracker = _last["tracker"]
+    if tracker is None or not tracker.recent:
+        return None
+    return BatchRows(list(tracker.recent), tracker.dataset, args, kwargs or {})
+
+
+class BatchRows:
+    """Candidate index sets of one batch; ``numpy.asarray`` gives the one its data matches.
+
+    A candidate is believed when ``dataset[i]`` equals the batch's row for its first, middle and
+    last rows (each tensor of the dataset item that has a batch tensor of its row size must equal
+    one of them at that row, NaN equal to NaN, and at least one must be compared). No candidate
+    matches, or the items cannot be compared: an empty array, so the rows carry no
+    ``dataset_row`` rather than a wrong one.
+    """
+
+    def __init__(self, candidates: list[list[int]], dataset: Any, args: Any, kwargs: Any) -> None:
+        self.candidates = candidates[::-1]  # newest first
+        self.dataset = dataset
+        self.args = args
+        self.kwargs = kwargs
+        self._resolved: list[int] | None = None
+        self._done = False
+
+    def resolve(self) -> list[int] | None:
+        if not self._done:
+            self._done = True
+            try:
+                self._resolved = self._match()
+            except Exception:
+                self._resolved = None
+        return self._resolved
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> Any:
+        import numpy as np
+
+        found = self.resolve()
+        return np.asarray(found if found is not None else [], dtype=dtype or np.int64)
+
+    def _match(self) -> list[int] | None:
+        import torch
+
+        batch = [t for t in _tensors((self.args, self.kwargs)) if t.dim() >= 1]
+        if not batch or self.dataset is None:
+            return None
+        for cand in self.candidates:
+            n = len(cand)
+            rows = [t for t in batch if t.shape[0] == n]
+            if not rows or not n:
+                continue
+            ok = True
+            for j in sorted({0, n // 2, n - 1})[:CHECK_ROWS]:
+                item = [torch.as_tensor(t) for t in _tensors(self.dataset[cand[j]], items=True)]
+                compared = 0
+                for t in item:
+                    alike = [b for b in rows if b[j].numel() == t.numel()]
+                    if not alike:
+                        continue  # e.g. the target, which the model's forward does not receive
+                    compared += 1
+                    if not any(_same(t, b[j]) for b in alike):
+                        ok = False
+                        break
+                if not ok or not compared:
+                    ok = False
+                    break
+            if ok:
+                return list(cand)
+        return None
+
+
+def _tensors(obj: Any, depth: int = 0, items: bool = False) -> list[Any]:
+    import numpy as np
+
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if items and isinstance(obj, np.ndarray):
+        return [obj]
+    if items and isinstance(obj, (int, float)) and not isinstance(obj, bool):
+        return [np.asarray(obj)]
+    out: list[Any] = []
+    if depth < 3 and isinstance(obj, (list, tuple)):
+        for value in obj:
+            out.extend(_tensors(value, depth + 1, items))
+    elif depth < 3 and isinstance(obj, dict):
+        for value in obj.values():
+            out.extend(_tensors(value, depth + 1, items))
+    return out
+
+
+def _same(item: Any, row: Any) -> bool:
+    import torch
+
+    if item.numel() != row.numel():
+        return False
+    a = item.detach().reshape(-1).to(torch.float64)
+    b = row.detach().reshape(-1).cpu().to(torch.float64)
+    return bool(torch.allclose(a, b, rtol=1e-6, atol=0.0, equal_nan=True))
 
 
 class _Recording:
@@ -62,18 +177,25 @@ class _Recording:
 class LoaderTracker:
     """The dataset indices of the batch a DataLoader yielded last (``current``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, dataset: Any = None) -> None:
         self._drawn: deque[list[int]] = deque()
         self.current: list[int] | None = None
         self.batches = 0
+        self.dataset = dataset
+        #: the last KEEP index sets yielded, oldest first
+        self.recent: deque[list[int]] = deque(maxlen=KEEP)
 
     def _yielded(self) -> None:
         self.batches += 1
         self.current = self._drawn.popleft() if self._drawn else None
+        if self.current is not None:
+            self.recent.append(self.current)
         _last["index"] = self.current
+        _last["tracker"] = self
 
     def _reset(self) -> None:
         self._drawn.clear()
+        self.recent.clear()
 
 
 class _TrackedIter:
@@ -106,7 +228,7 @@ def _prepare(loader: Any) -> LoaderTracker | None:
         loader, "_dataset_kind", 0
     ) == 1:
         return None
-    tracker = LoaderTracker()
+    tracker = LoaderTracker(getattr(loader, "dataset", None))
     batch_sampler = getattr(loader, "batch_sampler", None)
     if batch_sampler is not None:
         object.__setattr__(loader, "batch_sampler", _Recording(batch_sampler, tracker, True))

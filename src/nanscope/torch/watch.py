@@ -282,7 +282,7 @@ class Watcher:
         self._kwargs = kwargs
         self._output = None
         self._rng = None
-        self._index = _batch_index()
+        self._index = _batch_index(args, kwargs)
         if self.failure is None and self._first_tensor_device() == "cpu":
             self._rng = torch.get_rng_state()
         if torch.is_autocast_enabled("cpu"):
@@ -536,6 +536,8 @@ class Watcher:
         index = self._index
         if index is None:
             return None
+        if not isinstance(index, (list, tuple)):
+            return index  # BatchRows: it checks its candidates against the batch itself
         first = inputs if isinstance(inputs, torch.Tensor) else self._targets_of()
         if isinstance(first, torch.Tensor) and first.dim() >= 1 and first.shape[0] != len(index):
             return None
@@ -891,12 +893,13 @@ def _cuda_available() -> bool:
     return _CUDA[0]
 
 
-def _batch_index() -> Any:
+def _batch_index(args: Any, kwargs: Any) -> Any:
+    """The dataset rows of this forward's batch (checked against the data only when read)."""
     rows = sys.modules.get("nanscope.probes.rows")
     if rows is None:
         return None
     try:
-        return rows.current_batch_index()
+        return rows.current_batch_rows(args, kwargs)
     except Exception:
         return None
 
