@@ -401,6 +401,37 @@ def test_rollback_skips_the_bad_update():
     assert watcher.monitor.alarm is None
 
 
+def test_rollback_recovers_a_run_with_one_poisoned_batch_and_reports_it(tmp_path):
+    x, y = _data(n=640)
+    x[16 * 7 + 5, 2] = float("nan")  # one bad row, in batch 8
+    model = _mlp()
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    scheduler = torch.optim.lr_scheduler.StepLR(opt, step_size=1000, gamma=0.5)
+    watcher = nanscope.watch(model, opt, policy="rollback", run_dir=tmp_path)
+    losses = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for i in range(40):
+            batch = slice((i % 40) * 16, (i % 40 + 1) * 16)
+            opt.zero_grad()
+            loss = nn.functional.mse_loss(model(x[batch]), y[batch])
+            loss.backward()
+            opt.step()
+            scheduler.step()
+            losses.append(float(loss))
+    assert all(torch.isfinite(p).all() for p in model.parameters())  # the NaN never landed
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.001)  # cut tenfold once
+    monitor = watcher.monitor
+    assert [r["step"] for r in monitor.rollbacks] == [8]
+    diagnosis = watcher.close()
+    assert diagnosis.extra["rollbacks"][0]["step"] == 8
+    # the trace on disk says what was done at that update
+    trace = nanscope.read_trace(tmp_path / "trace.jsonl")
+    marked = [r for r in trace if "rollback" in (r.get("events") or [])]
+    assert [r["step"] for r in marked] == [8] and marked[0]["extra"]["rollback"]["action"]
+    assert losses[-1] < losses[0]  # and the fit went on descending
+
+
 def test_deferred_reads_find_the_exact_update_and_restore(tmp_path):
     """The accelerator path (sync_every > 1), exercised on CPU."""
     x, y = _data(n=160)

@@ -14,9 +14,9 @@ With ``num_workers > 0`` the sampler runs ahead of the batches (prefetching); th
 the indices it saw drawn and pops one list per batch *yielded*, so ``current`` is the batch the
 training loop holds, not the one being prefetched. A loader read one batch ahead by its caller
 (accelerate's ``DataLoaderShard``) is another matter: :func:`current_batch_rows` keeps the last
-few index sets and picks, only when read, the one whose dataset rows equal the batch's rows. Iterable-style datasets have no indices:
-``current`` stays ``None``. ``install()`` does the same for every DataLoader of the process
-(``nanscope run``); ``uninstall()`` undoes it.
+few index sets and picks, only when read, the one whose dataset rows equal the batch's rows.
+Iterable-style datasets have no indices: ``current`` stays ``None``. ``install()`` does the
+same for every DataLoader of the process (``nanscope run``); ``uninstall()`` undoes it.
 """
 
 from __future__ import annotations

@@ -54,7 +54,9 @@ SKIP_LIMIT = 25
 #: default ``every``: the weight norm, per-layer gradient norms and batch max |x| every this many
 #: updates (the loss, gradient finiteness and norm, and the sampled cosines on every update)
 FULL_EVERY = 16
-#: how many consecutive rollbacks the rollback policy tries before giving up
+#: what the rollback policy multiplies the learning rate by
+ROLLBACK_LR_FACTOR = 0.1
+#: how many rollbacks the rollback policy makes before giving up
 ROLLBACK_LIMIT = 3
 
 _INPUT_KEYS = ("input", "inputs", "x", "input_ids", "pixel_values", "inputs_embeds", "features")
@@ -740,7 +742,14 @@ class Watcher:
         )
 
     def _rollback(self, monitor: Monitor, alarm: Alarm) -> bool:
-        """Policy ``rollback``: drop this update's gradients so the step leaves the weights be."""
+        """Policy ``rollback``: skip the offending batch and cut the learning rate tenfold.
+
+        The check runs before ``optimizer.step``, so the model, the optimizer state, the scaler
+        and the scheduler are still those of the last good update: dropping this update's
+        gradients leaves them all as they were (the batch is skipped). Then every param group's
+        lr (and a scheduler's ``initial_lr``) is multiplied by ``ROLLBACK_LR_FACTOR``. After
+        ``ROLLBACK_LIMIT`` rollbacks the next failure raises as ``raise`` would.
+        """
         if not self._observing or self._failing.get("late"):
             return False
         if self._failing.get("nf_params"):
@@ -750,9 +759,15 @@ class Watcher:
             return False
         for p in self._params():
             p.grad = None
+        for group in self.optimizer.param_groups:
+            if isinstance(group.get("lr"), (int, float)):
+                group["lr"] = group["lr"] * ROLLBACK_LR_FACTOR
+            if isinstance(group.get("initial_lr"), (int, float)):
+                group["initial_lr"] = group["initial_lr"] * ROLLBACK_LR_FACTOR
         self._reset_measure_history()
         warnings.warn(
-            f"nanscope: update {alarm.step} skipped ({alarm.text}); weights left as they were",
+            f"nanscope: update {alarm.step} rolled back ({alarm.text}): batch skipped, weights "
+            f"left as they were, lr x {ROLLBACK_LR_FACTOR}",
             RuntimeWarning,
             stacklevel=2,
         )
