@@ -29,6 +29,7 @@ __all__ = [
     "fmt_num",
     "fmt_rows",
     "make_finding",
+    "missing_findings",
     "pct",
     "plural",
 ]
@@ -161,3 +162,39 @@ def make_finding(
         data=dict(data or {}),
         predicate=predicate,
     )
+
+
+def missing_findings(
+    ctx: Context,
+    results: Results,
+    *,
+    kind: Literal["nan", "null"],
+    code: str,
+    name: str,
+    noun: str,
+    fix: str,
+) -> list[Finding]:
+    """Findings for columns holding values of ``kind`` ("nan" or "null"): one per column, with
+    the count, the share and the first rows (S001 and S003 differ only in these words)."""
+    out = []
+    for c in ctx.numeric():
+        count = int(getattr(c, f"n_{kind}"))
+        if count == 0:
+            continue
+        res = results.get(Probe(kind, c.name))
+        where = f", {fmt_rows(res.rows, count)}" if res and res.rows else ""
+        role = "target" if c.name == ctx.target else "column"
+        out.append(
+            make_finding(
+                code,
+                name,
+                "error",
+                c.name,
+                f"{role} `{c.name}` has {plural(count, noun)} ({pct(count, c.count)}){where}",
+                fix,
+                result=res,
+                count=count,
+                predicate=(kind, {}),
+            )
+        )
+    return out

@@ -23,7 +23,7 @@ Fix
 from __future__ import annotations
 
 from nanscope.data._model import Finding
-from nanscope.data.checks._base import Context, Probe, Results, fmt_rows, make_finding, pct, plural
+from nanscope.data.checks._base import Context, Probe, Results, missing_findings
 
 CODE = "S001"
 NAME = "nan-values"
@@ -35,25 +35,6 @@ def probes(ctx: Context) -> list[Probe]:
 
 
 def run(ctx: Context, results: Results) -> list[Finding]:
-    out = []
-    for c in ctx.numeric():
-        if c.n_nan == 0:
-            continue
-        res = results.get(Probe("nan", c.name))
-        where = f", {fmt_rows(res.rows, c.n_nan)}" if res and res.rows else ""
-        role = "target" if c.name == ctx.target else "column"
-        out.append(
-            make_finding(
-                CODE,
-                NAME,
-                "error",
-                c.name,
-                f"{role} `{c.name}` has {plural(c.n_nan, 'NaN value')} "
-                f"({pct(c.n_nan, c.count)}){where}",
-                FIX,
-                result=res,
-                count=c.n_nan,
-                predicate=("nan", {}),
-            )
-        )
-    return out
+    return missing_findings(
+        ctx, results, kind="nan", code=CODE, name=NAME, noun="NaN value", fix=FIX
+    )

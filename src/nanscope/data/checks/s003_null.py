@@ -23,7 +23,7 @@ Fix
 from __future__ import annotations
 
 from nanscope.data._model import Finding
-from nanscope.data.checks._base import Context, Probe, Results, fmt_rows, make_finding, pct, plural
+from nanscope.data.checks._base import Context, Probe, Results, missing_findings
 
 CODE = "S003"
 NAME = "null-values"
@@ -35,25 +35,6 @@ def probes(ctx: Context) -> list[Probe]:
 
 
 def run(ctx: Context, results: Results) -> list[Finding]:
-    out = []
-    for c in ctx.numeric():
-        if c.n_null == 0:
-            continue
-        res = results.get(Probe("null", c.name))
-        where = f", {fmt_rows(res.rows, c.n_null)}" if res and res.rows else ""
-        role = "target" if c.name == ctx.target else "column"
-        out.append(
-            make_finding(
-                CODE,
-                NAME,
-                "error",
-                c.name,
-                f"{role} `{c.name}` has {plural(c.n_null, 'missing value')} "
-                f"({pct(c.n_null, c.count)}){where}",
-                FIX,
-                result=res,
-                count=c.n_null,
-                predicate=("null", {}),
-            )
-        )
-    return out
+    return missing_findings(
+        ctx, results, kind="null", code=CODE, name=NAME, noun="missing value", fix=FIX
+    )
