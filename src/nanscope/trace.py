@@ -90,9 +90,6 @@ NUMERIC_KEYS: frozenset[str] = frozenset(
     }
 )
 
-#: Counters of non-finite values, by what held them.
-NONFINITE_KEYS: tuple[str, ...] = ("nf_loss", "nf_grads", "nf_params", "nf_inputs", "nf_targets")
-
 _NONFINITE_TEXT = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf, "+inf": math.inf}
 
 

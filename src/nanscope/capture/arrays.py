@@ -164,7 +164,6 @@ class ParamTracker:
         self._last: dict[str, np.ndarray] = {}
         self._before: dict[str, np.ndarray] = {}
         self._count = 0
-        self.keep_weights = True
 
     def measure(
         self, params: Mapping[str, np.ndarray], grads: Mapping[str, np.ndarray]
@@ -202,10 +201,10 @@ class ParamTracker:
                     if not math.isfinite(ww):
                         nf_params += _count_nonfinite(w)
                     w_exact += ww
-                if self.keep_weights:
-                    if name in self._last:
-                        self._before[name] = self._last[name]
-                    self._last[name] = w
+                # references, not copies: the caller's step makes new arrays or mutates these
+                if name in self._last:
+                    self._before[name] = self._last[name]
+                self._last[name] = w
         if grads:
             layout.g_now = 5 - layout.g_now
             row = buf[layout.g_now]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -12,10 +13,7 @@ from nanscope.trace import Trace
 __all__ = ["add_output_options", "show", "write_json"]
 
 
-def add_output_options(parser: object) -> None:
-    import argparse
-
-    assert isinstance(parser, argparse.ArgumentParser)
+def add_output_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", metavar="PATH", help="write the diagnosis as JSON ('-' = stdout)")
     parser.add_argument("--html", metavar="PATH", help="write a self-contained HTML report")
     parser.add_argument("--no-color", action="store_true", help="plain text, no colour")

@@ -197,11 +197,6 @@ class Context:
     def rise(self) -> Rise | None:
         return self.rise_before()
 
-    @cached_property
-    def long_descent(self) -> bool:
-        """The loss went down over a good number of updates before the failure."""
-        return self.descended_before(self.end)
-
     def descended_before(self, end: int) -> bool:
         """The loss went down over a good number of updates before index ``end``."""
         loss = self.loss[:end]
