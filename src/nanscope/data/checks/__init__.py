@@ -20,33 +20,33 @@ from __future__ import annotations
 from types import ModuleType
 
 from nanscope.data.checks import (
-    s001_nan,
-    s002_inf,
-    s003_null,
-    s004_unscaled,
-    s005_constant,
-    s006_extreme,
-    s007_target_range,
-    s008_class_labels,
-    s009_constant_target,
-    s010_duplicate,
-    s011_non_numeric,
+    S001_nan_values,
+    S002_inf_values,
+    S003_null_values,
+    S004_unscaled_column,
+    S005_constant_column,
+    S006_extreme_rows,
+    S007_target_outside_unit,
+    S008_class_labels,
+    S009_constant_target,
+    S010_duplicate_columns,
+    S011_non_numeric_column,
 )
 
 __all__ = ["CHECKS", "by_code"]
 
 CHECKS: tuple[ModuleType, ...] = (
-    s001_nan,
-    s002_inf,
-    s003_null,
-    s004_unscaled,
-    s005_constant,
-    s006_extreme,
-    s007_target_range,
-    s008_class_labels,
-    s009_constant_target,
-    s010_duplicate,
-    s011_non_numeric,
+    S001_nan_values,
+    S002_inf_values,
+    S003_null_values,
+    S004_unscaled_column,
+    S005_constant_column,
+    S006_extreme_rows,
+    S007_target_outside_unit,
+    S008_class_labels,
+    S009_constant_target,
+    S010_duplicate_columns,
+    S011_non_numeric_column,
 )
 
 

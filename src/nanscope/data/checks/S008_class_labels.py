@@ -29,7 +29,7 @@ import math
 import numpy as np
 
 from nanscope.data._model import ColumnStats, Finding
-from nanscope.data.checks import s007_target_range
+from nanscope.data.checks import S007_target_outside_unit as s007
 from nanscope.data.checks._base import Context, Probe, Results, fmt_num, fmt_rows, make_finding
 
 CODE = "S008"
@@ -43,7 +43,7 @@ def _labels(ctx: Context) -> ColumnStats | None:
         return None
     if ctx.options.loss == "ce" or ctx.options.num_classes is not None:
         return t
-    if s007_target_range.applies(ctx):  # a mostly-binary target: S007 says it better
+    if s007.applies(ctx):  # a mostly-binary target: S007 says it better
         return None
     sample = ctx.samples.get(t.name)
     if sample is None or sample.size == 0 or not 3 <= t.distinct_sample <= 1000:
