@@ -1,4 +1,6 @@
-"""The scan checks, one per module, in code order. ``CHECKS`` is the registry.
+"""The scan checks, one per module ``S###_<name>.py``, in code order. ``CHECKS`` is the registry:
+every check is imported by name, so a missing or broken file fails at import. The docstring
+convention and the generated pages under ``docs/scan/`` are :mod:`nanscope.rulebook`'s.
 
 | code | name | severity |
 |---|---|---|

@@ -1,40 +1,49 @@
 """Diagnosis rules: one file per rule, each a pure function ``check(ctx) -> Finding | None``.
 
-The registry below is the one table of codes. Every rule module carries ``CODE``, ``CAUSE``,
-``TITLE`` and a docstring with the sections *What it does*, *Why is this bad?*, *Fingerprint*,
-*Evidence*, *Action* and *Example*; ``docs/rules/`` is generated from them.
+``RULES`` below is the one table of codes: every rule module is imported by name, so a missing or
+broken rule file fails at import, never silently. A rule module is named ``D###_<cause>.py`` and
+carries ``CODE``, ``CAUSE`` (a label of the fixed vocabulary ``nanscope.CAUSES``), ``TITLE`` and a
+docstring with the sections *What it does*, *Why is this bad?*, *Fingerprint*, *Evidence*,
+*Action* and *Example* (the convention every D, L and S rule follows: :mod:`nanscope.rulebook`);
+``docs/rules/`` is generated from them, and ``tests/diagnose/fixtures/`` holds one recorded trace
+per rule.
 """
 
 from __future__ import annotations
 
-import importlib
 from types import ModuleType
 
-__all__ = ["RULE_MODULES", "load_rules"]
+from nanscope.diagnose.rules import (
+    D001_step_size_too_large,
+    D002_nonfinite_input,
+    D003_update_sign_error,
+    D004_extreme_batch,
+    D005_log_of_zero,
+    D006_exploding_gradients,
+    D007_zero_division,
+    D008_fp16_overflow,
+    D009_bad_initialization,
+)
+
+__all__ = ["RULES", "RULE_MODULES", "load_rules"]
+
+#: the rule modules, in code order
+RULES: tuple[ModuleType, ...] = (
+    D001_step_size_too_large,
+    D002_nonfinite_input,
+    D003_update_sign_error,
+    D004_extreme_batch,
+    D005_log_of_zero,
+    D006_exploding_gradients,
+    D007_zero_division,
+    D008_fp16_overflow,
+    D009_bad_initialization,
+)
 
 #: code -> module name under nanscope.diagnose.rules
-RULE_MODULES: dict[str, str] = {
-    "D001": "D001_step_size_too_large",
-    "D002": "D002_nonfinite_input",
-    "D003": "D003_update_sign_error",
-    "D004": "D004_extreme_batch",
-    "D005": "D005_log_of_zero",
-    "D006": "D006_exploding_gradients",
-    "D007": "D007_zero_division",
-    "D008": "D008_fp16_overflow",
-    "D009": "D009_bad_initialization",
-}
-
-_loaded: list[ModuleType] = []
+RULE_MODULES: dict[str, str] = {m.CODE: m.__name__.rpartition(".")[2] for m in RULES}
 
 
 def load_rules() -> list[ModuleType]:
-    """Import every rule module once, in code order."""
-    if not _loaded:
-        for name in RULE_MODULES.values():
-            try:
-                _loaded.append(importlib.import_module(f"{__name__}.{name}"))
-            except ModuleNotFoundError as exc:
-                if exc.name != f"{__name__}.{name}":
-                    raise
-    return _loaded
+    """Every rule module, in code order."""
+    return list(RULES)

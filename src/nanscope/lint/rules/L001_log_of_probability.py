@@ -1,3 +1,38 @@
+"""L001 log-of-probability: log of a probability that can be exactly 0.
+
+What it does
+    Flags `log` (`torch.log`, `np.log`, `tf.math.log`, `math.log`, `p.log()`) applied to the output
+    of a sigmoid or softmax, to `1 - p` of one, or to a probability that was not clamped and has no
+    epsilon added. It follows simple assignments inside a function, so
+    `p = torch.sigmoid(z)` followed by `torch.log(p)` is flagged, while
+    `p = torch.sigmoid(z).clamp(1e-7, 1 - 1e-7)` is not.
+
+Why is this bad?
+    A sigmoid or softmax saturates to exactly 0.0 (or 1.0) in floating point once its input is
+    large: in float32 `sigmoid(-104) == 0`. The log of that is `-inf`, the loss becomes `inf`, and
+    its gradient `0 * inf` is NaN. This is the `log_of_zero` cause: the weights and the data are
+    finite and the loss still goes NaN, often late in training when the model grows confident.
+
+Example
+    ```python
+    p = torch.sigmoid(logits)
+    loss = -(y * torch.log(p) + (1 - y) * torch.log(1 - p)).mean()
+
+    probs = F.softmax(scores, dim=-1)
+    nll = -torch.log(probs[range(n), target]).mean()
+    ```
+
+Use instead
+    ```python
+    loss = F.binary_cross_entropy_with_logits(logits, y)   # or F.logsigmoid(logits)
+    nll = F.cross_entropy(scores, target)                  # or F.log_softmax(scores, dim=-1)
+
+    # numpy: clip the probability away from 0 and 1
+    p = np.clip(p, 1e-12, 1 - 1e-12)
+    loss = -np.mean(y * np.log(p) + (1 - y) * np.log(1 - p))
+    ```
+"""
+
 from __future__ import annotations
 
 import ast
@@ -10,40 +45,7 @@ _LOGS = frozenset({"log", "log2", "log10"})
 
 
 class LogOfProbability(Rule):
-    """Log of a probability that can be exactly 0.
-
-    ## What it does
-    Flags `log` (`torch.log`, `np.log`, `tf.math.log`, `math.log`, `p.log()`) applied to the output
-    of a sigmoid or softmax, to `1 - p` of one, or to a probability that was not clamped and has no
-    epsilon added. It follows simple assignments inside a function, so
-    `p = torch.sigmoid(z)` followed by `torch.log(p)` is flagged, while
-    `p = torch.sigmoid(z).clamp(1e-7, 1 - 1e-7)` is not.
-
-    ## Why is this bad?
-    A sigmoid or softmax saturates to exactly 0.0 (or 1.0) in floating point once its input is
-    large: in float32 `sigmoid(-104) == 0`. The log of that is `-inf`, the loss becomes `inf`, and
-    its gradient `0 * inf` is NaN. This is the `log_of_zero` cause: the weights and the data are
-    finite and the loss still goes NaN, often late in training when the model grows confident.
-
-    ## Example
-    ```python
-    p = torch.sigmoid(logits)
-    loss = -(y * torch.log(p) + (1 - y) * torch.log(1 - p)).mean()
-
-    probs = F.softmax(scores, dim=-1)
-    nll = -torch.log(probs[range(n), target]).mean()
-    ```
-
-    ## Use instead
-    ```python
-    loss = F.binary_cross_entropy_with_logits(logits, y)   # or F.logsigmoid(logits)
-    nll = F.cross_entropy(scores, target)                  # or F.log_softmax(scores, dim=-1)
-
-    # numpy: clip the probability away from 0 and 1
-    p = np.clip(p, 1e-12, 1 - 1e-12)
-    loss = -np.mean(y * np.log(p) + (1 - y) * np.log(1 - p))
-    ```
-    """
+    """Log of a probability that can be exactly 0."""
 
     code = "L001"
     name = "log-of-probability"

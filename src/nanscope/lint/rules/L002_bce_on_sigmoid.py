@@ -1,3 +1,32 @@
+"""L002 bce-on-sigmoid: binary cross-entropy computed on a sigmoid output instead of on the logits.
+
+What it does
+    Flags `nn.BCELoss` / `F.binary_cross_entropy` (and Keras `binary_crossentropy` /
+    `BinaryCrossentropy()` called by hand) whose prediction argument is the output of a sigmoid:
+    `torch.sigmoid(z)`, a variable assigned from one, an `nn.Sigmoid()` layer, an `nn.Sequential`
+    that ends in `nn.Sigmoid()`, or a model class whose `forward` returns a sigmoid.
+
+Why is this bad?
+    The probability-space loss has to take `log(sigmoid(z))`: once the sigmoid saturates the
+    information in `z` is gone, the loss has to be clamped (PyTorch clamps the log at -100, which
+    zeroes the gradient), and without a clamp it is `log(0) = -inf`. The with-logits form computes
+    `softplus` on `z` directly, which is exact and finite for every `z`.
+
+Example
+    ```python
+    criterion = nn.BCELoss()
+    loss = criterion(torch.sigmoid(model(x)), y)
+    ```
+
+Use instead
+    ```python
+    criterion = nn.BCEWithLogitsLoss()
+    loss = criterion(model(x), y)          # keep the sigmoid for predictions only
+
+    # Keras: tf.keras.losses.BinaryCrossentropy(from_logits=True) on the logits
+    ```
+"""
+
 from __future__ import annotations
 
 import ast
@@ -11,34 +40,7 @@ _TF_BCE = frozenset({"binary_crossentropy"})
 
 
 class BceOnSigmoid(Rule):
-    """Binary cross-entropy computed on a sigmoid output instead of on the logits.
-
-    ## What it does
-    Flags `nn.BCELoss` / `F.binary_cross_entropy` (and Keras `binary_crossentropy` /
-    `BinaryCrossentropy()` called by hand) whose prediction argument is the output of a sigmoid:
-    `torch.sigmoid(z)`, a variable assigned from one, an `nn.Sigmoid()` layer, an `nn.Sequential`
-    that ends in `nn.Sigmoid()`, or a model class whose `forward` returns a sigmoid.
-
-    ## Why is this bad?
-    The probability-space loss has to take `log(sigmoid(z))`: once the sigmoid saturates the
-    information in `z` is gone, the loss has to be clamped (PyTorch clamps the log at -100, which
-    zeroes the gradient), and without a clamp it is `log(0) = -inf`. The with-logits form computes
-    `softplus` on `z` directly, which is exact and finite for every `z`.
-
-    ## Example
-    ```python
-    criterion = nn.BCELoss()
-    loss = criterion(torch.sigmoid(model(x)), y)
-    ```
-
-    ## Use instead
-    ```python
-    criterion = nn.BCEWithLogitsLoss()
-    loss = criterion(model(x), y)          # keep the sigmoid for predictions only
-
-    # Keras: tf.keras.losses.BinaryCrossentropy(from_logits=True) on the logits
-    ```
-    """
+    """Binary cross-entropy computed on a sigmoid output instead of on the logits."""
 
     code = "L002"
     name = "bce-on-sigmoid"

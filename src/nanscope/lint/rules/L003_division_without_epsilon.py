@@ -1,3 +1,38 @@
+"""L003 division-without-epsilon: division by a norm, standard deviation, sum or count with no
+epsilon.
+
+What it does
+    Flags `x / d`, `x /= d`, `torch.div(x, d)`, `np.divide(x, d)` and `x.div(d)` where `d` is a
+    norm (`x.norm()`, `np.linalg.norm`, `tf.norm`, `sqrt(sum(x ** 2))`), a product of norms (a
+    hand-written cosine similarity), a standard deviation (`x.std()`, `np.std`, `sqrt(var)`), or a
+    sum or count (`mask.sum()`, `np.count_nonzero`), with nothing keeping it away from zero. It
+    follows simple assignments, so `n = x.norm(dim=-1, keepdim=True)` then `x / n` is flagged.
+    `x / (n + eps)`, `x / n.clamp(min=eps)`, `max(n, eps)`, `np.where(...)` and a denominator
+    patched with `s[s == 0] = 1` are fine. NumPy feature standardisation (`np.std(X, axis=0)`,
+    `X.std(axis=0)`) is data preparation and is left to `nanscope scan`, which reports constant
+    columns; tensor code (`x.std(0)`, `x.std(dim=-1)`, `torch.std`) is flagged.
+
+Why is this bad?
+    A zero vector has norm 0, a constant feature or a batch of identical rows has standard
+    deviation 0, and an all-padding batch has a mask sum of 0. Then `0 / 0` is NaN in the forward
+    pass, and even a denominator that is only close to 0 makes the gradient huge. This is the
+    `zero_division` cause.
+
+Example
+    ```python
+    cos = (a * b).sum(-1) / (a.norm(dim=-1) * b.norm(dim=-1))
+    x = (x - x.mean(0)) / x.std(0)
+    loss = (loss * mask).sum() / mask.sum()
+    ```
+
+Use instead
+    ```python
+    cos = F.cosine_similarity(a, b, dim=-1, eps=1e-8)   # or F.normalize(x, dim=-1)
+    x = (x - x.mean(0)) / (x.std(0) + 1e-8)
+    loss = (loss * mask).sum() / mask.sum().clamp(min=1)
+    ```
+"""
+
 from __future__ import annotations
 
 import ast
@@ -10,39 +45,7 @@ _DIV_FUNCS = frozenset({"div", "divide", "true_divide", "truediv", "realdiv", "d
 
 
 class DivisionWithoutEpsilon(Rule):
-    """Division by a norm, standard deviation, sum or count with no epsilon.
-
-    ## What it does
-    Flags `x / d`, `x /= d`, `torch.div(x, d)`, `np.divide(x, d)` and `x.div(d)` where `d` is a
-    norm (`x.norm()`, `np.linalg.norm`, `tf.norm`, `sqrt(sum(x ** 2))`), a product of norms (a
-    hand-written cosine similarity), a standard deviation (`x.std()`, `np.std`, `sqrt(var)`), or a
-    sum or count (`mask.sum()`, `np.count_nonzero`), with nothing keeping it away from zero. It
-    follows simple assignments, so `n = x.norm(dim=-1, keepdim=True)` then `x / n` is flagged.
-    `x / (n + eps)`, `x / n.clamp(min=eps)`, `max(n, eps)`, `np.where(...)` and a denominator
-    patched with `s[s == 0] = 1` are fine. NumPy feature standardisation (`np.std(X, axis=0)`,
-    `X.std(axis=0)`) is data preparation and is left to `nanscope scan`, which reports constant
-    columns; tensor code (`x.std(0)`, `x.std(dim=-1)`, `torch.std`) is flagged.
-
-    ## Why is this bad?
-    A zero vector has norm 0, a constant feature or a batch of identical rows has standard
-    deviation 0, and an all-padding batch has a mask sum of 0. Then `0 / 0` is NaN in the forward
-    pass, and even a denominator that is only close to 0 makes the gradient huge. This is the
-    `zero_division` cause.
-
-    ## Example
-    ```python
-    cos = (a * b).sum(-1) / (a.norm(dim=-1) * b.norm(dim=-1))
-    x = (x - x.mean(0)) / x.std(0)
-    loss = (loss * mask).sum() / mask.sum()
-    ```
-
-    ## Use instead
-    ```python
-    cos = F.cosine_similarity(a, b, dim=-1, eps=1e-8)   # or F.normalize(x, dim=-1)
-    x = (x - x.mean(0)) / (x.std(0) + 1e-8)
-    loss = (loss * mask).sum() / mask.sum().clamp(min=1)
-    ```
-    """
+    """Division by a norm, standard deviation, sum or count with no epsilon."""
 
     code = "L003"
     name = "division-without-epsilon"

@@ -1,3 +1,33 @@
+"""L004 sqrt-of-sum-of-squares: square root of a sum of squares with no epsilon, in differentiated
+code.
+
+What it does
+    Flags `torch.sqrt(s)`, `tf.sqrt(s)`, `s.sqrt()`, `s.rsqrt()` and `s ** 0.5` (in a file that
+    imports torch, TensorFlow or JAX) where `s` is a sum or mean of squares
+    (`(x ** 2).sum(-1)`, `torch.sum(d * d)`, `tf.reduce_sum(tf.square(x))`, `dx ** 2 + dy ** 2`)
+    with no epsilon added. Code under `torch.no_grad()` and NumPy code (no autograd) are not
+    flagged.
+
+Why is this bad?
+    The derivative of `sqrt(s)` is `1 / (2 sqrt(s))`, infinite at `s = 0`. A zero vector (two
+    identical embeddings, a padded row) makes the forward value a harmless 0 but the backward pass
+    `0 * inf = NaN`, and the NaN reaches every weight in one step. This is the `zero_division`
+    cause, seen only in the gradient.
+
+Example
+    ```python
+    dist = torch.sqrt(((a - b) ** 2).sum(-1))
+    rms = x.pow(2).mean(-1).sqrt()
+    ```
+
+Use instead
+    ```python
+    dist = torch.sqrt(((a - b) ** 2).sum(-1) + 1e-12)
+    dist = torch.linalg.vector_norm(a - b, dim=-1)   # defines the gradient at 0 as 0
+    rms = (x.pow(2).mean(-1) + 1e-6).sqrt()
+    ```
+"""
+
 from __future__ import annotations
 
 import ast
@@ -10,34 +40,7 @@ _AUTOGRAD = ("torch", "tensorflow", "jax", "keras")
 
 
 class SqrtOfSumOfSquares(Rule):
-    """Square root of a sum of squares with no epsilon, in differentiated code.
-
-    ## What it does
-    Flags `torch.sqrt(s)`, `tf.sqrt(s)`, `s.sqrt()`, `s.rsqrt()` and `s ** 0.5` (in a file that
-    imports torch, TensorFlow or JAX) where `s` is a sum or mean of squares
-    (`(x ** 2).sum(-1)`, `torch.sum(d * d)`, `tf.reduce_sum(tf.square(x))`, `dx ** 2 + dy ** 2`)
-    with no epsilon added. Code under `torch.no_grad()` and NumPy code (no autograd) are not
-    flagged.
-
-    ## Why is this bad?
-    The derivative of `sqrt(s)` is `1 / (2 sqrt(s))`, infinite at `s = 0`. A zero vector (two
-    identical embeddings, a padded row) makes the forward value a harmless 0 but the backward pass
-    `0 * inf = NaN`, and the NaN reaches every weight in one step. This is the `zero_division`
-    cause, seen only in the gradient.
-
-    ## Example
-    ```python
-    dist = torch.sqrt(((a - b) ** 2).sum(-1))
-    rms = x.pow(2).mean(-1).sqrt()
-    ```
-
-    ## Use instead
-    ```python
-    dist = torch.sqrt(((a - b) ** 2).sum(-1) + 1e-12)
-    dist = torch.linalg.vector_norm(a - b, dim=-1)   # defines the gradient at 0 as 0
-    rms = (x.pow(2).mean(-1) + 1e-6).sqrt()
-    ```
-    """
+    """Square root of a sum of squares with no epsilon, in differentiated code."""
 
     code = "L004"
     name = "sqrt-of-sum-of-squares"

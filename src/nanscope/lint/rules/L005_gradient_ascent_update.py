@@ -1,3 +1,54 @@
+"""L005 gradient-ascent-update: a hand-written update that adds the gradient to the weights
+(gradient ascent).
+
+What it does
+    Flags updates that move the weights *along* the gradient: `w += lr * g`,
+    `w = w + lr * grad`, `w -= -lr * g`, `p.data.add_(lr * p.grad)`,
+    `p.add_(p.grad, alpha=lr)`, `w.assign_add(lr * g)` (TensorFlow). A factor counts as the
+    gradient when it is `.grad`, a variable assigned from one, or is named like one (`g`, `grad`,
+    `dw`, `grad_w`...); as the step size when it is a number or named like one (`lr`, `eta`,
+    `learning_rate`, `group["lr"]`). `w -= lr * g`, `w = w - lr * g` and
+    `p.add_(p.grad, alpha=-lr)` are the descent forms and are not flagged.
+
+    Momentum and velocity buffers are followed to the gradient they accumulate, with its sign:
+    `v = mu * v + g`, `v += g`, `buf.mul_(m).add_(p.grad)`, `m.lerp_(g, 1 - b)`,
+    `m.assign(b * m + g)` hold `+g`, so `w += lr * v`, `p.add_(buf, alpha=lr)`,
+    `p.data.add_(lr * buf)` and `p.addcdiv_(exp_avg, denom, value=step_size)` are ascent, while
+    `w -= lr * v`, `p.add_(buf, alpha=-lr)` and `p.sub_(lr * buf)` are descent. A buffer that
+    already holds the step size is the step: `v = mu * v + lr * g; w += v` is ascent,
+    `v = mu * v - lr * g; w += v` and `v = mu * v + lr * g; w -= v` are descent. The buffers
+    themselves and running sums are never the weights being checked.
+
+Why is this bad?
+    Gradient descent subtracts the gradient. Adding it climbs the loss: the loss rises smoothly and
+    steadily from the very first update, with no oscillation, until it overflows. This is the
+    `update_sign_error` cause, one of the most common bugs in hand-written fitting code and easy to
+    mistake for a learning rate that is too large.
+
+Example
+    ```python
+    grad = X.T @ (X @ w - y) / len(y)
+    w += lr * grad
+
+    for p in model.parameters():
+        p.data.add_(lr * p.grad)
+
+    buf.mul_(momentum).add_(p.grad)    # a custom momentum optimizer
+    p.add_(buf, alpha=group["lr"])
+    ```
+
+Use instead
+    ```python
+    w -= lr * grad
+
+    for p in model.parameters():
+        p.data.add_(p.grad, alpha=-lr)     # or p -= lr * p.grad under torch.no_grad()
+
+    buf.mul_(momentum).add_(p.grad)
+    p.add_(buf, alpha=-group["lr"])
+    ```
+"""
+
 from __future__ import annotations
 
 import ast
@@ -128,55 +179,7 @@ def _inplace_terms(call: ast.Call, key: str) -> list[tuple[int, ast.expr]]:
 
 
 class GradientAscentUpdate(Rule):
-    """A hand-written update that adds the gradient to the weights (gradient ascent).
-
-    ## What it does
-    Flags updates that move the weights *along* the gradient: `w += lr * g`,
-    `w = w + lr * grad`, `w -= -lr * g`, `p.data.add_(lr * p.grad)`,
-    `p.add_(p.grad, alpha=lr)`, `w.assign_add(lr * g)` (TensorFlow). A factor counts as the
-    gradient when it is `.grad`, a variable assigned from one, or is named like one (`g`, `grad`,
-    `dw`, `grad_w`...); as the step size when it is a number or named like one (`lr`, `eta`,
-    `learning_rate`, `group["lr"]`). `w -= lr * g`, `w = w - lr * g` and
-    `p.add_(p.grad, alpha=-lr)` are the descent forms and are not flagged.
-
-    Momentum and velocity buffers are followed to the gradient they accumulate, with its sign:
-    `v = mu * v + g`, `v += g`, `buf.mul_(m).add_(p.grad)`, `m.lerp_(g, 1 - b)`,
-    `m.assign(b * m + g)` hold `+g`, so `w += lr * v`, `p.add_(buf, alpha=lr)`,
-    `p.data.add_(lr * buf)` and `p.addcdiv_(exp_avg, denom, value=step_size)` are ascent, while
-    `w -= lr * v`, `p.add_(buf, alpha=-lr)` and `p.sub_(lr * buf)` are descent. A buffer that
-    already holds the step size is the step: `v = mu * v + lr * g; w += v` is ascent,
-    `v = mu * v - lr * g; w += v` and `v = mu * v + lr * g; w -= v` are descent. The buffers
-    themselves and running sums are never the weights being checked.
-
-    ## Why is this bad?
-    Gradient descent subtracts the gradient. Adding it climbs the loss: the loss rises smoothly and
-    steadily from the very first update, with no oscillation, until it overflows. This is the
-    `update_sign_error` cause, one of the most common bugs in hand-written fitting code and easy to
-    mistake for a learning rate that is too large.
-
-    ## Example
-    ```python
-    grad = X.T @ (X @ w - y) / len(y)
-    w += lr * grad
-
-    for p in model.parameters():
-        p.data.add_(lr * p.grad)
-
-    buf.mul_(momentum).add_(p.grad)    # a custom momentum optimizer
-    p.add_(buf, alpha=group["lr"])
-    ```
-
-    ## Use instead
-    ```python
-    w -= lr * grad
-
-    for p in model.parameters():
-        p.data.add_(p.grad, alpha=-lr)     # or p -= lr * p.grad under torch.no_grad()
-
-    buf.mul_(momentum).add_(p.grad)
-    p.add_(buf, alpha=-group["lr"])
-    ```
-    """
+    """A hand-written update that adds the gradient to the weights (gradient ascent)."""
 
     code = "L005"
     name = "gradient-ascent-update"

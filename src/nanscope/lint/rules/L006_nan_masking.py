@@ -1,3 +1,34 @@
+"""L006 nan-masking: naN in a loss or a gradient replaced by a number (the failure is hidden).
+
+What it does
+    Flags `nan_to_num` (`torch.nan_to_num`, `np.nan_to_num`, `x.nan_to_num_()`),
+    `torch.where(torch.isnan(loss), 0, loss)` / `tf.where(tf.math.is_nan(g), ...)`,
+    `masked_fill(isnan(...), 0)`, `loss[torch.isnan(loss)] = 0` and
+    `if torch.isnan(loss): loss = ...` when the value is a loss or a gradient (by its name, `.grad`,
+    or because it came from a loss function). Cleaning input data this way is a different matter
+    and is not flagged.
+
+Why is this bad?
+    A NaN loss or gradient is the symptom of a real fault: a log of zero, a division by zero, a
+    step that diverged, bad input rows. Replacing it with zero keeps the loop running on weights
+    that are already wrong, and removes the one signal that would have said where and when it
+    happened. The run then "trains" to a model nobody can defend.
+
+Example
+    ```python
+    loss = torch.nan_to_num(criterion(out, y))
+    for p in model.parameters():
+        p.grad = torch.where(torch.isnan(p.grad), torch.zeros_like(p.grad), p.grad)
+    ```
+
+Use instead
+    ```python
+    loss = criterion(out, y)
+    if not torch.isfinite(loss):
+        raise FloatingPointError(f"non-finite loss at step {step}")   # or: nanscope run
+    ```
+"""
+
 from __future__ import annotations
 
 import ast
@@ -35,36 +66,7 @@ def nan_subjects(ctx: FileContext, expr: ast.AST) -> list[ast.expr]:
 
 
 class NanMasking(Rule):
-    """NaN in a loss or a gradient replaced by a number (the failure is hidden).
-
-    ## What it does
-    Flags `nan_to_num` (`torch.nan_to_num`, `np.nan_to_num`, `x.nan_to_num_()`),
-    `torch.where(torch.isnan(loss), 0, loss)` / `tf.where(tf.math.is_nan(g), ...)`,
-    `masked_fill(isnan(...), 0)`, `loss[torch.isnan(loss)] = 0` and
-    `if torch.isnan(loss): loss = ...` when the value is a loss or a gradient (by its name, `.grad`,
-    or because it came from a loss function). Cleaning input data this way is a different matter
-    and is not flagged.
-
-    ## Why is this bad?
-    A NaN loss or gradient is the symptom of a real fault: a log of zero, a division by zero, a
-    step that diverged, bad input rows. Replacing it with zero keeps the loop running on weights
-    that are already wrong, and removes the one signal that would have said where and when it
-    happened. The run then "trains" to a model nobody can defend.
-
-    ## Example
-    ```python
-    loss = torch.nan_to_num(criterion(out, y))
-    for p in model.parameters():
-        p.grad = torch.where(torch.isnan(p.grad), torch.zeros_like(p.grad), p.grad)
-    ```
-
-    ## Use instead
-    ```python
-    loss = criterion(out, y)
-    if not torch.isfinite(loss):
-        raise FloatingPointError(f"non-finite loss at step {step}")   # or: nanscope run
-    ```
-    """
+    """NaN in a loss or a gradient replaced by a number (the failure is hidden)."""
 
     code = "L006"
     name = "nan-masking"

@@ -1,3 +1,41 @@
+"""L007 half-without-grad-scaler: `float16` training with no loss scaler,
+or a loss computed in float16.
+
+What it does
+    In a file that trains (calls `.backward()` or uses a `GradientTape`), flags a model converted to
+    float16 (`model.half()`, `model.to(torch.float16)`), a float16 autocast
+    (`torch.autocast("cuda")`, `torch.cuda.amp.autocast()`, `dtype=torch.float16`), or a Keras
+    `mixed_float16` policy with a custom `GradientTape` loop, when the file has no gradient scaler
+    (`GradScaler`, `LossScaleOptimizer`). Independently, flags a loss computed from float16
+    values (`criterion(out.half(), y)`, `loss.half()`). bfloat16 is not flagged.
+
+Why is this bad?
+    float16 has a range of about 6e-5 to 65504. Activations, the loss or the gradients pass 65504
+    and become inf (then NaN), and small gradients underflow to zero. A dynamic loss scaler keeps
+    the gradients in range and skips the steps that overflow; a loss reduced in float16 overflows or
+    loses all precision on its own. This is the `fp16_overflow` cause.
+
+Example
+    ```python
+    model = Net().cuda().half()
+    with torch.autocast("cuda", dtype=torch.float16):
+        loss = criterion(model(x), y)
+    loss.backward()
+    optimizer.step()
+    ```
+
+Use instead
+    ```python
+    scaler = torch.amp.GradScaler("cuda")
+    with torch.autocast("cuda", dtype=torch.float16):   # keep the weights in float32
+        loss = criterion(model(x), y)
+    scaler.scale(loss).backward()
+    scaler.step(optimizer)
+    scaler.update()
+    # or: torch.autocast("cuda", dtype=torch.bfloat16), which needs no scaler
+    ```
+"""
+
 from __future__ import annotations
 
 import ast
@@ -27,42 +65,7 @@ def _dtype(expr: ast.AST | None) -> str | None:
 
 
 class HalfWithoutGradScaler(Rule):
-    """float16 training with no loss scaler, or a loss computed in float16.
-
-    ## What it does
-    In a file that trains (calls `.backward()` or uses a `GradientTape`), flags a model converted to
-    float16 (`model.half()`, `model.to(torch.float16)`), a float16 autocast
-    (`torch.autocast("cuda")`, `torch.cuda.amp.autocast()`, `dtype=torch.float16`), or a Keras
-    `mixed_float16` policy with a custom `GradientTape` loop, when the file has no gradient scaler
-    (`GradScaler`, `LossScaleOptimizer`). Independently, flags a loss computed from float16
-    values (`criterion(out.half(), y)`, `loss.half()`). bfloat16 is not flagged.
-
-    ## Why is this bad?
-    float16 has a range of about 6e-5 to 65504. Activations, the loss or the gradients pass 65504
-    and become inf (then NaN), and small gradients underflow to zero. A dynamic loss scaler keeps
-    the gradients in range and skips the steps that overflow; a loss reduced in float16 overflows or
-    loses all precision on its own. This is the `fp16_overflow` cause.
-
-    ## Example
-    ```python
-    model = Net().cuda().half()
-    with torch.autocast("cuda", dtype=torch.float16):
-        loss = criterion(model(x), y)
-    loss.backward()
-    optimizer.step()
-    ```
-
-    ## Use instead
-    ```python
-    scaler = torch.amp.GradScaler("cuda")
-    with torch.autocast("cuda", dtype=torch.float16):   # keep the weights in float32
-        loss = criterion(model(x), y)
-    scaler.scale(loss).backward()
-    scaler.step(optimizer)
-    scaler.update()
-    # or: torch.autocast("cuda", dtype=torch.bfloat16), which needs no scaler
-    ```
-    """
+    """`float16` training with no loss scaler, or a loss computed in float16."""
 
     code = "L007"
     name = "half-without-grad-scaler"

@@ -1,3 +1,34 @@
+"""L008 relu-recurrent-without-clipping: `relu` as the activation of a recurrent cell,
+with no gradient clipping in the file.
+
+What it does
+    Flags `nn.RNN(..., nonlinearity="relu")` / `nn.RNNCell`, TensorFlow and Keras recurrent layers
+    and cells (`LSTMCell`, `LSTM`, `GRU`, `SimpleRNN`, ...) built with `activation=tf.nn.relu`,
+    `activation="relu"` (or another unbounded activation such as `elu`), including through a list
+    comprehension over `(size, activation)` pairs, when the file never clips gradients
+    (`clip_grad_norm_`, `tf.clip_by_global_norm`, `clipnorm=`, `gradient_clip_val=`...).
+
+Why is this bad?
+    A recurrent cell applies the same weights at every time step. With `tanh` the state stays in
+    [-1, 1]; with relu nothing bounds it, so the state and the gradients through time grow
+    geometrically with the sequence length whenever the recurrent weights' gain exceeds 1. The
+    loss runs for many epochs and then jumps to inf or NaN: the `exploding_gradients` cause.
+
+Example
+    ```python
+    cells = [tf.nn.rnn_cell.LSTMCell(400, activation=tf.nn.relu) for _ in range(3)]
+    rnn = nn.RNN(128, 256, nonlinearity="relu")
+    ```
+
+Use instead
+    ```python
+    cells = [tf.nn.rnn_cell.LSTMCell(400) for _ in range(3)]   # the default tanh
+    # or keep relu and clip:
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0)
+    optimizer = tf.keras.optimizers.Adam(1e-3, clipnorm=1.0)
+    ```
+"""
+
 from __future__ import annotations
 
 import ast
@@ -60,35 +91,7 @@ def _relu_like(expr: ast.AST | None) -> bool:
 
 
 class ReluRecurrentWithoutClipping(Rule):
-    """relu as the activation of a recurrent cell, with no gradient clipping in the file.
-
-    ## What it does
-    Flags `nn.RNN(..., nonlinearity="relu")` / `nn.RNNCell`, TensorFlow and Keras recurrent layers
-    and cells (`LSTMCell`, `LSTM`, `GRU`, `SimpleRNN`, ...) built with `activation=tf.nn.relu`,
-    `activation="relu"` (or another unbounded activation such as `elu`), including through a list
-    comprehension over `(size, activation)` pairs, when the file never clips gradients
-    (`clip_grad_norm_`, `tf.clip_by_global_norm`, `clipnorm=`, `gradient_clip_val=`...).
-
-    ## Why is this bad?
-    A recurrent cell applies the same weights at every time step. With `tanh` the state stays in
-    [-1, 1]; with relu nothing bounds it, so the state and the gradients through time grow
-    geometrically with the sequence length whenever the recurrent weights' gain exceeds 1. The
-    loss runs for many epochs and then jumps to inf or NaN: the `exploding_gradients` cause.
-
-    ## Example
-    ```python
-    cells = [tf.nn.rnn_cell.LSTMCell(400, activation=tf.nn.relu) for _ in range(3)]
-    rnn = nn.RNN(128, 256, nonlinearity="relu")
-    ```
-
-    ## Use instead
-    ```python
-    cells = [tf.nn.rnn_cell.LSTMCell(400) for _ in range(3)]   # the default tanh
-    # or keep relu and clip:
-    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0)
-    optimizer = tf.keras.optimizers.Adam(1e-3, clipnorm=1.0)
-    ```
-    """
+    """`relu` as the activation of a recurrent cell, with no gradient clipping in the file."""
 
     code = "L008"
     name = "relu-recurrent-without-clipping"

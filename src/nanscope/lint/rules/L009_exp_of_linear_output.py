@@ -1,3 +1,34 @@
+"""L009 exp-of-linear-output: `exp` of an unbounded linear output,
+with no clamp and no max subtracted.
+
+What it does
+    Flags `torch.exp(self.fc(x))`, `np.exp(X @ w)`, `tf.exp(tf.matmul(x, W) + b)`, `z.exp()` and
+    friends where the argument is the output of a matrix product or a linear layer (followed
+    through simple assignments, sign changes and scalings) that was not clamped and had no
+    maximum subtracted. The numerically stable sigmoid `1 / (1 + exp(-z))` and the branches of a
+    `where(...)` are not flagged.
+
+Why is this bad?
+    `exp` overflows to inf once its input passes about 88.7 in float32 (about 11 in float16), and a
+    linear output reaches that as soon as the weights or the features are large. Then
+    `inf / inf` (a hand-written softmax) or `inf - inf` gives NaN. This is the `fp16_overflow` /
+    `step_size_too_large` path to a NaN that starts with a finite but large activation.
+
+Example
+    ```python
+    rate = torch.exp(self.fc(x))                 # Poisson rate
+    e = np.exp(X @ W); p = e / e.sum(1, keepdims=True)
+    ```
+
+Use instead
+    ```python
+    log_rate = self.fc(x)
+    loss = F.poisson_nll_loss(log_rate, y, log_input=True)   # stay in log space
+    rate = torch.exp(self.fc(x).clamp(max=20))               # or clamp before exp
+    z = X @ W; z = z - z.max(1, keepdims=True); e = np.exp(z)  # or scipy.special.softmax
+    ```
+"""
+
 from __future__ import annotations
 
 import ast
@@ -11,35 +42,7 @@ _FRAMEWORKS = ("torch", "numpy", "tensorflow", "jax", "keras", "cupy", "math")
 
 
 class ExpOfLinearOutput(Rule):
-    """exp of an unbounded linear output, with no clamp and no max subtracted.
-
-    ## What it does
-    Flags `torch.exp(self.fc(x))`, `np.exp(X @ w)`, `tf.exp(tf.matmul(x, W) + b)`, `z.exp()` and
-    friends where the argument is the output of a matrix product or a linear layer (followed
-    through simple assignments, sign changes and scalings) that was not clamped and had no
-    maximum subtracted. The numerically stable sigmoid `1 / (1 + exp(-z))` and the branches of a
-    `where(...)` are not flagged.
-
-    ## Why is this bad?
-    `exp` overflows to inf once its input passes about 88.7 in float32 (about 11 in float16), and a
-    linear output reaches that as soon as the weights or the features are large. Then
-    `inf / inf` (a hand-written softmax) or `inf - inf` gives NaN. This is the `fp16_overflow` /
-    `step_size_too_large` path to a NaN that starts with a finite but large activation.
-
-    ## Example
-    ```python
-    rate = torch.exp(self.fc(x))                 # Poisson rate
-    e = np.exp(X @ W); p = e / e.sum(1, keepdims=True)
-    ```
-
-    ## Use instead
-    ```python
-    log_rate = self.fc(x)
-    loss = F.poisson_nll_loss(log_rate, y, log_input=True)   # stay in log space
-    rate = torch.exp(self.fc(x).clamp(max=20))               # or clamp before exp
-    z = X @ W; z = z - z.max(1, keepdims=True); e = np.exp(z)  # or scipy.special.softmax
-    ```
-    """
+    """`exp` of an unbounded linear output, with no clamp and no max subtracted."""
 
     code = "L009"
     name = "exp-of-linear-output"

@@ -1,3 +1,36 @@
+"""L010 step-without-zero-grad: `optimizer.step()` in a loop that never clears the gradients.
+
+What it does
+    In a file that calls `.backward()`, flags `optimizer.step()` inside a `for` / `while` loop when
+    nothing in that loop clears the gradients: no `optimizer.zero_grad()`, `model.zero_grad()`,
+    `p.grad = None`, `p.grad.zero_()`, and no call to a function of the same file that does one of
+    these. A `zero_grad()` before the loop does not count: it runs once.
+
+Why is this bad?
+    PyTorch *adds* each `backward()` into `.grad`. Without clearing, the gradient used at update `t`
+    is the sum of all gradients so far, so the effective step grows with every update: the fit
+    behaves like one whose learning rate keeps increasing, and diverges (`step_size_too_large`).
+    Gradient accumulation is fine, as long as the loop clears the gradients after its step.
+
+Example
+    ```python
+    optimizer.zero_grad()
+    for x, y in loader:
+        loss = criterion(model(x), y)
+        loss.backward()
+        optimizer.step()
+    ```
+
+Use instead
+    ```python
+    for x, y in loader:
+        optimizer.zero_grad(set_to_none=True)
+        loss = criterion(model(x), y)
+        loss.backward()
+        optimizer.step()
+    ```
+"""
+
 from __future__ import annotations
 
 import ast
@@ -15,38 +48,7 @@ _OPTIMIZER_NAME = re.compile(
 
 
 class StepWithoutZeroGrad(Rule):
-    """`optimizer.step()` in a loop that never clears the gradients.
-
-    ## What it does
-    In a file that calls `.backward()`, flags `optimizer.step()` inside a `for` / `while` loop when
-    nothing in that loop clears the gradients: no `optimizer.zero_grad()`, `model.zero_grad()`,
-    `p.grad = None`, `p.grad.zero_()`, and no call to a function of the same file that does one of
-    these. A `zero_grad()` before the loop does not count: it runs once.
-
-    ## Why is this bad?
-    PyTorch *adds* each `backward()` into `.grad`. Without clearing, the gradient used at update `t`
-    is the sum of all gradients so far, so the effective step grows with every update: the fit
-    behaves like one whose learning rate keeps increasing, and diverges (`step_size_too_large`).
-    Gradient accumulation is fine, as long as the loop clears the gradients after its step.
-
-    ## Example
-    ```python
-    optimizer.zero_grad()
-    for x, y in loader:
-        loss = criterion(model(x), y)
-        loss.backward()
-        optimizer.step()
-    ```
-
-    ## Use instead
-    ```python
-    for x, y in loader:
-        optimizer.zero_grad(set_to_none=True)
-        loss = criterion(model(x), y)
-        loss.backward()
-        optimizer.step()
-    ```
-    """
+    """`optimizer.step()` in a loop that never clears the gradients."""
 
     code = "L010"
     name = "step-without-zero-grad"
