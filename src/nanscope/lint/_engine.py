@@ -1,7 +1,7 @@
 """Lint one source text: parse once, walk once, dispatch the recorded nodes to the rules.
 
 The engine knows nothing about any particular hazard. It parses the module, builds a
-:class:`~nanscope.lint._analysis.FileContext` (one walk that records the nodes each rule asked for),
+:class:`~nanscope.lint.inference.FileContext` (one walk that records the nodes each rule asked for),
 hands every recorded node to the rules subscribed to its type, turns their hits into
 :class:`~nanscope.lint._types.LintFinding` records and drops the ones a ``# nanscope: noqa``
 comment suppresses.
@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from nanscope.errors import InputError, UsageError
-from nanscope.lint._analysis import FileContext
 from nanscope.lint._files import PYTHON_SUFFIXES, iter_python_files
 from nanscope.lint._types import LintFinding, Rule
+from nanscope.lint.inference import FileContext
 from nanscope.lint.registry import RULES, SYNTAX_ERROR_CODE
 
 __all__ = ["LintReport", "lint_file", "lint_near", "lint_paths", "lint_source", "select_rules"]

@@ -8,7 +8,8 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
-    from nanscope.lint._analysis import FileContext, Site
+    from nanscope.lint.inference import FileContext
+    from nanscope.lint.scopes import Site
 
 __all__ = ["Hit", "LintFinding", "Rule"]
 

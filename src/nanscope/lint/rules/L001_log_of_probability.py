@@ -38,8 +38,10 @@ from __future__ import annotations
 import ast
 from collections.abc import Iterator
 
-from nanscope.lint._analysis import FileContext, K, Site
 from nanscope.lint._types import Hit, Rule
+from nanscope.lint.inference import FileContext
+from nanscope.lint.scopes import Site
+from nanscope.lint.vocabulary import K
 
 _LOGS = frozenset({"log", "log2", "log10"})
 

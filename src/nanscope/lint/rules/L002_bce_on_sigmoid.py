@@ -32,8 +32,10 @@ from __future__ import annotations
 import ast
 from collections.abc import Iterator
 
-from nanscope.lint._analysis import FileContext, K, Site, keyword
 from nanscope.lint._types import Hit, Rule
+from nanscope.lint.inference import FileContext
+from nanscope.lint.scopes import Site, keyword
+from nanscope.lint.vocabulary import K
 
 _TORCH_BCE = frozenset({"binary_cross_entropy"})
 _TF_BCE = frozenset({"binary_crossentropy"})

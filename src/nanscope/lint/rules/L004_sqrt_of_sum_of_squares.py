@@ -33,8 +33,10 @@ from __future__ import annotations
 import ast
 from collections.abc import Iterator
 
-from nanscope.lint._analysis import FileContext, K, Site, is_number
 from nanscope.lint._types import Hit, Rule
+from nanscope.lint.inference import FileContext
+from nanscope.lint.scopes import Site, is_number
+from nanscope.lint.vocabulary import K
 
 _AUTOGRAD = ("torch", "tensorflow", "jax", "keras")
 

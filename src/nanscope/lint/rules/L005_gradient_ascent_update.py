@@ -55,17 +55,10 @@ import ast
 import re
 from collections.abc import Iterator
 
-from nanscope.lint._analysis import (
-    FileContext,
-    K,
-    Scope,
-    Site,
-    keyword,
-    name_kind,
-    ref_key,
-    same_expr,
-)
 from nanscope.lint._types import Hit, Rule
+from nanscope.lint.inference import FileContext
+from nanscope.lint.scopes import Scope, Site, keyword, ref_key, same_expr
+from nanscope.lint.vocabulary import K, name_kind
 
 _LR = re.compile(
     r"^(lr|eta|alpha|learning_?rate|step_?size|lr_\w+|\w+_lr|learning_rate_\w+)$", re.I

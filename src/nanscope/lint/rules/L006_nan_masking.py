@@ -34,8 +34,10 @@ from __future__ import annotations
 import ast
 from collections.abc import Iterator
 
-from nanscope.lint._analysis import FileContext, K, Site
 from nanscope.lint._types import Hit, Rule
+from nanscope.lint.inference import FileContext
+from nanscope.lint.scopes import Site
+from nanscope.lint.vocabulary import K
 
 _NAN_TESTS = frozenset(
     {"isnan", "isinf", "isfinite", "is_nan", "is_inf", "is_finite", "isneginf", "isposinf"}

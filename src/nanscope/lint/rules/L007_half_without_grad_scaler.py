@@ -42,8 +42,10 @@ import ast
 import re
 from collections.abc import Iterator
 
-from nanscope.lint._analysis import FileContext, K, Site, keyword
 from nanscope.lint._types import Hit, Rule
+from nanscope.lint.inference import FileContext
+from nanscope.lint.scopes import Site, keyword
+from nanscope.lint.vocabulary import K
 
 _SCALERS = frozenset({"GradScaler", "LossScaleOptimizer", "DynamicLossScale", "ShardedGradScaler"})
 _TRAINING = frozenset({"backward", "GradientTape", "apply_gradients"})

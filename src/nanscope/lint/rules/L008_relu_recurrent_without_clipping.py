@@ -34,8 +34,9 @@ from __future__ import annotations
 import ast
 from collections.abc import Iterator
 
-from nanscope.lint._analysis import FileContext, Site, keyword
 from nanscope.lint._types import Hit, Rule
+from nanscope.lint.inference import FileContext
+from nanscope.lint.scopes import Site, keyword
 
 _RECURRENT = frozenset(
     {

@@ -37,8 +37,10 @@ import ast
 import re
 from collections.abc import Iterator
 
-from nanscope.lint._analysis import FileContext, K, Site
 from nanscope.lint._types import Hit, Rule
+from nanscope.lint.inference import FileContext
+from nanscope.lint.scopes import Site
+from nanscope.lint.vocabulary import K
 
 _OPTIMIZER_NAME = re.compile(
     r"^(opt|optim|optimi[sz]er\w*|\w+_opt|opt_\w+|\w+_optimi[sz]er\w*|"
