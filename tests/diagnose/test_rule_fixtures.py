@@ -1,6 +1,7 @@
 """Every diagnosis rule has a fixture: a small trace recorded by nanscope from a real fit that
 fails that way (``fixtures/record.py``), with the cause and the least confidence the engine must
-give it. The engine is replayed on the recorded trace and the probes' recorded evidence."""
+give it, and the trace of the same fit with the rule's fix applied, which must come out healthy.
+The engine is replayed on the recorded traces and the probes' recorded evidence."""
 
 from __future__ import annotations
 
@@ -42,14 +43,17 @@ IDS = [fx.code for fx in FIXTURES]
 def test_every_rule_has_one_fixture_for_its_cause() -> None:
     assert {fx.code: fx.cause for fx in FIXTURES} == {m.CODE: m.CAUSE for m in RULES}
     on_disk = sorted(p.name for p in FIXTURES_DIR.glob("D*.jsonl"))
-    assert on_disk == sorted(fx.trace().name for fx in FIXTURES), "a trace without a fixture"
+    expected = [fx.trace(fixed=fixed).name for fx in FIXTURES for fixed in (False, True)]
+    assert on_disk == sorted(expected), "a trace without a fixture, or a fixture without a trace"
 
 
+@pytest.mark.parametrize("fixed", [False, True], ids=["fails", "fixed"])
 @pytest.mark.parametrize("fx", FIXTURES, ids=IDS)
-def test_fixture_is_a_small_trace_nanscope_recorded(fx) -> None:
-    trace = read_trace(fx.trace())
+def test_fixture_is_a_small_trace_nanscope_recorded(fx, fixed: bool) -> None:
+    trace = read_trace(fx.trace(fixed=fixed))
     assert trace.meta.get("schema") == "nanscope.trace/1"
     assert trace.meta.get("source") == "monitor" and trace.meta.get("fixture") == fx.code
+    assert trace.meta.get("fixed") is fixed
     assert trace.meta.get("run_id"), "written by a Monitor, which names every run"
     assert 1 <= len(trace) <= MAX_RECORDS
 
@@ -63,6 +67,18 @@ def test_engine_finds_the_fixture_cause(fx) -> None:
     assert diagnosis.confidence >= fx.min_confidence, summary
     assert any(item.rule == fx.code for item in diagnosis.evidence), "another rule won"
     assert diagnosis.verdict in ("nonfinite", "diverging", "suspect")
+
+
+@pytest.mark.parametrize("fx", FIXTURES, ids=IDS)
+def test_the_fixed_fit_is_healthy(fx) -> None:
+    """The rule is built on the mechanism: the same fit with the fix applied does not trip it."""
+    evidence = json.loads(fx.evidence(fixed=True).read_text())
+    diagnosis = diagnose(read_trace(fx.trace(fixed=True)), evidence=evidence)
+    assert (diagnosis.verdict, diagnosis.cause) == ("healthy", "healthy"), diagnosis.cause
+    assert not any(
+        a["cause"] == fx.cause and a["confidence"] >= fx.min_confidence
+        for a in diagnosis.alternatives
+    )
 
 
 @pytest.mark.parametrize("fx", [fx for fx in FIXTURES if not fx.uses_torch],
