@@ -14,7 +14,17 @@ import pytest
 
 import nanscope
 from nanscope.diagnose.rules import RULES as D_RULES
-from nanscope.rulebook import FAMILIES, SECTIONS, Family, RuleDoc, render_index, render_rule
+from nanscope.rulebook import (
+    BEGIN,
+    END,
+    FAMILIES,
+    SECTIONS,
+    Family,
+    RuleDoc,
+    parse_doc,
+    render_index,
+    render_rule,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 SRC = ROOT / "src" / "nanscope"
@@ -146,3 +156,22 @@ def test_each_cause_has_zoo_cases(module) -> None:
     texts = [p.read_text() for p in ZOO.rglob("*.py")]
     hits = sum(f'CAUSE = "{module.CAUSE}"' in t for t in texts)
     assert hits >= 2, f"{module.CAUSE} needs at least two zoo cases"
+
+
+def test_a_docstring_without_code_and_slug_is_refused() -> None:
+    with pytest.raises(ValueError, match="CODE slug: summary"):
+        parse_doc("Log of a probability.\n\nWhat it does\n    Flags it.\n")
+    code, slug, summary, sections = parse_doc(
+        "L042 some-rule: a summary that\nwraps.\n\nWhat it does\n    Flags\n      this.\n"
+    )
+    assert (code, slug, summary) == ("L042", "some-rule", "a summary that wraps.")
+    assert sections == {"What it does": "Flags\n  this."}
+
+
+def test_an_index_keeps_its_prose_and_regenerates_the_table() -> None:
+    family = FAMILIES["S"]
+    page = f"# Intro\n\nprose\n\n{BEGIN}\nstale table\n{END}\n\n## More prose\n"
+    out = render_index(family, page)
+    assert out.startswith("# Intro\n\nprose\n\n") and out.endswith(f"{END}\n\n## More prose\n")
+    assert "stale table" not in out and "[S001](S001.md)" in out
+    assert render_index(family, out) == out
