@@ -1,14 +1,14 @@
 """The one convention every rule follows, and the one generator of their docs pages.
 
-nanscope has three families of rules, each with one explicit registry:
+nanscope has three families of rules; each has one explicit registry (a missing or broken rule file
+fails at import), a folder with one file per rule, a fixture per rule and a folder of pages:
 
-====== ============================= ================================= ==============
-family registry                      one file per rule                 docs
-====== ============================= ================================= ==============
-D      ``nanscope.diagnose.rules``   ``diagnose/rules/D001_<cause>.py`` ``docs/rules/``
-L      ``nanscope.lint.registry``    ``lint/rules/L001_<name>.py``     ``docs/lint/``
-S      ``nanscope.data.checks``      ``data/checks/S001_<name>.py``    ``docs/scan/``
-====== ============================= ================================= ==============
+- **D** diagnosis rules: ``nanscope.diagnose.rules.RULES``, ``diagnose/rules/D001_<cause>.py``,
+  recorded traces in ``tests/diagnose/fixtures/``, pages in ``docs/rules/``;
+- **L** lint rules: ``nanscope.lint.registry.RULES``, ``lint/rules/L001_<name>.py``, fixtures
+  ``tests/lint/fixtures/L001.py``, pages in ``docs/lint/``;
+- **S** scan checks: ``nanscope.data.checks.CHECKS``, ``data/checks/S001_<name>.py``, fixtures
+  ``tests/data/fixtures/S001.csv``, pages in ``docs/scan/``.
 
 A rule's file is named by its code and its slug (the cause for D, the kebab name with ``_`` for L
 and S), and opens with a docstring in one syntax::
