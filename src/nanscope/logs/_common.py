@@ -7,6 +7,7 @@ stream a log of any length in bounded memory. :func:`nanscope.logs.load_trace` c
 
 from __future__ import annotations
 
+import codecs
 import functools
 import math
 import re
@@ -51,44 +52,142 @@ def read_head(path: Path, size: int = HEAD_BYTES) -> bytes:
         raise TraceError(f"{path}: cannot be read ({exc.strerror})") from None
 
 
-def iter_lines(path: Path, meta: dict[str, Any], max_line: int | None = None) -> Iterator[str]:
-    """Decoded lines of ``path`` without their line ending, streaming.
+class LogWarning(UserWarning):
+    """A log was read, but part of it was skipped or read with a caveat (the message says what)."""
 
-    Bytes that are not UTF-8 become U+FFFD. A line longer than ``max_line`` bytes is never held in
-    memory: it is skipped (counted in ``meta["skipped_long_lines"]``, warned about once).
-    ``meta["lines"]`` counts the lines read, skipped ones included.
+
+def warn(message: str) -> None:
+    """Warn about something a reader skipped or read with a caveat (one line, names the file)."""
+    warnings.warn(message, LogWarning, stacklevel=3)
+
+
+#: Bytes read per chunk by :func:`iter_blocks` (never more than ``max_line`` either).
+CHUNK_BYTES = 1 << 20
+
+_UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")
+
+
+def text_encoding(head: bytes) -> str:
+    """``"utf-16"`` for a file that opens with a UTF-16 byte-order mark (PowerShell's ``>``),
+    else ``"utf-8"`` (a UTF-8 BOM is dropped from the first line by the readers)."""
+    return "utf-16" if head[:2] in _UTF16_BOMS else "utf-8"
+
+
+def iter_blocks(
+    path: Path, meta: dict[str, Any], max_line: int | None = None, chunk: int | None = None
+) -> Iterator[str]:
+    """Decoded text of ``path`` in blocks of whole lines, each ending in ``"\\n"``, streaming.
+
+    Bytes that are not UTF-8 become U+FFFD (the readers count what they could not use). A line
+    longer than ``max_line`` bytes is never held
+    in memory: it is skipped (counted in ``meta["skipped_long_lines"]``, warned about once).
+    ``meta["lines"]`` counts the lines read, skipped ones included. A block holds at most about
+    ``chunk`` bytes plus one line, so memory is bounded whatever the file.
     """
     if max_line is None:
         max_line = MAX_LINE_BYTES
-    count = 0
-    long_lines = 0
+    size = min(chunk or CHUNK_BYTES, max(1, max_line))
     try:
         handle = path.open("rb")
     except OSError as exc:
         raise TraceError(f"{path}: cannot be read ({exc.strerror})") from None
+    count = 0
+    long_lines = 0
     with handle:
-        readline = handle.readline
+        head = handle.read(2)
+        handle.seek(0)
+        if text_encoding(head) == "utf-16":
+            yield from _utf16_blocks(path, handle, meta, max_line, size)
+            return
+        carry = b""
+        skipping = False
+        read = handle.read
         while True:
-            raw = readline(max_line + 1)
-            if not raw:
+            data = read(size)
+            if not data:
                 break
-            count += 1
-            if len(raw) > max_line and not raw.endswith(b"\n"):
-                # Too long: drain the rest of this line in bounded pieces, never keeping it.
-                while raw and not raw.endswith(b"\n"):
-                    raw = readline(max_line)
-                long_lines += 1
-                if long_lines == 1:
-                    warnings.warn(
-                        f"{path}: skipped line {count}, longer than {max_line} bytes",
-                        stacklevel=2,
-                    )
-                meta["skipped_long_lines"] = long_lines
-                meta["lines"] = count
+            if skipping:
+                cut = data.find(b"\n")
+                if cut < 0:
+                    continue
+                data = data[cut + 1 :]
+                skipping = False
+            first = data.find(b"\n")
+            if first < 0:
+                carry += data
+                if len(carry) > max_line:
+                    carry = b""
+                    skipping = True
+                    count += 1
+                    long_lines += 1
+                    _long_line(path, meta, count, long_lines, max_line)
                 continue
+            if len(carry) + first > max_line:
+                # the first line of this chunk closes an overlong line: drop it
+                count += 1
+                long_lines += 1
+                _long_line(path, meta, count, long_lines, max_line)
+                carry = b""
+                data = data[first + 1 :]
+            last = data.rfind(b"\n")
+            if last < 0:
+                carry = data
+                continue
+            block = carry + data[: last + 1]
+            carry = data[last + 1 :]
+            count += block.count(b"\n")
             meta["lines"] = count
-            yield raw.decode("utf-8", errors="replace").rstrip("\r\n")
+            yield block.decode("utf-8", errors="replace")
+        if carry and not skipping:
+            count += 1
+            meta["lines"] = count
+            yield carry.decode("utf-8", errors="replace") + "\n"
     meta["lines"] = count
+
+
+def _long_line(path: Path, meta: dict[str, Any], number: int, count: int, max_line: int) -> None:
+    meta["skipped_long_lines"] = count
+    meta["lines"] = number
+    if count == 1:
+        warn(f"{path}: skipped line {number}, longer than {max_line} bytes")
+
+
+def _utf16_blocks(
+    path: Path, handle: Any, meta: dict[str, Any], max_line: int, size: int
+) -> Iterator[str]:
+    decoder = codecs.getincrementaldecoder("utf-16")(errors="replace")
+    carry = ""
+    count = 0
+    while True:
+        data = handle.read(size)
+        text = carry + decoder.decode(data, final=not data)
+        last = text.rfind("\n")
+        if last >= 0:
+            block, carry = text[: last + 1], text[last + 1 :]
+            count += block.count("\n")
+            meta["lines"] = count
+            yield block
+        else:
+            carry = text
+        if len(carry) > max_line:
+            carry = ""  # an overlong line in a UTF-16 file: rare enough to drop without draining
+            count += 1
+            meta["skipped_long_lines"] = meta.get("skipped_long_lines", 0) + 1
+        if not data:
+            break
+    if carry:
+        count += 1
+        yield carry + "\n"
+    meta["lines"] = count
+
+
+def iter_lines(path: Path, meta: dict[str, Any], max_line: int | None = None) -> Iterator[str]:
+    """Decoded lines of ``path`` without their line ending, streaming (see :func:`iter_blocks`)."""
+    for block in iter_blocks(path, meta, max_line):
+        lines = block.split("\n")
+        lines.pop()  # the empty string after the block's last newline
+        for line in lines:
+            yield line.rstrip("\r") if line.endswith("\r") else line
 
 
 def to_float(value: Any) -> float | None:
@@ -150,6 +249,13 @@ STEP_KEYS = (
     "it",
     "update",
     "trainer/global_step",
+    "num_updates",
+    "n_iter",
+    "global_iter",
+    "batch",
+    "batch_idx",
+    "batch_id",
+    "nbatch",
 )
 EPOCH_KEYS = ("epoch", "ep")
 LOSS_KEYS = (
@@ -205,12 +311,52 @@ for _role, _keys in (
         _ROLE_RANK[_key] = (_role, _rank)
 
 
+#: Words that make a key a validation loss (``val_loss``, ``Val Loss``, ``eval/loss_cls``).
+_VAL_WORDS = frozenset({"val", "valid", "validation", "eval", "evaluation", "test", "dev"})
+#: Words that make a loss-named key something else: a loss scale, a weight, a best-so-far value.
+_NOT_A_LOSS = frozenset(
+    {
+        "scale", "scaler", "weight", "weights", "coef", "coeff", "factor", "multiplier",
+        "lambda", "best", "min", "lowest", "prev", "previous", "target", "threshold", "fn",
+        "type", "name", "patience", "delta", "improved", "count", "nan", "inf",
+    }
+)  # fmt: skip
+_WORD_SPLIT = re.compile(r"[_/.]+|(?<=[a-z])(?=[A-Z])")
+_KEY_LIKE = re.compile(r"[A-Za-z_][\w/.\- ]{0,79}")
+_LOSS_RANK = len(LOSS_KEYS) + 10
+_VAL_RANK = len(VAL_LOSS_KEYS) + 10
+
+
+def _loss_role(key: str, norm: str) -> tuple[str, int] | None:
+    """Any other key that names a loss: ``IDLoss``, ``losses``, ``loss_heatmap``, ``d_loss``.
+
+    A loss-named key ranks after the table's names (so ``loss`` beats ``loss_cls`` in one line);
+    the whole-loss spellings (``losses``, ``*_total``) rank before the component losses.
+    """
+    if "loss" not in norm:
+        return None
+    name = key.strip().strip("'\"")
+    if _KEY_LIKE.fullmatch(name) is None:
+        return None  # "Loss: 0.5" is a cell holding a pair, not a column named like a loss
+    words = [w for w in _WORD_SPLIT.split(name.replace("-", "_").replace(" ", "_")) if w]
+    lower = [w.lower() for w in words]
+    if not any("loss" in w for w in lower) or any(w in _NOT_A_LOSS for w in lower):
+        return None
+    whole = norm in ("losses", "loss_total", "total", "sum_loss", "loss_sum", "overall_loss")
+    if any(w in _VAL_WORDS or w.startswith("val") for w in lower):
+        return ("val_loss", _VAL_RANK + (0 if whole else 1))
+    return ("loss", _LOSS_RANK + (0 if whole or norm.endswith("_total") else 1))
+
+
 @functools.lru_cache(maxsize=4096)
 def role_of(key: str) -> tuple[str, int] | None:
     """``(canonical name, preference rank)`` for a logged key, or None when it means nothing to us.
 
     ``"Val Loss"`` -> val_loss, ``"train/loss"`` -> loss, ``"lr-Adam"`` -> lr. Multi-word keys
-    also match on their last words (``"at step"`` -> step).
+    also match on their last words (``"at step"`` -> step). Any other key naming a loss
+    (``IDLoss``, ``losses``, ``loss_heatmap``) is a loss, after the usual names; with a
+    validation word in it (``val``, ``eval``, ``test``) a validation loss; ``loss_scale``,
+    ``best_loss``, ``loss_weight`` are not losses.
     """
     norm = _norm_key(key)
     hit = _ROLE_RANK.get(norm)
@@ -223,9 +369,16 @@ def role_of(key: str) -> tuple[str, int] | None:
         for start in range(1, len(words)):
             hit = _ROLE_RANK.get("_".join(words[start:]))
             if hit is not None and hit[0] in ("step", "loss", "val_loss", "lr", "epoch"):
-                # "s_loss" -> loss, but "train_loss_epoch" never reaches here (exact hit above)
+                if hit[0] in ("loss", "val_loss") and any(w in _NOT_A_LOSS for w in words):
+                    return None  # "best_val_loss", "min_loss": a record, not this update's loss
+                if hit[0] == "loss" and any(w in _VAL_WORDS for w in words[:start]):
+                    return ("val_loss", _VAL_RANK)
+                if hit[0] == "loss":
+                    # "nll_loss", "d_loss": a loss, after the table's own names
+                    return ("loss", len(LOSS_KEYS) + 5)
+                # "at step" -> step; "train_loss_epoch" never reaches here (exact hit above)
                 return hit
-    return None
+    return _loss_role(key, norm)
 
 
 def record_from_mapping(obj: Mapping[str, Any], keep_extra: bool = True) -> Record:
