@@ -3,12 +3,14 @@
 For each text format it writes a log of ``--lines`` lines (default 10 million) in a temporary
 directory, then, each in a fresh subprocess so peak memory is per reader:
 
-- the baseline: ``for line in f: pass`` over the same file (binary mode);
+- the bare parse of that format (``for line in f`` for text, ``csv.reader`` for CSV,
+  ``json.loads`` per line for JSONL, ``json.load`` for trainer_state.json);
 - the reader: ``nanscope.logs.iter_records`` streamed to the end, records counted, not kept.
 
-It prints lines per second for both, the reader's slowdown against the baseline (measured in this
-same run), and the peak resident memory of each process. Bounded memory means the reader's peak
-stays near the baseline's, whatever ``--lines`` is.
+Both are timed in one process, interleaved (best of ``--rounds``), so machine load hits both
+alike; it prints lines per second for both and their ratio. Peak resident memory is measured in a
+separate process for each, so bounded memory shows as the reader's peak staying near the bare
+parse's, whatever ``--lines`` is.
 
     .venv/bin/python bench/logs.py                   # 10 million lines per format
     .venv/bin/python bench/logs.py --lines 200000    # quick
@@ -26,6 +28,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 FORMATS = ("text", "keras", "csv", "jsonl", "nanscope", "trainer_state")
 
@@ -92,25 +95,50 @@ def _peak_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
-def measure_baseline(path: Path) -> dict[str, float]:
-    import nanscope.logs  # noqa: F401  (same imports as the reader, so memory compares)
+#: format -> the bare parse a reader is compared with
+BARE = {
+    "text": "line loop",
+    "keras": "line loop",
+    "csv": "csv.reader",
+    "jsonl": "json.loads",
+    "nanscope": "json.loads",
+    "trainer_state": "json.load",
+}
 
-    start = time.perf_counter()
+
+def bare_parse(fmt: str, path: Path) -> int:
+    """The least work that reads every line of the format: lines counted."""
     count = 0
-    with path.open("rb") as handle:
-        for _ in handle:
-            count += 1
-    seconds = time.perf_counter() - start
-    return {"lines": count, "seconds": seconds, "peak_mb": _peak_mb()}
+    if BARE[fmt] == "csv.reader":
+        import csv
+
+        with path.open(newline="") as handle:
+            for _ in csv.reader(handle):
+                count += 1
+    elif BARE[fmt] == "json.loads":
+        loads = json.loads
+        with path.open("rb") as handle:
+            for line in handle:
+                loads(line)
+                count += 1
+    elif BARE[fmt] == "json.load":
+        with path.open("rb") as handle:
+            json.load(handle)
+        with path.open("rb") as handle:
+            count = sum(1 for _ in handle)
+    else:
+        with path.open("rb") as handle:
+            for _ in handle:
+                count += 1
+    return count
 
 
-def measure_reader(path: Path) -> dict[str, float]:
+def read_all(path: Path) -> dict[str, Any]:
     import warnings
 
     from nanscope.logs import iter_records
 
-    meta: dict = {}
-    start = time.perf_counter()
+    meta: dict[str, Any] = {}
     records = 0
     last = None
     with warnings.catch_warnings():
@@ -118,30 +146,50 @@ def measure_reader(path: Path) -> dict[str, float]:
         for record in iter_records(path, meta):
             records += 1
             last = record
-    seconds = time.perf_counter() - start
     assert last is not None and last["loss"] != last["loss"], "the log should end in NaN"
-    return {
-        "lines": int(meta.get("lines", 0)),
-        "records": records,
-        "seconds": seconds,
-        "peak_mb": _peak_mb(),
-        "format": meta.get("format"),
-        "messages": len(meta.get("messages", [])),
-    }
+    return {"records": records, "format": meta.get("format"), "lines": meta.get("lines")}
 
 
-def _child(mode: str, path: Path) -> dict[str, float]:
+def measure_timing(fmt: str, path: Path, rounds: int) -> dict[str, Any]:
+    """Bare parse and reader interleaved in this one process, best of ``rounds`` each."""
+    import nanscope.logs  # noqa: F401
+
+    bare: list[float] = []
+    reader: list[float] = []
+    info: dict[str, Any] = {}
+    lines = 0
+    for _ in range(rounds):
+        start = time.perf_counter()
+        lines = bare_parse(fmt, path)
+        bare.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        info = read_all(path)
+        reader.append(time.perf_counter() - start)
+    return {"lines": lines, "bare_s": min(bare), "reader_s": min(reader), **info}
+
+
+def measure_memory(mode: str, fmt: str, path: Path) -> dict[str, Any]:
+    import nanscope.logs  # noqa: F401  (same imports either way, so peaks compare)
+
+    if mode == "reader":
+        read_all(path)
+    else:
+        bare_parse(fmt, path)
+    return {"peak_mb": _peak_mb()}
+
+
+def _child(*args: str) -> dict[str, Any]:
     env = dict(os.environ)
     src = str(Path(__file__).resolve().parents[1] / "src")
     env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
     out = subprocess.run(
-        [sys.executable, __file__, f"--_{mode}", str(path)],
+        [sys.executable, __file__, "--_child", *args],
         check=True,
         capture_output=True,
         text=True,
         env=env,
     )
-    result: dict[str, float] = json.loads(out.stdout.strip().splitlines()[-1])
+    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
     return result
 
 
@@ -149,20 +197,21 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lines", type=int, default=10_000_000)
     parser.add_argument("--formats", default=",".join(FORMATS))
-    parser.add_argument("--_baseline", dest="baseline", help=argparse.SUPPRESS)
-    parser.add_argument("--_reader", dest="reader", help=argparse.SUPPRESS)
+    parser.add_argument("--rounds", type=int, default=2, help="timing rounds (best is kept)")
+    parser.add_argument("--_child", dest="child", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.baseline:
-        print(json.dumps(measure_baseline(Path(args.baseline))))
-        return 0
-    if args.reader:
-        print(json.dumps(measure_reader(Path(args.reader))))
+    if args.child:
+        mode, fmt, path = args.child
+        if mode == "timing":
+            print(json.dumps(measure_timing(fmt, Path(path), args.rounds)))
+        else:
+            print(json.dumps(measure_memory(mode, fmt, Path(path))))
         return 0
     formats = [f for f in args.formats.split(",") if f]
     print(f"nanscope log readers, {args.lines:,} lines per format (streaming, records not kept)")
     header = (
-        f"{'format':<14}{'reader':<14}{'lines':>12}{'reader l/s':>13}{'baseline l/s':>14}"
-        f"{'slowdown':>10}{'reader MB':>11}{'base MB':>9}"
+        f"{'format':<14}{'bare parse':<12}{'lines':>12}{'reader l/s':>13}{'bare l/s':>12}"
+        f"{'ratio':>8}{'reader MB':>11}{'bare MB':>9}"
     )
     print(header)
     print("-" * len(header))
@@ -176,18 +225,20 @@ def main(argv: list[str] | None = None) -> int:
             }.get(fmt, "train.log")
             path = Path(tmp) / name
             write_log(fmt, path, args.lines)
-            base = _child("baseline", path)
-            read = _child("reader", path)
-            base_rate = base["lines"] / base["seconds"]
-            rate = base["lines"] / read["seconds"]
+            timing = _child("timing", fmt, str(path))
+            bare_mb = _child("bare", fmt, str(path))["peak_mb"]
+            reader_mb = _child("reader", fmt, str(path))["peak_mb"]
+            lines = timing["lines"]
+            rate = lines / timing["reader_s"]
+            bare_rate = lines / timing["bare_s"]
             print(
-                f"{fmt:<14}{read['format']!s:<14}{int(base['lines']):>12,}{rate:>13,.0f}"
-                f"{base_rate:>14,.0f}{base_rate / rate:>9.1f}x{read['peak_mb']:>11.0f}"
-                f"{base['peak_mb']:>9.0f}"
+                f"{fmt:<14}{BARE[fmt]:<12}{lines:>12,}{rate:>13,.0f}{bare_rate:>12,.0f}"
+                f"{bare_rate / rate:>7.1f}x{reader_mb:>11.0f}{bare_mb:>9.0f}",
+                flush=True,
             )
             path.unlink()
-    print("slowdown = baseline lines/s over reader lines/s, measured in this run;")
-    print("MB = peak resident memory of the process (Python + numpy + the reader).")
+    print("ratio = bare parse lines/s over reader lines/s, both timed in one process (best of")
+    print("--rounds, interleaved); MB = peak resident memory of a process doing only that.")
     return 0
 
 

@@ -15,13 +15,23 @@ separated files are read; a cell that is not a number is skipped (counted in
 from __future__ import annotations
 
 import csv
-import warnings
 from collections.abc import Iterator
+from itertools import repeat
 from pathlib import Path
 from typing import Any
 
 from nanscope.errors import TraceError
-from nanscope.logs._common import Merger, Record, iter_lines, role_of, to_float, to_step
+from nanscope.logs._common import (
+    Merger,
+    Record,
+    flag_nonfinite,
+    iter_blocks,
+    make_records,
+    role_of,
+    to_float,
+    to_step,
+    warn,
+)
 
 NAME = "csv"
 DESCRIPTION = "CSV with a header row (Keras/Lightning CSVLogger, step,loss,grad_norm,lr,...)"
@@ -57,12 +67,19 @@ def header_roles(names: list[str]) -> dict[int, str]:
 
 
 def iter_records(path: Path, meta: dict[str, Any]) -> Iterator[Record]:
-    lines = iter_lines(path, meta)
+    blocks = iter_blocks(path, meta)
     header: list[str] | None = None
     delimiter = ","
-    for line in lines:
-        if line.strip():
-            delimiter, header = split_header(line.lstrip("\ufeff"))
+    pending_lines: list[str] = []
+    for block in blocks:
+        lines = block.split("\n")
+        lines.pop()
+        for index, line in enumerate(lines):
+            if line.strip():
+                delimiter, header = split_header(line.lstrip("\ufeff").rstrip("\r"))
+                pending_lines = lines[index + 1 :]
+                break
+        if header is not None:
             break
     if header is None:
         raise TraceError(f"{path}: the file holds no CSV header")
@@ -72,59 +89,126 @@ def iter_records(path: Path, meta: dict[str, Any]) -> Iterator[Record]:
         raise TraceError(
             f"{path}: CSV header has no loss column (columns: {', '.join(names[:12])[:200]})"
         )
-    extra_cols = [
-        (i, name) for i, name in enumerate(names) if i not in roles and name and len(name) < 80
-    ][:32]
-    cols = sorted(roles.items())
-    meta["columns"] = {key: names[i] for i, key in cols}
-    merger = Merger(meta)
-    bad_cells = 0
-    bad_rows = 0
-    width = len(names)
-    for line in lines:
-        if not line.strip():
-            continue
-        fields = _split(line, delimiter)
-        if len(fields) > width + 8:
-            bad_rows += 1
-            continue
-        record: Record = {}
-        n_fields = len(fields)
-        for index, key in cols:
-            if index >= n_fields:
+    reader = _Reader(path, meta, names, roles, delimiter)
+    if pending_lines:
+        yield from reader.block("\n".join(pending_lines) + "\n")
+    for block in blocks:
+        yield from reader.block(block)
+    yield from reader.close()
+
+
+class _Reader:
+    """Rows to records: whole blocks a column at a time where every row is plain (no quotes,
+    one cell per column, numbers where numbers belong), row by row elsewhere."""
+
+    def __init__(
+        self, path: Path, meta: dict[str, Any], names: list[str], roles: dict[int, str],
+        delimiter: str,
+    ) -> None:  # fmt: skip
+        self.path = path
+        self.meta = meta
+        self.delimiter = delimiter
+        self.width = len(names)
+        self.cols = sorted(roles.items())
+        self.extra_cols = [
+            (i, name) for i, name in enumerate(names) if i not in roles and name and len(name) < 80
+        ][:32]
+        meta["columns"] = {key: names[i] for i, key in self.cols}
+        self.merger = Merger(meta)
+        self.bad_cells = 0
+        self.bad_rows = 0
+
+    def block(self, block: str) -> list[Record]:
+        lines = block.split("\n")
+        lines.pop()
+        if '"' in block or "\r" in block:
+            return self.rows(lines)
+        delimiter, width = self.delimiter, self.width
+        if list(map(str.count, lines, repeat(delimiter))).count(width - 1) != len(lines):
+            return self.rows(lines)
+        tokens = block.replace("\n", delimiter).split(delimiter)
+        n = len(lines)
+        try:
+            columns: list[tuple[str, list[Any]]] = []
+            for index, key in self.cols:
+                cells = tokens[index::width][:n]
+                if cells.count("") == n:
+                    continue  # a column this block leaves empty (Lightning's val rows)
+                convert = int if key in ("step", "epoch") else float
+                columns.append((key, list(map(convert, cells))))
+            extra: list[tuple[str, list[float]]] = []
+            for index, name in self.extra_cols:
+                cells = tokens[index::width][:n]
+                if cells.count("") != n:
+                    extra.append((name, list(map(float, cells))))
+        except ValueError:
+            return self.rows(lines)  # an empty or non-number cell somewhere: row by row
+        keys = [key for key, _ in columns]
+        if "step" not in keys:
+            return self.rows(lines)
+        values = [column for _, column in columns]
+        records = make_records(keys, values)
+        flag_nonfinite(records, keys, values)
+        if extra:
+            names = [name for name, _ in extra]
+            for record, row in zip(records, zip(*(column for _, column in extra))):
+                record["extra"] = dict(zip(names, row))
+        return self.merger.extend(records, marked=True)
+
+    def rows(self, lines: list[str]) -> list[Record]:
+        out: list[Record] = []
+        delimiter, width, cols, extra_cols = self.delimiter, self.width, self.cols, self.extra_cols
+        push = self.merger.push
+        for line in lines:
+            if not line.strip():
                 continue
-            cell = fields[index].strip()
-            if not cell:
+            fields = _split(line.rstrip("\r"), delimiter)
+            if len(fields) > width + 8:
+                self.bad_rows += 1
                 continue
-            if key in ("step", "epoch"):
-                number = to_step(cell)
-                if number is not None:
-                    record[key] = number
+            record: Record = {}
+            n_fields = len(fields)
+            for index, key in cols:
+                if index >= n_fields:
                     continue
-            else:
-                value = to_float(cell)
-                if value is not None:
-                    record[key] = value
+                cell = fields[index].strip()
+                if not cell:
                     continue
-            bad_cells += 1
-        if extra_cols:
-            extra = {}
-            for index, name in extra_cols:
-                if index < n_fields and fields[index].strip():
-                    value = to_float(fields[index])
+                if key in ("step", "epoch"):
+                    number = to_step(cell)
+                    if number is not None:
+                        record[key] = number
+                        continue
+                else:
+                    value = to_float(cell)
                     if value is not None:
-                        extra[name] = value
-            if extra:
-                record["extra"] = extra
-        if record:
-            done = merger.push(record)
-            if done is not None:
-                yield done
-    last = merger.close()
-    if last is not None:
-        yield last
-    if bad_cells:
-        meta["bad_cells"] = bad_cells
-        warnings.warn(f"{path}: skipped {bad_cells} cell(s) that are not numbers", stacklevel=2)
-    if bad_rows:
-        meta["skipped_lines"] = bad_rows
+                        record[key] = value
+                        continue
+                self.bad_cells += 1
+            if extra_cols:
+                extra = {}
+                for index, name in extra_cols:
+                    if index < n_fields and fields[index].strip():
+                        value = to_float(fields[index])
+                        if value is not None:
+                            extra[name] = value
+                if extra:
+                    record["extra"] = extra
+            if record:
+                done = push(record)
+                if done is not None:
+                    out.append(done)
+        return out
+
+    def close(self) -> list[Record]:
+        out = []
+        last = self.merger.close()
+        if last is not None:
+            out.append(last)
+        if self.bad_cells:
+            self.meta["bad_cells"] = self.bad_cells
+            warn(f"{self.path}: skipped {self.bad_cells} cell(s) that are not numbers")
+        if self.bad_rows:
+            self.meta["skipped_lines"] = self.bad_rows
+            warn(f"{self.path}: skipped {self.bad_rows} row(s) with far more cells than columns")
+        return out

@@ -11,12 +11,18 @@ Consecutive lines of the same step (a train line and an eval line) become one re
 from __future__ import annotations
 
 import json
-import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from nanscope.logs._common import Merger, Record, iter_lines, record_from_mapping
+from nanscope.logs._common import (
+    FlatRecords,
+    Merger,
+    Record,
+    iter_blocks,
+    record_from_mapping,
+    warn,
+)
 
 NAME = "jsonl"
 DESCRIPTION = "JSON Lines, one object a line with step/loss/grad_norm/lr keys under any usual name"
@@ -36,27 +42,72 @@ def _flatten(obj: dict[str, Any]) -> dict[str, Any]:
     return flat
 
 
+def _objects(block: str) -> list[Any] | None:
+    """Every line of ``block`` decoded in one ``json.loads`` call (a JSON array of the lines);
+    None when some line is not valid JSON on its own (then lines are read one by one)."""
+    if "\n\n" in block or block.startswith("\n") or "\r" in block:
+        return None
+    try:
+        objects = json.loads("[" + block[:-1].replace("\n", ",") + "]")
+    except (ValueError, RecursionError):
+        return None
+    if len(objects) != block.count("\n"):
+        return None  # a line held two values ("1, 2"): read one by one to count it as bad
+    return objects
+
+
 def iter_records(path: Path, meta: dict[str, Any]) -> Iterator[Record]:
     merger = Merger(meta)
+    fast = FlatRecords()
     bad = 0
-    for line in iter_lines(path, meta):
-        text = line.strip()
-        if not text:
-            continue
-        try:
-            obj = json.loads(text)
-        except (ValueError, RecursionError):
-            bad += 1
-            continue
-        if not isinstance(obj, dict):
-            bad += 1
-            continue
-        done = merger.push(record_from_mapping(_flatten(obj)))
-        if done is not None:
-            yield done
+    cut = ""
+    for block in iter_blocks(path, meta):
+        objects = _objects(block)
+        if objects is None:
+            objects = []
+            lines = block.split("\n")
+            lines.pop()
+            for number, line in enumerate(lines):
+                text = line.strip()
+                if not text:
+                    continue
+                try:
+                    objects.append(json.loads(text))
+                    cut = ""
+                except (ValueError, RecursionError):
+                    objects.append(None)
+                    cut = text
+        else:
+            cut = ""
+        out: list[Record] = []
+        for obj in objects:
+            if obj.__class__ is not dict:
+                bad += 1
+                continue
+            record = fast(obj)
+            if record is None:
+                record = record_from_mapping(_flatten(obj))
+            done = merger.push(record)
+            if done is not None:
+                out.append(done)
+        yield from out
     last = merger.close()
     if last is not None:
         yield last
+    if cut and not _ends_with_newline(path):
+        # the last line was cut mid-record (a run killed while writing, a copy cut short)
+        bad -= 1
+        meta["truncated"] = True
+        warn(f"{path}: the last line is cut short mid-record; read the {merger.count} before it")
     if bad:
         meta["skipped_lines"] = bad
-        warnings.warn(f"{path}: skipped {bad} line(s) that are not JSON objects", stacklevel=2)
+        warn(f"{path}: skipped {bad} line(s) that are not JSON objects")
+
+
+def _ends_with_newline(path: Path) -> bool:
+    try:
+        with path.open("rb") as handle:
+            handle.seek(-1, 2)
+            return handle.read(1) == b"\n"
+    except OSError:
+        return True

@@ -35,6 +35,7 @@ from nanscope.logs._common import (
     Merger,
     Record,
     iter_blocks,
+    make_records,
     mark_nonfinite,
     role_of,
     to_float,
@@ -602,18 +603,7 @@ class _Layout:
 
 
 def _records(steps: list[int], columns: list[tuple[str, list[float]]]) -> list[Record]:
-    """One dict per update, built with dict displays (the fastest way CPython makes dicts)."""
-    if len(columns) == 1:
-        ((k1, c1),) = columns
-        return [{"step": s, k1: a} for s, a in zip(steps, c1)]
-    if len(columns) == 2:
-        (k1, c1), (k2, c2) = columns
-        return [{"step": s, k1: a, k2: b} for s, a, b in zip(steps, c1, c2)]
-    if len(columns) == 3:
-        (k1, c1), (k2, c2), (k3, c3) = columns
-        return [{"step": s, k1: a, k2: b, k3: c} for s, a, b, c in zip(steps, c1, c2, c3)]
-    keys = ["step", *(key for key, _ in columns)]
-    return [dict(zip(keys, row)) for row in zip(steps, *(c for _, c in columns))]
+    return make_records(["step", *(key for key, _ in columns)], [steps, *(c for _, c in columns)])
 
 
 _SEP = "\x1f"  # ASCII unit separator: never in a training log line we read this way
