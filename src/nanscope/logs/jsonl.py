@@ -67,7 +67,7 @@ def iter_records(path: Path, meta: dict[str, Any]) -> Iterator[Record]:
             objects = []
             lines = block.split("\n")
             lines.pop()
-            for number, line in enumerate(lines):
+            for line in lines:
                 text = line.strip()
                 if not text:
                     continue
