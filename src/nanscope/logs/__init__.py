@@ -27,15 +27,17 @@ from typing import Any
 from nanscope.errors import TraceError
 from nanscope.logs._common import (
     HEAD_BYTES,
+    LogWarning,
     Record,
     check_file,
     iter_lines,
     read_head,
+    text_encoding,
 )
 from nanscope.logs._thin import thin
 from nanscope.trace import TRACE_SCHEMA, Trace
 
-__all__ = ["FORMATS", "iter_records", "load_trace", "sniff"]
+__all__ = ["FORMATS", "LogWarning", "iter_records", "load_trace", "sniff"]
 
 _MODULES: dict[str, str] = {
     "nanscope": "nanscope.logs.nanscope_trace",
@@ -113,11 +115,16 @@ def _resolve(path: Path) -> tuple[str, Path]:
     head = read_head(path)
     if _is_tfrecord(head) or path.name.startswith("events.out.tfevents"):
         return "tensorboard", path
-    if b"\x00" in head:
-        raise TraceError(f"{path}: looks binary, not a log; known formats: {_known()}")
-    text = head.decode("utf-8", errors="replace")
-    if text.count("\ufffd") > max(8, len(text) // 10):
-        raise TraceError(f"{path}: looks binary (not text), not a log; known formats: {_known()}")
+    encoding = text_encoding(head)
+    if encoding == "utf-8" and b"\x00" in head:
+        raise TraceError(f"{path}: looks binary (NUL bytes), not a log; known formats: {_known()}")
+    text = head.decode(encoding, errors="replace")
+    if _looks_binary(text):
+        raise TraceError(
+            f"{path}: looks binary (mostly bytes that are not text), not a log; "
+            f"known formats: {_known()}"
+        )
+    text = text.lstrip("\ufeff")
     lines = text.splitlines()
     if len(head) == HEAD_BYTES and lines:
         lines = lines[:-1]  # the last one may be cut
@@ -130,6 +137,26 @@ def _resolve(path: Path) -> tuple[str, Path]:
     if fmt is None:
         raise TraceError(f"{path}: not a log format nanscope knows; known formats: {_known()}")
     return fmt, path
+
+
+_CONTROL = frozenset(chr(c) for c in range(32)) - frozenset("\t\n\r\x08\x0c\x1b")
+
+
+def _looks_binary(text: str) -> bool:
+    """True when most lines of ``text`` are mostly bytes that are not text.
+
+    One row of invalid UTF-8 (a latin-1 file name, a cut multibyte character) never makes a log
+    binary: the readers replace those bytes and read the rest.
+    """
+    lines = [line for line in text.split("\n") if line.strip()]
+    if not lines:
+        return False
+    garbage = 0
+    for line in lines[:2000]:
+        bad = line.count("\ufffd") + sum(1 for char in line if char in _CONTROL)
+        if bad > 0.3 * len(line):
+            garbage += 1
+    return garbage > 0.5 * min(len(lines), 2000)
 
 
 def _sniff_text(path: Path, first: str, text: str) -> str | None:

@@ -8,12 +8,11 @@ record decoding, so memory stays bounded by the records kept, not by the file.
 from __future__ import annotations
 
 import json
-import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from nanscope.logs._common import Record, iter_lines
+from nanscope.logs._common import Record, iter_lines, warn
 from nanscope.trace import TRACE_SCHEMA, decode_record, read_trace
 
 NAME = "nanscope"
@@ -35,6 +34,8 @@ def iter_records(path: Path, meta: dict[str, Any]) -> Iterator[Record]:
             return
         meta.update({k: v for k, v in trace.meta.items() if k not in ("format", "source")})
         meta.setdefault("schema", TRACE_SCHEMA)
+        if _cut_mid_line(path):
+            meta["truncated"] = True
         lines = 0
         for index, record in enumerate(trace.records):
             if any(v is None for v in record.values()):
@@ -71,6 +72,29 @@ def _stream(path: Path, meta: dict[str, Any]) -> Iterator[Record]:
             record["step"] = count + 1
         count += 1
         yield record
+    if bad and _cut_mid_line(path):
+        meta["truncated"] = True
     if bad:
         meta["skipped_lines"] = bad
-        warnings.warn(f"{path}: skipped {bad} unreadable line(s)", stacklevel=2)
+        warn(f"{path}: skipped {bad} unreadable line(s)")
+
+
+def _cut_mid_line(path: Path) -> bool:
+    """True when the file's last line is an unfinished JSON record (a killed writer)."""
+    try:
+        with path.open("rb") as handle:
+            size = handle.seek(0, 2)
+            handle.seek(max(0, size - 65536))
+            tail = handle.read()
+    except OSError:
+        return False
+    if not tail or tail.endswith(b"\n"):
+        return False
+    last = tail.rsplit(b"\n", 1)[-1].strip()
+    if not last:
+        return False
+    try:
+        json.loads(last)
+    except (ValueError, RecursionError):
+        return True
+    return False

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from nanscope.errors import TraceError
-from nanscope.logs._common import Record, mark_nonfinite, role_of
+from nanscope.logs._common import LogWarning, Record, mark_nonfinite, role_of
 
 NAME = "tensorboard"
 DESCRIPTION = "TensorBoard event files (events.out.tfevents.*, a file or a run directory)"
@@ -108,7 +108,9 @@ def _read(path: Path, meta: dict[str, Any]) -> dict[str, _Series]:
         meta["problems"] = problems[:20]
         if not series:
             raise TraceError(f"{path}: not readable as TensorBoard events ({problems[0]})")
-        warnings.warn(f"{path}: some event data could not be read: {problems[0]}", stacklevel=3)
+        warnings.warn(
+            f"{path}: some event data could not be read: {problems[0]}", LogWarning, stacklevel=3
+        )
     return series
 
 

@@ -22,13 +22,20 @@ from __future__ import annotations
 import codecs
 import json
 import math
-import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
 from nanscope.errors import TraceError
-from nanscope.logs._common import MAX_MESSAGES, Merger, Record, to_float, to_step
+from nanscope.logs._common import (
+    MAX_MESSAGES,
+    Merger,
+    Record,
+    has_values,
+    to_float,
+    to_step,
+    warn,
+)
 
 NAME = "trainer_state"
 DESCRIPTION = "Hugging Face Trainer trainer_state.json (log_history)"
@@ -110,11 +117,61 @@ def _is_scalar(value: Any) -> bool:
     return value is None or isinstance(value, (bool, int, float, str))
 
 
-def _record(entry: dict[str, Any]) -> Record:
+class _Counts:
+    """What the entries held where numbers belong: quoted numbers read, other strings skipped."""
+
+    def __init__(self) -> None:
+        self.quoted = 0
+        self.bad = 0
+        self.bad_entries = 0
+        self.example: str | None = None
+        self.quoted_example: str | None = None
+
+    def number(self, entry: dict[str, Any], key: str, step: bool = False) -> float | int | None:
+        value = entry.get(key)
+        if value is None:
+            return None
+        if isinstance(value, str):
+            number = to_step(value) if step else to_float(value)
+            if number is None:
+                self.bad += 1
+                if self.example is None:
+                    self.example = f"{key}: {value[:40]!r} at entry {entry.get('step', '?')!s:.20}"
+                return None
+            self.quoted += 1
+            if self.quoted_example is None:
+                self.quoted_example = f"{key}: {value[:40]!r}"
+            return number
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            self.bad += 1
+            if self.example is None:
+                self.example = f"{key}: {str(value)[:40]} at entry {entry.get('step', '?')!s:.20}"
+            return None
+        return to_step(value) if step else float(value)
+
+    def warn(self, path: Path, meta: dict[str, Any], entries: int) -> None:
+        if self.quoted:
+            meta["quoted_numbers"] = self.quoted
+            warn(
+                f"{path}: {self.quoted} value(s) are numbers written as strings "
+                f"({self.quoted_example}); read as numbers"
+            )
+        if self.bad:
+            meta["bad_values"] = self.bad
+            meta["skipped_entries"] = self.bad_entries
+            warn(
+                f"{path}: {self.bad} value(s) where numbers belong are not numbers "
+                f"({self.example}); skipped them, and {self.bad_entries} of {entries} "
+                "log_history entries left with nothing to read"
+            )
+
+
+def _record(entry: dict[str, Any], counts: _Counts) -> Record:
     record: Record = {}
-    step = to_step(entry.get("step"))
+    bad_before = counts.bad
+    step = counts.number(entry, "step", step=True)
     if step is not None:
-        record["step"] = step
+        record["step"] = int(step)
     for source, key in (
         ("loss", "loss"),
         ("eval_loss", "val_loss"),
@@ -122,12 +179,14 @@ def _record(entry: dict[str, Any]) -> Record:
         ("learning_rate", "lr"),
     ):
         if source in entry:
-            value = to_float(entry[source])
+            value = counts.number(entry, source)
             if value is not None:
-                record[key] = value
+                record[key] = float(value)
     epoch = to_float(entry.get("epoch"))
     if epoch is not None and math.isfinite(epoch):
         record["extra"] = {"epoch": epoch}
+    if counts.bad > bad_before and not has_values(record):
+        counts.bad_entries += 1
     return record
 
 
@@ -137,6 +196,7 @@ def iter_records(path: Path, meta: dict[str, Any]) -> Iterator[Record]:
     top: dict[str, Any] = {}
     entries = 0
     filtered = 0
+    counts = _Counts()
     try:
         handle = path.open("rb")
     except OSError as exc:
@@ -179,7 +239,7 @@ def iter_records(path: Path, meta: dict[str, Any]) -> Iterator[Record]:
                     if "train_runtime" in entry or ("train_loss" in entry and "loss" not in entry):
                         meta["train_summary"] = {k: v for k, v in entry.items() if _is_scalar(v)}
                         continue
-                    record = _record(entry)
+                    record = _record(entry, counts)
                     grad = record.get("grad_norm")
                     if record.get("loss") == 0.0 and grad is not None and not math.isfinite(grad):
                         record["events"] = ["loss_nan_filtered"]
@@ -206,19 +266,17 @@ def iter_records(path: Path, meta: dict[str, Any]) -> Iterator[Record]:
             if not entries and not seen_history:
                 raise TraceError(f"{path}: not a complete trainer_state.json ({exc})") from None
             meta["truncated"] = True
-            warnings.warn(
+            warn(
                 f"{path}: the file is cut short after {entries} log_history entries; "
-                "read what was there",
-                stacklevel=2,
+                "read what was there"
             )
         except (ValueError, RecursionError) as exc:
             if not entries:
                 raise TraceError(f"{path}: not a valid trainer_state.json ({exc})") from None
             meta["truncated"] = True
-            warnings.warn(
+            warn(
                 f"{path}: invalid JSON after {entries} log_history entries ({exc}); "
-                "read what came before",
-                stacklevel=2,
+                "read what came before"
             )
         meta["lines"] = entries
     last = merger.close()
@@ -226,6 +284,7 @@ def iter_records(path: Path, meta: dict[str, Any]) -> Iterator[Record]:
         yield last
     if not seen_history:
         raise TraceError(f"{path}: a JSON object without a log_history list")
+    counts.warn(path, meta, entries)
     if top:
         meta["trainer_state"] = top
     if filtered:
