@@ -13,20 +13,12 @@ import pytest
 import nanscope
 from nanscope.logs import LogWarning, load_trace, sniff, textlog
 
+from ._fits import least_squares_losses
+
 
 def _fit(steps: int, lr: float, seed: int = 0) -> list[float]:
     """Least squares by gradient descent on unscaled features: too large an lr diverges."""
-    rng = np.random.default_rng(seed)
-    x = rng.normal(size=(64, 3)) * np.array([1.0, 3.0, 10.0])
-    y = x @ np.array([1.0, -2.0, 0.5]) + rng.normal(size=64)
-    w = np.zeros(3)
-    losses = []
-    with np.errstate(all="ignore"):
-        for _ in range(steps):
-            residual = x @ w - y
-            losses.append(float(np.mean(residual**2)))
-            w = w - lr * 2 * x.T @ residual / len(y)
-    return losses
+    return least_squares_losses(steps, lr, scales=(1.0, 3.0, 10.0), seed=seed)
 
 
 def _same(got: np.ndarray, want: list[float]) -> None:

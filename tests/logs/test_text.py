@@ -10,22 +10,14 @@ import pytest
 
 from nanscope.logs import load_trace, sniff
 
+from ._fits import least_squares_losses
+
 FIXTURES = Path(__file__).parent / "fixtures"
 
 
 def _diverging_fit(steps: int, lr: float = 0.9) -> list[float]:
     """Least squares on unscaled features with a step far too large: loss grows, then inf/NaN."""
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=(64, 3)) * np.array([1.0, 10.0, 100.0])
-    y = x @ np.array([1.0, -2.0, 0.5]) + rng.normal(size=64)
-    w = np.zeros(3)
-    losses = []
-    with np.errstate(all="ignore"):
-        for _ in range(steps):
-            residual = x @ w - y
-            losses.append(float(np.mean(residual**2)))
-            w = w - lr * 2 * x.T @ residual / len(y)
-    return losses
+    return least_squares_losses(steps, lr, scales=(1.0, 10.0, 100.0))
 
 
 def test_seed_000_epoch_blocks() -> None:
