@@ -142,7 +142,7 @@ class TorchSteps:
 
     def _save_last_good(self, monitor: Monitor, alarm: Any) -> dict[str, Any]:
         last = monitor.trace.records[-1] if monitor.trace.records else {}
-        if self.model is None or last.get("nf_params") or not getattr(monitor, "_write", True):
+        if self.model is None or last.get("nf_params") or not monitor.writes:
             return {}
         import torch
 

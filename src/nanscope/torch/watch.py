@@ -42,7 +42,7 @@ from nanscope.detectors import Alarm
 from nanscope.errors import UsageError
 from nanscope.monitor import Monitor
 from nanscope.probes.failure import CallSite, TorchFailure
-from nanscope.torch import _hooks
+from nanscope.torch import _hooks, distributed
 from nanscope.torch.measure import ParamMeasure, batch_stats, param_names
 
 __all__ = ["FULL_EVERY", "SCALE_FLOOR", "SKIP_LIMIT", "Watcher", "watch"]
@@ -72,6 +72,7 @@ def watch(
     run_dir: str | os.PathLike[str] | None = None,
     every: int | None = None,
     sync_every: int | None = None,
+    every_agree: int = 1,
 ) -> Watcher:
     """Watch ``model`` trained by ``optimizer``; returns the :class:`Watcher` (call ``.close()``).
 
@@ -86,15 +87,12 @@ def watch(
         the parameters are on an accelerator). Detection is then up to ``sync_every`` updates late;
         the failing update is still found exactly and the weights are restored from the last
         verified snapshot (see ``docs/torch.md``).
+    every_agree: under ``torch.distributed`` with more than one rank (call ``watch`` on every
+        rank), the ranks agree on every stop (:mod:`nanscope.torch.distributed`); they combine
+        their verdicts on updates divisible by ``every_agree`` (default 1: every update).
     """
-    watcher = _make_watcher(model, optimizer, policy=policy, monitor=monitor, run_dir=run_dir,
-                            every=every, sync_every=sync_every)  # fmt: skip
-    _attach_distributed(watcher)
-    return watcher
-
-
-def _make_watcher(model: Any, optimizer: Any, **kwargs: Any) -> Watcher:
-    """:func:`watch` without the distributed attachment (its arguments checked)."""
+    if isinstance(every_agree, bool) or not isinstance(every_agree, int) or every_agree < 1:
+        raise UsageError(f"every_agree must be a positive integer, got {every_agree!r}")
     if not isinstance(model, torch.nn.Module):
         raise UsageError(
             f"watch(model, optimizer): model must be a torch.nn.Module, got {type(model).__name__}"
@@ -104,23 +102,21 @@ def _make_watcher(model: Any, optimizer: Any, **kwargs: Any) -> Watcher:
             "watch(model, optimizer): optimizer must be a torch.optim.Optimizer, got "
             f"{type(optimizer).__name__}"
         )
-    return Watcher(model, optimizer, **kwargs)
+    watcher = Watcher(model, optimizer, policy=policy, monitor=monitor, run_dir=run_dir,
+                      every=every, sync_every=sync_every)  # fmt: skip
+    _attach_distributed(watcher, every_agree)
+    return watcher
 
 
-def _attach_distributed(watcher: Watcher) -> None:
+def _attach_distributed(watcher: Watcher, every: int) -> None:
     """Under ``torch.distributed`` (world size > 1): make the ranks agree on every stop."""
-    dist = getattr(torch, "distributed", None)
     try:
-        if dist is None or not dist.is_available() or not dist.is_initialized():
-            return
-        if dist.get_world_size() <= 1:
+        if not distributed.is_distributed():
             return
     except Exception:
         return
-    from nanscope.torch import distributed
-
     try:
-        distributed.attach_watcher(watcher)
+        distributed.attach_watcher(watcher, every=every)
     except Exception as exc:  # never stop training for nanscope's sake
         warnings.warn(f"nanscope: ranks will not agree on stops ({type(exc).__name__}: {exc})",
                       RuntimeWarning, stacklevel=3)  # fmt: skip
@@ -224,8 +220,8 @@ class Watcher:
         if monitor.rollback_handler is None:
             monitor.rollback_handler = self._rollback
         if hook_optimizer:
-            self._handles.append(optimizer.register_step_pre_hook(self._step_pre))
-            self._handles.append(optimizer.register_step_post_hook(self._step_post))
+            self._handles.append(optimizer.register_step_pre_hook(self.step_pre))
+            self._handles.append(optimizer.register_step_post_hook(self.step_post))
         _hooks.register(self)
         monitor.meta.setdefault("framework", f"torch {torch.__version__}")
         monitor.meta.setdefault("optimizer", type(optimizer).__name__)
@@ -279,10 +275,11 @@ class Watcher:
     def _forward_post(self, module: Any, args: Any, output: Any) -> None:
         self._output = output
 
-    def on_forward(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    def on_forward(self, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any = None) -> None:
+        """The model's forward was called with ``args``/``kwargs`` (and returned ``output``)."""
         self._args = args
         self._kwargs = kwargs
-        self._output = None
+        self._output = output
         self._rng = None
         self._index = _batch_index(args, kwargs)
         if self.failure is None and self._first_tensor_device() == "cpu":
@@ -340,7 +337,8 @@ class Watcher:
         if isinstance(total, torch.Tensor):
             self._clip_norm = total.detach()
 
-    def _step_pre(self, optimizer: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def step_pre(self, optimizer: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """The optimizer's step pre-hook: check this update before the weights change."""
         if "step" in self.guard.off:
             return None
         self._stepped = False
@@ -357,7 +355,8 @@ class Watcher:
         self.guard.run("step", self.check)
         return None
 
-    def _step_post(self, optimizer: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    def step_post(self, optimizer: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """The optimizer's step post-hook: the update was applied."""
         self._stepped = True
         self._snapshot = None
 
@@ -365,7 +364,7 @@ class Watcher:
         self._closure_checked = False
         if isinstance(self.optimizer, torch.optim.LBFGS):
             # LBFGS changes the weights between closure calls: keep this update's start
-            self._snapshot = [p.detach().clone() for p in self._params()]
+            self._snapshot = [p.detach().clone() for p in self.params()]
 
         def checked_closure() -> Any:
             self._in_closure += 1
@@ -388,7 +387,7 @@ class Watcher:
             return
         if self._snapshot is not None:
             with torch.no_grad():
-                for p, saved in zip(self._params(), self._snapshot):
+                for p, saved in zip(self.params(), self._snapshot):
                     p.copy_(saved)
         self._losses = [loss.detach().reshape(())]
         self.step -= 1
@@ -569,7 +568,7 @@ class Watcher:
                     raise
                 return
         # every update up to now was clean: the current weights are verified good
-        params = self._params()
+        params = self.params()
         if params and params[0].device.type != "meta":
             with torch.no_grad():
                 if self._verified is None or len(self._verified) != len(params):
@@ -679,7 +678,7 @@ class Watcher:
     def _save_last_good(self, alarm: Alarm) -> None:
         if self.model is None:
             return
-        params = self._params()
+        params = self.params()
         restored = False
         if self._failing.get("late") and self._verified is not None:
             with torch.no_grad():
@@ -694,7 +693,7 @@ class Watcher:
                  if isinstance(v, torch.Tensor) and v.device.type != "meta"}  # fmt: skip
         if not state:
             return
-        if self.monitor._write:
+        if self.monitor.writes:
             path = self.monitor.run_dir / "last_good.pt"
             self.monitor.run_dir.mkdir(parents=True, exist_ok=True)
             torch.save(state, path)
@@ -757,7 +756,7 @@ class Watcher:
         self._rollbacks += 1
         if self._rollbacks > ROLLBACK_LIMIT:
             return False
-        for p in self._params():
+        for p in self.params():
             p.grad = None
         for group in self.optimizer.param_groups:
             if isinstance(group.get("lr"), (int, float)):
@@ -775,11 +774,12 @@ class Watcher:
 
     # ------------------------------------------------------------------ helpers
 
-    def _params(self) -> list[torch.Tensor]:
+    def params(self) -> list[torch.Tensor]:
+        """The optimizer's parameters, every group, in order."""
         return [p for group in self.optimizer.param_groups for p in group["params"]]
 
     def _get_measure(self) -> ParamMeasure:
-        params = self._params()
+        params = self.params()
         key = (len(params), sum(id(p) for p in params))
         if self._measure is None or self._measure.key != key:
             self._measure = ParamMeasure(params, self._names)
