@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from nanscope.errors import UsageError
+from nanscope.formatting import number
 
 __all__ = ["main", "render"]
 
@@ -39,7 +40,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _num(value: Any) -> str:
-    return "" if value is None else f"{value:.4g}"
+    return number(value, none="")
 
 
 def _cells(run: dict[str, Any]) -> list[str]:

@@ -42,7 +42,12 @@ On disk a trace is JSONL: a header line ``{"schema": "nanscope.trace/1", ...meta
 record per line. Non-finite floats are written as the strings ``"nan"``, ``"inf"``, ``"-inf"`` so
 that every line is strict JSON; :func:`read_trace` turns them back into floats. The writer flushes
 after every record, so a killed process leaves a readable trace (a truncated last line is skipped
-with a warning).
+with a warning, and ``trace.meta["truncated"]`` says so).
+
+Besides records, a trace may hold *event* lines, ``{"event": "<name>", ...fields}``, written by
+:meth:`TraceWriter.event` (for example ``{"event": "interrupted", "signal": "SIGINT", "step": 41}``
+when the run was stopped from outside). :func:`read_trace` puts them in ``trace.meta["events"]``,
+never among the records.
 """
 
 from __future__ import annotations
@@ -65,6 +70,7 @@ __all__ = [
     "TraceWriter",
     "decode_record",
     "encode_record",
+    "is_event",
     "read_trace",
 ]
 
@@ -266,17 +272,34 @@ class TraceWriter:
     def write(self, record: Mapping[str, Any]) -> None:
         self._write_line(encode_record(record))
 
+    def event(self, name: str, **fields: Any) -> None:
+        """Write one event line ``{"event": name, ...fields}`` (not an update record).
+
+        :func:`read_trace` collects these into ``trace.meta["events"]``. The event
+        ``interrupted`` carries ``signal`` (``"SIGINT"``, ``"SIGTERM"``, ``"KeyboardInterrupt"``)
+        and ``step`` (the last update seen).
+        """
+        self._write_line(encode_record({**fields, "event": str(name)}))
+
     def close(self) -> None:
         if self._file is not None:
             self._file.close()
             self._file = None
 
 
-def read_trace(path: str | Path) -> Trace:
-    """Read a nanscope JSONL trace; a truncated last line (a killed run) is skipped with a warning.
+def is_event(obj: Mapping[str, Any]) -> bool:
+    """True for an event line (``{"event": "<name>", ...}``), which is not an update record."""
+    return isinstance(obj.get("event"), str)
 
-    Raises :class:`nanscope.errors.TraceError` when the file is missing, empty, binary, or holds no
-    valid record.
+
+def read_trace(path: str | Path) -> Trace:
+    """Read a nanscope JSONL trace; a truncated last line (a killed run) is skipped with a warning
+    and ``meta["truncated"]`` is set. Event lines go to ``meta["events"]`` (a list of dicts), not
+    into the records.
+
+    A file with a nanscope header and no record is a run that saw no update: it reads as an empty
+    trace (the engine calls it ``unobserved``). Raises :class:`nanscope.errors.TraceError` when
+    the file is missing, empty, binary, or holds neither a header nor a valid record.
     """
     path = Path(path)
     if not path.exists():
@@ -298,6 +321,7 @@ def read_trace(path: str | Path) -> Trace:
     lines = text.splitlines()
     meta: dict[str, Any] = {}
     records: list[dict[str, Any]] = []
+    events: list[dict[str, Any]] = []
     bad: list[int] = []
     for number, line in enumerate(lines, start=1):
         if not line.strip():
@@ -314,17 +338,23 @@ def read_trace(path: str | Path) -> Trace:
             meta = {k: v for k, v in obj.items() if k != "schema"}
             meta["schema"] = obj["schema"]
             continue
+        if is_event(obj):
+            events.append(decode_record(obj))
+            continue
         records.append(decode_record(obj))
     if bad:
         last = len([ln for ln in lines if ln.strip()])
         if bad == [last]:
+            meta["truncated"] = True
             warnings.warn(
                 f"{path}: skipped a truncated last line ({last}); the run was probably killed",
                 stacklevel=2,
             )
         else:
             warnings.warn(f"{path}: skipped {len(bad)} unreadable line(s): {bad[:5]}", stacklevel=2)
-    if not records:
+    if events:
+        meta["events"] = events
+    if not records and meta.get("schema") != TRACE_SCHEMA:
         raise TraceError(f"{path}: holds no trace records")
     for i, record in enumerate(records):
         record.setdefault("step", i + 1)

@@ -2,31 +2,16 @@
 
 from __future__ import annotations
 
-import math
 from typing import Any
+
+from nanscope.formatting import number
 
 __all__ = ["num", "row_text", "tenfold_action"]
 
 
 def num(value: Any) -> str:
-    """A number as people read it in a report: 3 significant digits, nan/inf spelled out."""
-    if value is None:
-        return "?"
-    if isinstance(value, bool):
-        return str(value)
-    if isinstance(value, int):
-        return str(value)
-    try:
-        x = float(value)
-    except (TypeError, ValueError):
-        return str(value)
-    if math.isnan(x):
-        return "nan"
-    if math.isinf(x):
-        return "inf" if x > 0 else "-inf"
-    if x != 0 and (abs(x) >= 1e5 or abs(x) < 1e-3):
-        return f"{x:.3g}"
-    return f"{x:.4g}"
+    """A number as people read it in a report (see :func:`nanscope.formatting.number`)."""
+    return number(value)
 
 
 def row_text(row: dict[str, Any]) -> str:
