@@ -17,7 +17,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["count", "lr", "number", "value"]
+__all__ = ["count", "lr", "number", "row", "value"]
 
 #: below this magnitude (and at or above :data:`LARGE`) a number is written in e-notation
 SMALL = 1e-3
@@ -103,3 +103,18 @@ def value(v: Any, *, limit: int = 12) -> str:
     if v is None:
         return ""
     return number(v)
+
+
+def row(r: Mapping[str, Any]) -> str:
+    """One bad input row in words: ``batch row 7 (dataset row 1207), column 3 = nan``."""
+    text = f"batch row {r.get('batch_row')}"
+    if r.get("dataset_row") is not None:
+        text += f" (dataset row {r['dataset_row']})"
+    if r.get("source") == "targets":
+        text += " of the targets"
+    if r.get("column") is not None:
+        text += f", column {r['column']}"
+    text += f" = {number(r.get('value'))}"
+    if r.get("z") is not None and r.get("why") == "extreme":
+        text += f" (robust z {number(r['z'])})"
+    return text

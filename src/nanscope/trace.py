@@ -254,14 +254,19 @@ class Trace:
 
 
 class TraceWriter:
-    """Appends records to a JSONL file, flushing after each so a killed run leaves a trace."""
+    """Appends records to a JSONL file, flushing after each so a killed run leaves a trace.
+
+    The header line is written when the file is new or empty; opening an existing trace again
+    appends to it (an event after the run, a resumed run) without a second header.
+    """
 
     def __init__(self, path: str | Path, meta: Mapping[str, Any] | None = None) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._file: IO[str] | None = self.path.open("a", encoding="utf-8")
-        header = {"schema": TRACE_SCHEMA, **dict(meta or {})}
-        self._write_line(encode_record(header))
+        if self._file.tell() == 0:
+            header = {"schema": TRACE_SCHEMA, **dict(meta or {})}
+            self._write_line(encode_record(header))
 
     def _write_line(self, line: str) -> None:
         if self._file is None:

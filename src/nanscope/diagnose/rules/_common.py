@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from nanscope.formatting import number
+from nanscope.formatting import row as row_words
 
 __all__ = ["num", "row_text", "tenfold_action"]
 
@@ -15,18 +16,8 @@ def num(value: Any) -> str:
 
 
 def row_text(row: dict[str, Any]) -> str:
-    """'batch row 7 (dataset row 1207), column 3 = nan' for one bad row."""
-    text = f"batch row {row.get('batch_row')}"
-    if row.get("dataset_row") is not None:
-        text += f" (dataset row {row['dataset_row']})"
-    if row.get("source") == "targets":
-        text += " of the targets"
-    if row.get("column") is not None:
-        text += f", column {row['column']}"
-    text += f" = {num(row.get('value'))}"
-    if row.get("z") is not None and row.get("why") == "extreme":
-        text += f" (robust z {num(row['z'])})"
-    return text
+    """'batch row 7 (dataset row 1207), column 3 = nan' (see :func:`nanscope.formatting.row`)."""
+    return row_words(row)
 
 
 def tenfold_action(lr: float | None) -> str:
