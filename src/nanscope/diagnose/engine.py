@@ -275,8 +275,8 @@ def _unobserved(
     actions = [
         "Check that the training loop ran: nanscope records an update each time "
         "Monitor.update is called or a watched optimizer steps.",
-        "Under `nanscope run`, the script must create its optimizer after import torch (the "
-        "optimizer classes are watched when created).",
+        "Under `nanscope run`, every torch optimizer the script creates is watched; a loop "
+        "without one (numpy, JAX) needs a Monitor.update call per update.",
     ]
     return Diagnosis(
         verdict="unobserved",
