@@ -65,6 +65,7 @@ from nanscope.errors import TraceError
 
 __all__ = [
     "NUMERIC_KEYS",
+    "RECORD_KEYS",
     "TRACE_SCHEMA",
     "Trace",
     "TraceWriter",
@@ -95,6 +96,14 @@ NUMERIC_KEYS: frozenset[str] = frozenset(
         "row_z",
     }
 )
+
+#: Every record key of the table above (the one definition; the log sniffer uses it too).
+RECORD_KEYS: frozenset[str] = NUMERIC_KEYS | frozenset(
+    {
+        "step", "epoch", "grad_norms", "nf_loss", "nf_grads", "nf_params", "nf_inputs",
+        "nf_targets", "input_scale_column", "rows", "events", "extra",
+    }
+)  # fmt: skip
 
 _NONFINITE_TEXT = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf, "+inf": math.inf}
 

@@ -127,3 +127,17 @@ def test_a_cut_last_line_marks_the_trace_truncated(tmp_path):
     with pytest.warns(UserWarning, match="truncated"):
         trace = read_trace(path)
     assert trace.meta["truncated"] is True and len(trace) == 29
+
+
+def test_the_record_keys_are_the_documented_table():
+    import re
+
+    import nanscope.trace as trace_module
+    from nanscope.trace import NUMERIC_KEYS, RECORD_KEYS
+
+    doc = trace_module.__doc__ or ""
+    table = doc.split("=================  ======", 2)[2].split("=================  ======")[0]
+    documented = {m.group(1) for m in re.finditer(r"^(\w+)\s+(?:int|float|dict|list)\s", table,
+                                                   re.M)}  # fmt: skip
+    assert documented == set(RECORD_KEYS)
+    assert NUMERIC_KEYS <= RECORD_KEYS
