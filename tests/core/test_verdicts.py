@@ -162,3 +162,14 @@ def test_the_engine_takes_a_trace_not_a_path(tmp_path: Path) -> None:
         diagnose(str(path))
     # the public nanscope.diagnose reads the path through nanscope.loading
     assert nanscope.diagnose(path).to_dict() == diagnose(load(path)).to_dict()
+
+
+def test_every_verdict_is_ranked_and_a_run_that_saw_nothing_hides_none(tmp_path: Path) -> None:
+    from nanscope.diagnose.diagnosis import VERDICT_RANK, VERDICTS
+
+    assert set(VERDICT_RANK) == set(VERDICTS)
+    watched = nanscope.diagnose(_healthy_trace(tmp_path / "a", steps=10))
+    unused = nanscope.Monitor(write=False).close()
+    # which diagnosis a run with two monitors reports: the one that watched something
+    assert min((unused, watched), key=lambda d: VERDICT_RANK[d.verdict]) is watched
+    assert VERDICT_RANK["interrupted"] < VERDICT_RANK["healthy"]

@@ -25,6 +25,7 @@ __all__ = [
     "CAUSES",
     "SCHEMA",
     "VERDICTS",
+    "VERDICT_RANK",
     "Diagnosis",
     "Evidence",
     "Finding",
@@ -56,6 +57,17 @@ VERDICTS: tuple[str, ...] = (
     "unobserved",
     "interrupted",
 )
+
+#: which diagnosis to report when several monitors (or ranks) have one: lowest first. A run
+#: stopped from outside outranks a healthy one; one that saw nothing never hides one that did.
+VERDICT_RANK: dict[str, int] = {
+    "nonfinite": 0,
+    "diverging": 1,
+    "suspect": 2,
+    "interrupted": 3,
+    "healthy": 4,
+    "unobserved": 5,
+}
 
 _html_renderer: Callable[[Diagnosis], str] | None = None
 
