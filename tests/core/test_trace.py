@@ -141,3 +141,23 @@ def test_the_record_keys_are_the_documented_table():
                                                    re.M)}  # fmt: skip
     assert documented == set(RECORD_KEYS)
     assert NUMERIC_KEYS <= RECORD_KEYS
+
+
+def test_the_streaming_reader_keeps_events_apart_too(tmp_path, monkeypatch):
+    # traces too big to read at once are streamed line by line: the same events, the same records
+    import nanscope.logs.nanscope_trace as streamed
+    from nanscope.loading import load
+
+    path = tmp_path / "t.jsonl"
+    writer = TraceWriter(path, {"run_id": "x"})
+    for i, (loss, *_rest) in enumerate(_least_squares(12)):
+        writer.write({"step": i + 1, "loss": loss})
+    writer.event("interrupted", signal="SIGTERM", step=12)
+    writer.close()
+    whole = load(path)
+    monkeypatch.setattr(streamed, "STREAM_ABOVE_BYTES", 0)
+    stream = load(path)
+    assert len(stream) == len(whole) == 12
+    assert stream.meta["events"] == whole.meta["events"] == [
+        {"event": "interrupted", "signal": "SIGTERM", "step": 12}
+    ]
