@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 from nanscope.errors import UsageError
-from nanscope.formatting import number
 
 __all__ = ["main", "render"]
 
@@ -40,7 +39,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _num(value: Any) -> str:
-    return number(value, none="")
+    return "" if value is None else f"{value:.4g}"
 
 
 def _cells(run: dict[str, Any]) -> list[str]:

@@ -125,3 +125,17 @@ def test_report_from_another_folder_keeps_title_and_source(tmp_path: Path) -> No
     hit = re.search(r'<span class="hit"><span class="ln">\s*\d+</span>([^<]*)</span>',
                     snippet.group(1))  # fmt: skip
     assert hit and "torch.log" in hit.group(1)
+
+
+def test_the_rerun_confirmation_is_shown_when_the_diagnosis_holds_one(nan_run: Path) -> None:
+    stored = json.loads((nan_run / "diagnosis.json").read_text())
+    page = render_report(None, stored)
+    assert 'id="confirmation"' not in page  # a numpy run replays nothing
+    stored["confirmation"] = [
+        {"change": "float32", "ran": True, "finite": True, "loss": 0.25,
+         "text": "`float32` fixes it"},
+        {"change": "lr_x0.1", "ran": False, "finite": None, "loss": None, "text": "not run"},
+    ]
+    section = _section(render_report(None, stored), "confirmation")
+    assert "<td>float32</td><td>finite</td>" in section and "<code>float32</code>" in section
+    assert "<td>lr_x0.1</td><td>not run</td>" in section

@@ -7,13 +7,13 @@ file cannot be read.
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
+from typing import Any
 
 from nanscope.commands.common import add_output_options, show, write_html, write_json
 from nanscope.diagnose import diagnose
 from nanscope.errors import TraceError
-from nanscope.loading import load as load_any
-from nanscope.loading import run_evidence
 from nanscope.trace import Trace
 
 __all__ = ["load", "main"]
@@ -21,7 +21,29 @@ __all__ = ["load", "main"]
 
 def load(path: str) -> Trace:
     """A trace from a nanscope run (file or run directory) or from any log format we read."""
-    return load_any(path)
+    from nanscope.loading import load as load_any
+
+    return load_any(path)  # bounded: a very long log is thinned away from the first NaN
+
+
+def _probe_evidence(path: Path) -> dict[str, Any]:
+    """Located op and rows from a run's own diagnosis.json, which a bare trace lacks."""
+    folder = path if path.is_dir() else path.parent
+    saved = folder / "diagnosis.json"
+    if not saved.is_file():
+        return {}
+    try:
+        data = json.loads(saved.read_text())
+    except (OSError, ValueError):
+        return {}
+    evidence: dict[str, Any] = {}
+    if isinstance(data.get("located"), dict):
+        evidence["located"] = data["located"]
+    if isinstance(data.get("rows"), list):
+        evidence["rows"] = data["rows"]
+    if isinstance(data.get("run"), dict):
+        evidence["run"] = data["run"]
+    return evidence
 
 
 def main(argv: list[str]) -> int:
@@ -36,7 +58,7 @@ def main(argv: list[str]) -> int:
     if not path.exists():
         raise TraceError(f"{args.file}: no such file or directory")
     trace = load(args.file)
-    evidence = run_evidence(path) if trace.meta.get("schema") else {}
+    evidence = _probe_evidence(path) if trace.meta.get("schema") else {}
     diagnosis = diagnose(trace, evidence=evidence)
     if args.json != "-":
         show(diagnosis, trace, no_color=args.no_color)

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from nanscope.commands.common import add_output_options, show, write_html, write_json
-from nanscope.diagnose.diagnosis import VERDICT_RANK, Diagnosis
+from nanscope.diagnose.diagnosis import Diagnosis
 from nanscope.errors import DivergenceError, UsageError
 from nanscope.monitor import POLICIES, Monitor, active_monitors, set_defaults
 
@@ -131,7 +131,7 @@ def _pick(
     if stop is not None and stop.diagnosis is not None:
         owner = next((m for m in monitors if m.diagnosis is stop.diagnosis), None)
         return stop.diagnosis, owner
-    order = VERDICT_RANK
+    order = {"nonfinite": 0, "diverging": 1, "suspect": 2, "healthy": 3}
     best: tuple[Diagnosis | None, Monitor | None] = (None, None)
     for monitor in monitors:
         diagnosis = monitor.close()

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import io
+import math
 
 from nanscope.data._model import ColumnStats, Finding, ScanReport
-from nanscope.formatting import number
 
 __all__ = ["render"]
 
@@ -13,7 +13,16 @@ _STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 
 
 def _n(x: float) -> str:
-    return number(x, thousands=True, nan="-", large=1e6)
+    if isinstance(x, int):
+        return f"{x:,}"
+    if math.isnan(x):
+        return "-"
+    if math.isinf(x):
+        return "inf" if x > 0 else "-inf"
+    ax = abs(x)
+    if ax != 0 and (ax >= 1e6 or ax < 1e-3):
+        return f"{x:.3g}"
+    return f"{x:.4g}"
 
 
 def _rows(f: Finding) -> str:

@@ -401,6 +401,24 @@ def _located(d: Mapping[str, Any]) -> str:
     return _section("located", "Where it happened", body)
 
 
+def _confirmation(d: Mapping[str, Any]) -> str:
+    """The failing update rerun changed one way at a time (``confirmation``), one row each."""
+    entries = [c for c in d.get("confirmation") or [] if isinstance(c, Mapping)]
+    if not entries:
+        return ""
+    rows = []
+    for c in entries:
+        if not c.get("ran"):
+            outcome = "not run"
+        elif c.get("finite"):
+            outcome = "finite"
+        else:
+            outcome = "still non-finite"
+        rows.append((c.get("change"), outcome, c.get("loss"), c.get("text")))
+    table = _table(("rerun with", "outcome", "loss", "what it shows"), rows, "confirmation")
+    return _section("confirmation", "The failing update, rerun", table)
+
+
 def _rows(d: Mapping[str, Any]) -> str:
     rows = [r for r in d.get("rows") or [] if isinstance(r, Mapping)]
     if not rows:
@@ -653,6 +671,7 @@ def render_report(
         _actions(d),
         _plots_section(trace, d, None) if plots else "",
         _located(d),
+        _confirmation(d),
         _rows(d),
         _lint(d),
         _scan(d),
