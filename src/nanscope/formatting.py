@@ -49,7 +49,7 @@ def number(
         return none
     if isinstance(x, bool):
         return str(x).lower()
-    if isinstance(x, int) or (hasattr(x, "dtype") and getattr(x.dtype, "kind", "") in "iu"):
+    if isinstance(x, int) or getattr(getattr(x, "dtype", None), "kind", None) in ("i", "u"):
         return f"{int(x):,}" if thousands else str(int(x))
     f = _as_float(x)
     if f is None:
