@@ -293,7 +293,8 @@ class Ledger:
         """Add (or replace, same ``id``) one run; returns its id, ``None`` if it was not stored.
 
         Keys: ``id`` (made up when missing), ``started`` (epoch seconds, default now), ``script``
-        (stored as an absolute path; ``script_hash`` is computed from the file when missing),
+        (stored as an absolute path; ``script_hash`` is computed from the file when missing;
+        a ``module`` key with no ``script`` -- a ``python -m`` run -- is stored by module name),
         ``model_signature``, ``model_text``, ``optimizer``, ``lr``, ``outcome`` (the cause, or
         ``"healthy"``), ``verdict``, ``failed_at``, ``best_loss``, ``duration``, ``sweep_lr``,
         ``sweep_factor``, ``sweep_text``. Any other key is kept in a JSON ``extra`` column.
@@ -301,7 +302,10 @@ class Ledger:
         row = {k: run.get(k) for k in COLUMNS}
         row["id"] = str(row["id"] or time.strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(3))
         row["started"] = float(row["started"] if row["started"] is not None else time.time())
-        if row["script"] is not None:
+        if row["script"] is None and run.get("module"):
+            # a `python -m pkg.train` run: the module name is what identifies it
+            row["script"] = str(run["module"])
+        elif row["script"] is not None:
             script = str(row["script"])
             row["script"] = _abs(script)
             if row["script_hash"] is None:
@@ -339,8 +343,8 @@ class Ledger:
         query = f"SELECT {', '.join(COLUMNS)}, extra FROM runs"
         params: list[Any] = []
         if script is not None:
-            query += " WHERE script = ?"
-            params.append(_abs(script))
+            query += " WHERE script = ? OR script = ?"
+            params.extend([_abs(script), str(script)])
             digest = file_hash(script)
             if digest is not None:
                 query += " OR script_hash = ?"
@@ -462,6 +466,8 @@ def _run_row(
 ) -> dict[str, Any]:
     cause = _get(diagnosis, "cause")
     verdict = _get(diagnosis, "verdict")
+    if verdict in ("interrupted", "unobserved"):
+        cause = verdict  # never recorded as healthy: the run did not finish under watch
     row: dict[str, Any] = {
         "outcome": cause,
         "verdict": verdict,
@@ -487,9 +493,15 @@ def _run_row(
             lrs.append(float(rec["lr"]))
     row["best_loss"] = min(losses) if losses else None
     name, opt_lr = _optimizer(optimizer)
+    if opt_lr is not None:
+        lrs.append(opt_lr)
     row["optimizer"] = name or meta.get("optimizer")
+    if lr is None and lrs:
+        # the peak: a warm-up starts far below the lr the run is about, a decay ends below it
+        finite = [v for v in lrs if math.isfinite(v)]
+        lr = max(finite) if finite else None
     if lr is None:
-        lr = opt_lr if opt_lr is not None else (lrs[0] if lrs else None)
+        lr = opt_lr
     row["lr"] = lr
     signature = model_signature(model) if model is not None else None
     if signature is None and monitor is not None and hasattr(monitor, "last_good"):
