@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from nanscope.commands.base import CommandParser
+from nanscope.commands.base import CommandParser, check_folder
 from nanscope.diagnose.diagnosis import Diagnosis
 from nanscope.errors import DivergenceError
 from nanscope.experiment import sweep
@@ -69,6 +69,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--no-color", action="store_true")
     parser.add_argument("--run-dir", metavar="DIR", help="where the demo's runs go")
     args = parser.parse_args(argv)
+    check_folder(args.run_dir, "--run-dir")
     root = Path(args.run_dir) if args.run_dir else None
     color = False if args.no_color else None
     remembered = _remembered()
