@@ -465,11 +465,13 @@ def _interrupted(diagnosis: Diagnosis, signal_name: str, step: int | None) -> No
     where = f" after update {step}" if step is not None else " before any update"
     text = f"the run was interrupted ({signal_name}){where}; no failure was seen up to there"
     if diagnosis.verdict != "interrupted":
+        # the engine of this version did not read the event: say it here, as the engine would
         diagnosis.verdict = "interrupted"
         if diagnosis.cause == "healthy":
             diagnosis.cause = "unknown"
+            diagnosis.confidence = 0.0
         diagnosis.step = step
-    if not any(e.rule == "run" and "interrupted" in e.text for e in diagnosis.evidence):
+    if not any("interrupted" in e.text for e in diagnosis.evidence):
         diagnosis.evidence.insert(0, Evidence("run", text, {"signal": signal_name, "step": step}))
     diagnosis.extra.setdefault("interrupted", {"signal": signal_name, "step": step})
 
