@@ -32,7 +32,7 @@ from typing import Any, TypeVar
 import numpy as np
 import polars as pl
 
-from nanscope.commands.base import clean
+from nanscope._messages import clean
 from nanscope.data._model import ColumnStats, Finding, ScanReport
 from nanscope.data._sources import Source, resolve
 from nanscope.data.checks import CHECKS

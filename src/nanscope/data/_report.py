@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 import math
 
-from nanscope.commands.base import clean
+from nanscope._messages import clean
 from nanscope.data._model import ColumnStats, Finding, ScanReport
 
 __all__ = ["render"]

@@ -359,7 +359,7 @@ def _float_word_columns(lf: pl.LazyFrame) -> dict[str, Any]:
 
 
 def _warn(message: str) -> None:
-    from nanscope.commands.base import warn
+    from nanscope._messages import warn
 
     warn(message)
 
