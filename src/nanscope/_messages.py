@@ -69,11 +69,15 @@ def _is_ours(message: Warning | str, category: type[Warning], filename: str) -> 
     return inside or str(message).startswith("nanscope")
 
 
+#: the formatters installed (so installing twice wraps nothing twice)
+_INSTALLED: list[object] = []
+
+
 def install_warning_format() -> None:
     """Print nanscope's own warnings as one ``nanscope: warning: ...`` line on stderr; every other
     warning (the user's script's, a library's) keeps Python's usual format."""
     original = warnings.showwarning
-    if getattr(original, "_nanscope", False):
+    if original in _INSTALLED:
         return
 
     def show(
@@ -94,7 +98,7 @@ def install_warning_format() -> None:
         except (OSError, ValueError):
             pass
 
-    show._nanscope = True  # type: ignore[attr-defined]
+    _INSTALLED.append(show)
     warnings.showwarning = show
 
 
