@@ -478,6 +478,8 @@ CASES = [
         needle="--updates",
     ),
     Case("sweep-no-script", ["sweep"], needle="no script"),
+    Case("sweep-binary", ["sweep", "--", "/bin/false"], needle="not a python script"),
+    Case("sweep-missing-module", ["sweep", "--", "python", "-m", "nope_xyz"], needle="nope_xyz"),
     Case(
         "sweep-table-on-stdout",
         ["sweep", "--factors", "1,0.1", "--updates", "10", "--no-progress", "--", "numpy_fit.py"],
