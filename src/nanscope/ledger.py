@@ -337,20 +337,27 @@ class Ledger:
     # ------------------------------------------------------------------ reading
 
     def runs(self, script: str | os.PathLike[str] | None = None, limit: int = 50) -> list[dict]:
-        """Runs, newest first; with ``script``, only that script's (same path, or same content)."""
+        """Runs, newest first; with ``script``, only that script's: the same absolute path (or
+        module name), or -- a moved script keeps its history -- a run of a file with the same
+        content whose recorded path no longer exists. Two files that both exist are two
+        scripts, even with the same name or the same content."""
         if self._db is None:
             return []
         query = f"SELECT {', '.join(COLUMNS)}, extra FROM runs"
         params: list[Any] = []
+        path = digest = None
         if script is not None:
+            path = _abs(script)
             query += " WHERE script = ? OR script = ?"
-            params.extend([_abs(script), str(script)])
+            params.extend([path, str(script)])
             digest = file_hash(script)
             if digest is not None:
                 query += " OR script_hash = ?"
                 params.append(digest)
-        query += " ORDER BY started DESC, rowid DESC LIMIT ?"
-        params.append(int(limit))
+        query += " ORDER BY started DESC, rowid DESC"
+        if digest is None:
+            query += " LIMIT ?"
+            params.append(int(limit))
         with self._lock:
             try:
                 rows = self._db.execute(query, params).fetchall()
@@ -360,11 +367,17 @@ class Ledger:
         out = []
         for values in rows:
             row = dict(zip([*COLUMNS, "extra"], values))
+            other_path = digest is not None and row["script"] not in (path, str(script))
+            # same content at another path: the same script only if it moved from there
+            if other_path and (row["script"] is None or Path(str(row["script"])).exists()):
+                continue
             extra = row.pop("extra")
             if extra:
                 with contextlib.suppress(ValueError):
                     row.update({k: v for k, v in json.loads(extra).items() if k not in row})
             out.append(row)
+            if len(out) >= int(limit):
+                break
         return out
 
     def last_for(self, script_path: str | os.PathLike[str]) -> dict[str, Any] | None:
