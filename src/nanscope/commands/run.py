@@ -237,7 +237,12 @@ def _user_traceback(exc: BaseException) -> None:
 
 
 def _is_ours(filename: str) -> bool:
-    return filename.startswith(_OURS) or "runpy" in filename
+    """nanscope's own frames and runpy's, which ``python train.py`` would not show."""
+    return (
+        filename.startswith(_OURS)
+        or filename == "<frozen runpy>"
+        or filename.endswith(f"{os.sep}runpy.py")
+    )
 
 
 def _run_code(code: str) -> None:
@@ -262,7 +267,9 @@ def _run_program(target: Target, signals: _Signals) -> int:
         raise UsageError(f"{target.name}: cannot be run ({exc.strerror or exc})") from None
     while True:
         try:
-            return proc.wait()
+            code = proc.wait()
+            # killed by a signal: report it as a shell would (128 + the signal's number)
+            return 128 - code if code < 0 else code
         except (KeyboardInterrupt, _Terminated):
             signals.caught = signals.caught or "SIGINT"
             with contextlib.suppress(OSError):
