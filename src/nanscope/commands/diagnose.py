@@ -6,11 +6,11 @@ file cannot be read.
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 from typing import Any
 
+from nanscope.commands.base import CommandParser
 from nanscope.commands.common import add_output_options, show, write_html, write_json
 from nanscope.diagnose import diagnose
 from nanscope.errors import TraceError
@@ -47,7 +47,7 @@ def _probe_evidence(path: Path) -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="nanscope diagnose",
         description="Diagnose a nanscope trace, a run directory, or a training log.",
     )
