@@ -519,6 +519,9 @@ def make_records(keys: list[str], columns: list[list[Any]]) -> list[Record]:
     if len(columns) == 5:
         k1, k2, k3, k4, k5 = keys
         return [{k1: a, k2: b, k3: c, k4: d, k5: e} for a, b, c, d, e in zip(*columns)]
+    if len(columns) == 6:
+        k1, k2, k3, k4, k5, k6 = keys
+        return [{k1: a, k2: b, k3: c, k4: d, k5: e, k6: f} for a, b, c, d, e, f in zip(*columns)]
     return [dict(zip(keys, row)) for row in zip(*columns)]
 
 
