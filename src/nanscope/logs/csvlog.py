@@ -138,7 +138,7 @@ class _Reader:
             values: list[list[Any]] = []
             for index, key in self.cols:
                 cells = tokens[index::width][:n]
-                if cells.count("") == n:
+                if not cells[0] and not cells[-1] and cells.count("") == n:
                     continue  # a column this block leaves empty (Lightning's val rows)
                 if key in ("step", "epoch"):
                     numbers: list[Any] = list(map(int, cells))
@@ -152,7 +152,7 @@ class _Reader:
             extra: list[list[float]] = []
             for index, name in self.extra_cols:
                 cells = tokens[index::width][:n]
-                if cells.count("") != n:
+                if cells[0] or cells[-1] or cells.count("") != n:
                     names.append(name)
                     extra.append(list(map(float, cells)))
         except ValueError:

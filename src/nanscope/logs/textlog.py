@@ -357,6 +357,7 @@ _INT = r"\d{1,15}+"
 _INT_ANY = r"\d++"
 _REAL = r"[-+]?+(?>\d++\.\d*+|\.\d++)(?:[eE][-+]?+\d++)?+|[-+]?+\d++[eE][-+]?+\d++|[-+]\d++"
 _WORD = r"[-+]?+(?:[nN][aA][nN]|[iI][nN][fF](?:[iI][nN][iI][tT][yY])?+)"
+_LOOSE = r"[-+.\deE]++"
 _PLAIN = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?", re.ASCII)
 _TOKEN = re.compile(r"(?<![\w.])" + _NUM + r"(?![\w.])", re.IGNORECASE)
 #: characters a key may hold that do not stop a number token (``loss/2``, ``5-10``)
@@ -389,9 +390,12 @@ class _Layout:
     framework message, no traceback end); ``tests/logs/test_fast_path.py`` checks that.
     """
 
-    def __init__(self, pattern: str, roles: list[str], exception_safe: bool) -> None:
+    def __init__(self, pattern: str, loose: str, roles: list[str], exception_safe: bool) -> None:
         self.roles = roles
+        #: the exact shape; ``loose`` also lets through value fields that are not numbers
+        #: (``float`` then says so, and the block is split again with ``regex``)
         self.regex = re.compile(pattern, re.MULTILINE | re.ASCII)
+        self.loose = re.compile(loose, re.MULTILINE | re.ASCII)
         self.step = roles.index("step")
         self.total = roles.index("total") if "total" in roles else -1
         self.epoch = roles.index("epoch") if "epoch" in roles else -1
@@ -418,6 +422,7 @@ class _Layout:
             return None
         pieces: list[str] = []
         parts = ["^"]
+        loose = ["^"]
         roles: list[str] = []
         at = 0
         for number, (start, end) in enumerate(tokens):
@@ -437,27 +442,36 @@ class _Layout:
             piece = segment[at:start]
             pieces.append(piece)
             parts.append(_piece(piece, number > 0, True))
+            loose.append(parts[-1])
             if whole:
                 token = _INT if role in ("step", "epoch", "total") else _INT_ANY
             else:
                 token = _REAL
-                if role in _ROLES and _word_allowed(segment, start, end):
-                    token += "|" + _WORD
+            word = role in _ROLES and not whole and _word_allowed(segment, start, end)
+            if word:
+                token += "|" + _WORD
             if role is None:
                 parts.append("(?:" + token + ")")
+                loose.append(parts[-1])
             else:
                 parts.append("(" + token + ")")
                 roles.append(role)
+                if role in _ROLES and _loose_ok(segment, start, end):
+                    # any run of number characters; float() then checks it
+                    loose.append("(" + _LOOSE + ("|" + _WORD if word else "") + ")")
+                else:
+                    loose.append(parts[-1])
             at = end
         pieces.append(segment[at:])
         parts.append(_piece(segment[at:], bool(tokens), False))
         parts.append(r"\r?\n")
+        loose.extend(parts[-2:])
         lowered = [piece.lower() for piece in pieces]
         if any(_has_message(piece) for piece in lowered):
             return None
         if not any(word in piece for piece in lowered for word in _KEY_WORDS):
             return None  # the general reader's key-word filter must pass on every such line
-        return _Layout("".join(parts), roles, _exception_safe(pieces[0]))
+        return _Layout("".join(parts), "".join(loose), roles, _exception_safe(pieces[0]))
 
     def read(self, state: _State, block: str) -> list[Record]:
         """Records of one block of whole lines: runs of lines of this layout are converted a
@@ -467,15 +481,18 @@ class _Layout:
             self.fast_lines = 0
             _general(state, out, block)
             return out
-        parts = self.regex.split(block)
         width = len(self.roles) + 1
+        parts = self.loose.split(block)
+        cols = self._convert(parts, width)
+        if cols is None:
+            # a value the loose pattern let through is not a number: the exact pattern
+            # leaves such lines to the general reader
+            parts = self.regex.split(block)
+            cols = self._convert(parts, width)
+            assert cols is not None
         seps = parts[::width]
         matched = len(seps) - 1
         self.fast_lines = matched
-        if not matched:
-            _general(state, out, block)
-            return out
-        cols = [parts[i::width] for i in range(1, width)]
         line_at = state.lineno
         start = 0
         for index in compress(range(matched + 1), seps):
@@ -491,14 +508,24 @@ class _Layout:
         state.lineno = line_at
         return out
 
+    def _convert(self, parts: list[str], width: int) -> list[list[Any]] | None:
+        """The numbers of every matched line, a column per role; None when one is not a
+        number (only possible with the loose pattern)."""
+        try:
+            return [
+                list(map(int if role in ("step", "epoch", "total") else float, parts[i::width]))
+                for i, role in enumerate(self.roles, 1)
+            ]
+        except ValueError:
+            return None
+
     def _run(
-        self, state: _State, out: list[Record], cols: Sequence[Sequence[str]], start: int,
-        end: int,
-    ) -> None:  # fmt: skip
-        """Convert lines ``start:end`` (all of this layout) a column at a time, as the general
-        reader would read them one by one."""
+        self, state: _State, out: list[Record], cols: Sequence[list[Any]], start: int, end: int
+    ) -> None:
+        """Records of lines ``start:end`` (all of this layout) a column at a time, as the
+        general reader would read them one by one."""
         merger = state.merger
-        printed = list(map(int, cols[self.step][start:end]))
+        printed: list[int] = cols[self.step][start:end]
         pending = merger.pending
         last = state.last_printed
         if (
@@ -510,12 +537,12 @@ class _Layout:
             self._one_by_one(state, out, cols, start, end)
             return
         keys = [key for key, _ in self.values]
-        columns: list[list[Any]] = [list(map(float, cols[i][start:end])) for _, i in self.values]
+        columns: list[list[Any]] = [cols[i][start:end] for _, i in self.values]
         base = state.step_base
         keys.append("step")
         columns.append(printed if base == 0 else [p + base for p in printed])
         if self.epoch >= 0:
-            epochs = list(map(int, cols[self.epoch][start:end]))
+            epochs = cols[self.epoch][start:end]
             state.epoch = epochs[-1]
             keys.append("epoch")
             columns.append(epochs)
@@ -525,7 +552,7 @@ class _Layout:
         records = make_records(keys, columns)
         flag_nonfinite(records, keys, columns)
         state.last_printed = printed[-1]
-        state.last_total = int(cols[self.total][end - 1]) if self.total >= 0 else None
+        state.last_total = cols[self.total][end - 1] if self.total >= 0 else None
         state.last_epoch = state.epoch
         if pending is not None:
             out.append(mark_nonfinite(pending))
@@ -540,17 +567,16 @@ class _Layout:
         out.extend(records)
 
     def _one_by_one(
-        self, state: _State, out: list[Record], cols: Sequence[Sequence[str]], start: int,
-        end: int,
-    ) -> None:  # fmt: skip
+        self, state: _State, out: list[Record], cols: Sequence[list[Any]], start: int, end: int
+    ) -> None:
         """What :meth:`_State.interpret` does with each line (counters that restart, merges)."""
         push = state.merger.push
         for i in range(start, end):
             if self.epoch >= 0 and not state.fractional_epochs:
-                state.epoch = int(cols[self.epoch][i])
-            record: Record = {key: float(cols[index][i]) for key, index in self.values}
-            total = int(cols[self.total][i]) if self.total >= 0 else None
-            record["step"] = state.map_step(int(cols[self.step][i]), total)
+                state.epoch = cols[self.epoch][i]
+            record: Record = {key: cols[index][i] for key, index in self.values}
+            total = cols[self.total][i] if self.total >= 0 else None
+            record["step"] = state.map_step(cols[self.step][i], total)
             if state.epoch is not None:
                 record["epoch"] = state.epoch
             done = push(record)
@@ -586,6 +612,23 @@ def _word_allowed(segment: str, start: int, end: int) -> bool:
         if _has_message(text.lower()):
             return False
     return True
+
+
+def _loose_ok(segment: str, start: int, end: int) -> bool:
+    """Whether the value at ``start:end`` may be matched as any run of number characters
+    (then checked by ``float``): any number, whole or not, reads the same there, as it is not
+    in a count (``[5/10]``, ``5/10``) and nothing after it could be taken into the run."""
+    before = segment[:start].rstrip(" \t")[-1:]
+    after = segment[end:].lstrip(" \t")[:1]
+    return (
+        before not in ("[", "/")
+        and after not in ("]", "/")
+        and segment[end : end + 1]
+        not in (
+            "+",
+            "-",
+        )
+    )
 
 
 def _exception_safe(first: str) -> bool:
