@@ -18,6 +18,7 @@ torch = pytest.importorskip("torch")
 nn = torch.nn
 
 import nanscope  # noqa: E402
+from nanscope.trace import RECORD_KEYS  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -69,6 +70,7 @@ def _same(plain, other, *, ignore=("logged",)):
         a = {k: v for k, v in a.items() if k != "extra"} | {"extra": _extra(a, ignore)}
         b = {k: v for k, v in b.items() if k != "extra"} | {"extra": _extra(b, ignore)}
         assert set(a) == set(b), (a["step"], set(a) ^ set(b))
+        assert set(a) <= set(RECORD_KEYS), set(a) - set(RECORD_KEYS)
         for key, value in a.items():
             _close(value, b[key], (a["step"], key))
 

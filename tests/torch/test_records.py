@@ -12,6 +12,7 @@ nn = torch.nn
 from nanscope.torch.measure import param_names  # noqa: E402
 from nanscope.torch.records import RecordBuilder, count_nonfinite  # noqa: E402
 from nanscope.torch.window import StepWindow  # noqa: E402
+from nanscope.trace import RECORD_KEYS  # noqa: E402
 
 
 def _setup(every=4):
@@ -60,6 +61,7 @@ def test_a_full_update_holds_the_reference_measures():
     assert record["target_absmax"] == pytest.approx(float(y.abs().max()))
     assert set(record["grad_norms"]) == {"0.weight", "0.bias", "2.weight", "2.bias"}
     assert record["lr"] == 0.1 and "extra" not in record
+    assert set(record) <= set(RECORD_KEYS)  # the one trace key set
 
 
 def test_between_full_updates_only_the_cheap_measures():
@@ -83,6 +85,7 @@ def test_a_nonfinite_update_between_full_ones_gets_the_full_measures_now():
     assert what == "loss" and record["nf_loss"] == 1 and record["nf_grads"] >= 1
     assert record["nf_inputs"] == 1 == count_nonfinite(x)  # the batch read at the failure
     assert "grad_norms" in record and "weight_norm" in record
+    assert set(record) <= set(RECORD_KEYS)
 
 
 def test_the_pre_clip_norm_and_the_loss_scale_go_into_the_record():
