@@ -362,12 +362,18 @@ class Monitor:
         :meth:`observe` writes each record it takes; call this only for a line that is not an
         update (the record is not added to ``trace`` nor seen by the detectors).
         """
+        writer = self._open_writer()
+        if writer is not None:
+            writer.write(record)
+
+    def _open_writer(self) -> Any:
+        """The trace writer, opened on first use; None when this Monitor writes no files."""
         if not self._write:
-            return
+            return None
         if self._writer is None:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             self._writer = TraceWriter(self.run_dir / "trace.jsonl", self.meta)
-        self._writer.write(record)
+        return self._writer
 
     def move_run_dir(self, run_dir: str | os.PathLike[str]) -> bool:
         """Put this run's files under ``run_dir`` instead; only before any was written.
