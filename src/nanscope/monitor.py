@@ -450,7 +450,7 @@ class Monitor:
         self.alarm = alarm
         self._freeze_last_good(alarm)
         diagnosis = self.diagnose()
-        self._save_diagnosis(diagnosis)
+        self.save_diagnosis(diagnosis)
         for callback in self.on_stop:
             try:
                 callback(self, alarm)
@@ -535,7 +535,8 @@ class Monitor:
                 found.extend(bad)
         return found
 
-    def _save_diagnosis(self, diagnosis: Diagnosis) -> None:
+    def save_diagnosis(self, diagnosis: Diagnosis) -> None:
+        """Write ``diagnosis`` as ``run_dir/diagnosis.json`` (``nanscope run``: once enriched)."""
         if not self._write:
             return
         try:
@@ -552,7 +553,7 @@ class Monitor:
         diagnosis = self.diagnosis if self.alarm is not None and self.diagnosis else None
         if diagnosis is None:
             diagnosis = self.diagnose()
-        self._save_diagnosis(diagnosis)
+        self.save_diagnosis(diagnosis)
         if self._writer is not None:
             self._writer.close()
         _LIVE.discard(self)
