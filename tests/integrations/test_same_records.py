@@ -199,3 +199,49 @@ def test_hf_trainer_records_are_those_of_nanscope_watch(tmp_path):
     _same(plain, hf)
     # what the Trainer logged travels next to the records, and only there
     assert hf[1]["extra"]["logged"]["learning_rate"] == LR
+
+
+# ---------------------------------------------------------------------- fp16 evidence
+
+
+def _scaled_fit(tmp_path, name, watch):
+    """A fit on a real GradScaler whose gradients overflow from update 3 on, until it stops."""
+    try:
+        scaler = torch.amp.GradScaler("cpu", init_scale=2.0**4, growth_interval=1000)
+    except Exception:
+        pytest.skip("GradScaler('cpu') not available")
+    if not scaler.is_enabled():
+        pytest.skip("GradScaler('cpu') disabled")
+    x, y = _rows()
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    monitor = watch(model, opt, tmp_path / name)
+    with contextlib.suppress(nanscope.DivergenceError):
+        for i in range(60):
+            opt.zero_grad()
+            scaler.scale(model(x[:BATCH], labels=y[:BATCH])["loss"]).backward()
+            if i >= 2:
+                model.net[0].weight.grad[0, 0] = math.inf
+            scaler.step(opt)
+            scaler.update()
+    return monitor.trace.records
+
+
+def test_the_trainer_path_gives_the_same_loss_scale_evidence(tmp_path):
+    from nanscope.integrations import TorchSteps
+    from nanscope.monitor import Monitor
+
+    def plain(model, opt, run_dir):
+        return nanscope.watch(model, opt, run_dir=run_dir).monitor
+
+    def trainer(model, opt, run_dir):
+        steps = TorchSteps(Monitor(run_dir=run_dir))
+        steps.model = model
+        steps.watch(opt)
+        return steps.monitor
+
+    a = _scaled_fit(tmp_path, "plain", plain)
+    b = _scaled_fit(tmp_path, "trainer", trainer)
+    assert a[2]["events"] == ["skipped_step"] and "loss_scale_collapse" in a[-1]["events"]
+    assert a[-1]["nf_grads"] == 1 and "fp16_story" in a[-1]["extra"]
+    _same(a, b)
