@@ -77,8 +77,17 @@ def locate(failure: TorchFailure) -> dict[str, Any]:
     Returns ``{"located": {...}, "rows": [...], ...}`` with whatever could be found, or ``{}``
     (and one warning) when the probe itself failed.
     """
+    live: dict[str, Any] | None = None
     try:
-        return _Locator(failure).run()
+        from nanscope.probes import producer
+
+        producer.LIVE.stop()
+        live = producer.LIVE.result()
+    except Exception:
+        live = None
+    try:
+        result = _Locator(failure).run()
+        return _with_producer(result, live, failure)
     except Exception as exc:  # a probe bug must never kill the user's run
         warnings.warn(
             f"nanscope: the localisation replay failed ({type(exc).__name__}: {exc}); the "
@@ -87,6 +96,40 @@ def locate(failure: TorchFailure) -> dict[str, Any]:
             stacklevel=2,
         )
         return {}
+
+
+def _with_producer(result: dict[str, Any], live: dict[str, Any] | None,
+                   failure: TorchFailure) -> dict[str, Any]:  # fmt: skip
+    """The live first-update producer when it belongs to this failure; else the replay's, marked."""
+    replay = result.get("located")
+    step = failure.step or 1
+    if live and (step <= 1 or (step == 2 and live.get("phase") == "optimizer")):
+        located = dict(live)
+        located["step"] = failure.step
+        located["detected"] = failure.what
+        if replay and replay.get("op") and replay.get("op") != located.get("op"):
+            located["replay"] = {k: replay.get(k) for k in ("phase", "op", "module", "note")
+                                 if replay.get(k) is not None}  # fmt: skip
+        result["located"] = {k: v for k, v in located.items() if v is not None}
+        return result
+    if failure.what == "weight":
+        located = {
+            "phase": "optimizer", "op": None, "observed": False, "step": failure.step,
+            "how": "inferred", "detected": "weight",
+            "note": "the weights became non-finite in the optimizer step of the update before, "
+                    "whose gradients were finite; that step's arithmetic was not replayed",
+        }  # fmt: skip
+        if replay:
+            located["replay"] = {k: replay.get(k) for k in ("phase", "op", "module", "note")
+                                 if replay.get(k) is not None}  # fmt: skip
+        result["located"] = located
+    elif replay:
+        observed = not replay.get("guessed") and not replay.get("note") and bool(replay.get("op"))
+        replay.setdefault("observed", observed)
+        replay.setdefault("how", "replay of the failing update")
+        replay.setdefault("detected", failure.what)
+        result["located"] = replay
+    return result
 
 
 def inspect_graph(loss: Any, *, output: Any = None, site: Any = None) -> dict[str, Any]:
@@ -552,6 +595,7 @@ class _Locator:
         }  # fmt: skip
         if in_finite and not _has_nonfinite_scalar(args, kwargs or {}):
             self.first = entry
+            entry["call"] = (func, args, kwargs)
         elif self.first_nan is None and entry["out"].get("nan") and not any(
             s.get("nan") for s in entry["ins"]
         ):
@@ -587,6 +631,16 @@ class _Locator:
             "output": "nan" if origin["out"].get("nan") else "inf",
         }
         located["input_zero"] = located["inputs"] == "exactly zero"
+        with contextlib.suppress(Exception):
+            from nanscope.probes import producer
+
+            located["why"] = producer.why_nonfinite(origin["op"], origin["ins"], out_dtype)
+            call = origin.get("call")
+            if call is not None and out_dtype in ("float16", "bfloat16"):
+                located["recomputed"] = producer.recompute(*call)
+                verdict = producer.precision_verdict(out_dtype, located["recomputed"])
+                if verdict:
+                    located["precision"] = verdict
         if origin is not self.first:
             located["note"] = "the op's inputs were already non-finite"
         if self.f.autocast is not None:

@@ -41,6 +41,7 @@ import torch
 from nanscope.detectors import Alarm
 from nanscope.errors import UsageError
 from nanscope.monitor import Monitor
+from nanscope.probes import producer as _producer
 from nanscope.probes.failure import CallSite, TorchFailure
 from nanscope.torch import _hooks
 from nanscope.torch.measure import ParamMeasure, batch_stats, param_names
@@ -221,6 +222,7 @@ class Watcher:
         if model is not None:
             self.bind_model(model, hook=hook_model)
         monitor.probes.append(self._probe)
+        _producer.LIVE.start()  # producer: check every op of the first update (probes/producer.py)
         if monitor.rollback_handler is None:
             monitor.rollback_handler = self._rollback
         if hook_optimizer:
@@ -255,6 +257,7 @@ class Watcher:
         if self._closed:
             return self.monitor.diagnosis
         self._closed = True
+        _producer.LIVE.stop()
         self._drain(force=True, allow_raise=False)
         for handle in self._handles:
             with contextlib.suppress(Exception):
@@ -358,6 +361,7 @@ class Watcher:
         return None
 
     def _step_post(self, optimizer: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        _producer.LIVE.stop()
         self._stepped = True
         self._snapshot = None
 
