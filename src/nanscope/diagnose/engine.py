@@ -119,6 +119,7 @@ def diagnose(trace: Trace | Any, evidence: Mapping[str, Any] | None = None) -> D
         granularity=ctx.granularity,
         rule=top.rule,
         summary=summary,
+        confirmation=_confirmation(ctx),
         extra=_extra(ctx),
     )
 
@@ -176,8 +177,14 @@ def _unknown(
         run=run,
         granularity=ctx.granularity,
         summary=summary,
+        confirmation=_confirmation(ctx),
         extra=_extra(ctx),
     )
+
+
+def _confirmation(ctx: Context) -> list[dict[str, Any]]:
+    found = ctx.evidence.get("confirmation")
+    return [dict(c) for c in found if isinstance(c, Mapping)] if isinstance(found, list) else []
 
 
 def _public_row(row: Mapping[str, Any]) -> dict[str, Any]:

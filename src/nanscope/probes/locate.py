@@ -86,8 +86,7 @@ def locate(failure: TorchFailure) -> dict[str, Any]:
     except Exception:
         live = None
     try:
-        result = _Locator(failure).run()
-        return _with_producer(result, live, failure)
+        result = _with_producer(_Locator(failure).run(), live, failure)
     except Exception as exc:  # a probe bug must never kill the user's run
         warnings.warn(
             f"nanscope: the localisation replay failed ({type(exc).__name__}: {exc}); the "
@@ -96,6 +95,20 @@ def locate(failure: TorchFailure) -> dict[str, Any]:
             stacklevel=2,
         )
         return {}
+    if failure.extra.get("alarm", "nonfinite") != "nonfinite":
+        return result
+    try:
+        from nanscope.probes.confirm import confirm
+
+        result["confirmation"] = confirm(failure, result)
+    except Exception as exc:  # a probe bug must never kill the user's run
+        warnings.warn(
+            f"nanscope: the confirming experiment failed ({type(exc).__name__}: {exc}). Please "
+            "report this.",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+    return result
 
 
 def _with_producer(result: dict[str, Any], live: dict[str, Any] | None,
@@ -112,10 +125,10 @@ def _with_producer(result: dict[str, Any], live: dict[str, Any] | None,
                                  if replay.get(k) is not None}  # fmt: skip
         result["located"] = {k: v for k, v in located.items() if v is not None}
         return result
-    if failure.what == "weight":
+    if failure.what == "weight" or _weights_nonfinite(failure.model):
         located = {
             "phase": "optimizer", "op": None, "observed": False, "step": failure.step,
-            "how": "inferred", "detected": "weight",
+            "how": "inferred", "detected": failure.what,
             "note": "the weights became non-finite in the optimizer step of the update before, "
                     "whose gradients were finite; that step's arithmetic was not replayed",
         }  # fmt: skip
@@ -130,6 +143,16 @@ def _with_producer(result: dict[str, Any], live: dict[str, Any] | None,
         replay.setdefault("detected", failure.what)
         result["located"] = replay
     return result
+
+
+def _weights_nonfinite(model: Any) -> bool:
+    import torch
+
+    try:
+        return any(not bool(torch.isfinite(p.detach()).all()) for p in model.parameters()
+                   if p.is_floating_point() and not p.is_meta)  # fmt: skip
+    except Exception:
+        return False
 
 
 def inspect_graph(loss: Any, *, output: Any = None, site: Any = None) -> dict[str, Any]:

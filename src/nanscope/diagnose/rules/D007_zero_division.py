@@ -146,7 +146,17 @@ def check(ctx: Context) -> Finding | None:
         )
     else:
         return None
-    if "div" in op.lower() or family == "root":
+    if phase == "optimizer":
+        evidence.append(
+            Evidence(
+                CODE,
+                "it happened in the optimizer's own arithmetic, from finite gradients: a "
+                "parameter whose gradient is exactly 0 divides 0 by a denominator of 0 when the "
+                "optimizer's epsilon is 0",
+                {"phase": "optimizer"},
+            )
+        )
+    elif "div" in op.lower() or family == "root":
         evidence.append(
             Evidence(
                 CODE,
@@ -163,6 +173,10 @@ def check(ctx: Context) -> Finding | None:
         "F.cosine_similarity(a, b, dim=-1, eps=1e-8), torch.linalg.vector_norm instead of "
         "sqrt(sum(x**2)).",
     ]
+    if phase == "optimizer":
+        actions.insert(0, "Keep the optimizer's eps above 0 (Adam, AdamW, RMSprop, Adagrad: the "
+                          "default 1e-8); a parameter with an exactly-zero gradient then stays "
+                          "finite.")  # fmt: skip
     if computed:
         actions.insert(0, "Guard the standardisation against constant columns: divide by "
                           "(std + 1e-8), or drop the columns whose std is 0 before training "
