@@ -245,3 +245,24 @@ def test_numpy_errstate_ignore_is_respected_and_gives_no_producer() -> None:
                 loss = float(np.mean(r ** 2))
             monitor.update(loss, params={"w": w}, grads={"w": np.zeros(2, np.float32)})
     assert info.value.diagnosis.located is None
+
+
+def test_a_later_loss_expression_producer_is_recomputed_from_the_live_graph() -> None:
+    torch.manual_seed(0)
+    model = nn.Linear(4, 1).half()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-4)
+    X = torch.randn(64, 4).half()
+
+    def body(step: int) -> None:
+        y = torch.full((64, 1), 400.0 if step == 3 else 1.0).half()  # one batch in the hundreds
+        opt.zero_grad()
+        loss = ((model(X) - y) ** 2).mean()
+        loss.backward()
+        opt.step()
+
+    d = _fit(model, opt, 5, body)
+    loc = d.located
+    assert d.step == 4 and loc["op"] == "pow" and loc["observed"] and loc["dtype"] == "float16"
+    assert loc["how"].startswith("the loss's autograd graph")
+    assert 65504.0 < loc["precision"]["value"] < 1e6
+    assert d.cause == "fp16_overflow"

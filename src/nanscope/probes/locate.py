@@ -163,6 +163,15 @@ def inspect_graph(loss: Any, *, output: Any = None, site: Any = None) -> dict[st
     the ``located`` dict, or ``{}``.
     """
     try:
+        from nanscope.probes.producer import graph_producer
+
+        produced = graph_producer(loss, site)
+        if produced and produced.get("observed"):
+            produced["from"] = "live graph"
+            return produced
+    except Exception:
+        pass
+    try:
         failure = TorchFailure(model=None, loss=loss, output=output, backward_site=site)
         found = _Locator(failure)._from_loss_graph(loss)
     except Exception:
@@ -409,6 +418,7 @@ class _Locator:
         self.node_info: dict[int, dict[str, Any]] = {}
         self.activations: list[dict[str, Any]] = []
         self.first_bad_module: str | None = None
+        self.chain: list[dict[str, Any]] = []
         self.quiet = False
 
     # ---------------------------------------------------------------- entry
@@ -607,6 +617,8 @@ class _Locator:
             if fn is not None and id(fn) not in self.node_info:
                 self.node_info[id(fn)] = {"op": name, "module": module}
         if self.first is not None:
+            if len(self.chain) < 12 and not _all_finite(outs):
+                self.chain.append({"op": name, "module": module})  # a propagator after it
             return
         if _all_finite(outs):
             return
@@ -654,6 +666,8 @@ class _Locator:
             "output": "nan" if origin["out"].get("nan") else "inf",
         }
         located["input_zero"] = located["inputs"] == "exactly zero"
+        if origin is self.first and self.chain:
+            located["chain"] = [{k: v for k, v in c.items() if v is not None} for c in self.chain]
         with contextlib.suppress(Exception):
             from nanscope.probes import producer
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import re
 import sys
 import threading
 import warnings
@@ -692,3 +693,131 @@ def _node_located(node: Any, gi: list[Any], go: list[Any],
 
 #: the process's live watch (one: the first update of the first watched fit)
 LIVE = FirstUpdateWatch()
+
+
+# ------------------------------------------------------------------ the loss graph, recomputed
+
+
+def _recompute_node(name: str, node: Any, saved: dict[str, Any], dtype: Any = None) -> Any:
+    """The forward output of a few common autograd nodes, from their saved inputs (or None)."""
+    torch = _torch()
+    F = torch.nn.functional
+
+    def s(key: str) -> Any:
+        t = saved.get(key)
+        if t is not None and dtype is not None:
+            t = t.to(dtype)
+        return t
+
+    if name == "PowBackward0" and s("self") is not None:
+        exponent = getattr(node, "_saved_exponent", None)
+        if isinstance(exponent, (int, float)):
+            return s("self") ** exponent
+    if name == "MulBackward0" and s("self") is not None and s("other") is not None:
+        return s("self") * s("other")
+    if name == "DivBackward0" and s("self") is not None and s("other") is not None:
+        return s("self") / s("other")
+    if name in ("LogBackward0", "Log2Backward0", "Log10Backward0", "Log1PBackward0"):
+        fn = {"LogBackward0": torch.log, "Log2Backward0": torch.log2,
+              "Log10Backward0": torch.log10, "Log1PBackward0": torch.log1p}[name]  # fmt: skip
+        if s("self") is not None:
+            return fn(s("self"))
+    if name == "XlogyBackward0" and s("self") is not None and s("other") is not None:
+        return torch.xlogy(s("self"), s("other"))
+    if name == "MseLossBackward0" and s("self") is not None and s("target") is not None:
+        return F.mse_loss(s("self"), s("target"), reduction="none")
+    if name == "BinaryCrossEntropyBackward0" and s("self") is not None and (
+        s("target") is not None
+    ):
+        return F.binary_cross_entropy(s("self"), s("target"), reduction="none")
+    if name == "MmBackward0" and s("self") is not None and s("mat2") is not None:
+        return s("self") @ s("mat2")
+    if name == "AddmmBackward0" and s("mat1") is not None and s("mat2") is not None:
+        return s("mat1") @ s("mat2")
+    return None
+
+
+_RESULT_ONLY = ("ExpBackward0", "SqrtBackward0", "RsqrtBackward0", "ReciprocalBackward0",
+                "LogSoftmaxBackward0", "SoftmaxBackward0", "TanhBackward0", "SigmoidBackward0",
+                "StdBackward0", "PowBackward1")  # fmt: skip
+
+
+def graph_producer(loss: Any, site: Any = None) -> dict[str, Any] | None:
+    """The producer inside a non-finite loss's live autograd graph, recomputed from saved inputs.
+
+    Called before ``backward()`` frees the saved tensors: each node whose forward can be rerun
+    from what it saved (``pow``, ``mul``, ``div``, ``log``, ``mse_loss``, ``mm`` ...) is rerun; the
+    deepest one whose saved inputs are finite and whose output is not is the producer (observed).
+    """
+    torch = _torch()
+    root = getattr(loss, "grad_fn", None)
+    if root is None:
+        return None
+    order: list[Any] = []
+    seen: set[int] = set()
+    queue = [root]
+    while queue and len(order) < 5000:
+        node = queue.pop(0)
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        order.append(node)
+        queue.extend(n for n, _ in getattr(node, "next_functions", ()) if n is not None)
+    found: dict[str, Any] | None = None
+    with torch.no_grad():
+        for node in reversed(order):  # the deepest (earliest in the forward) first
+            name = type(node).__name__
+            try:
+                saved = _saved(node)
+            except Exception:
+                continue
+            if not saved:
+                continue
+            inputs = {k: v for k, v in saved.items() if k != "result"}
+            out = None
+            with contextlib.suppress(Exception):
+                out = _recompute_node(name, node, saved)
+            observed = out is not None
+            if out is None and name in _RESULT_ONLY and "result" in saved:
+                out = saved["result"]
+            if out is None or _finite([out]):
+                continue
+            if inputs and not _finite(list(inputs.values())):
+                continue  # a propagator
+            ins = [summary(t) for t in list(inputs.values())[:4]]
+            s = summary(out)
+            op = re.sub(r"Backward\d*$", "", name)
+            op = re.sub(r"(?<!^)(?=[A-Z])", "_", op).lower()
+            why = why_nonfinite(op, ins, s["dtype"]) if ins else {
+                "kind": "other", "text": "its inputs were not kept by autograd"}  # fmt: skip
+            found = {
+                "phase": "loss", "op": op, "backward_op": name, "module": "loss",
+                "dtype": s["dtype"], "output": "nan" if s.get("nan") else "inf",
+                "observed": observed and bool(ins), "input_values": ins, "why": why,
+                "inputs": _inputs_text(why), "input_zero": bool(why.get("zero")),
+                "input_absmax": max((x.get("absmax", 0.0) for x in ins), default=None),
+                "how": "the loss's autograd graph, recomputed from its saved inputs",
+            }  # fmt: skip
+            if observed and s["dtype"] in ("float16", "bfloat16"):
+                wide: dict[str, Any] = {}
+                for dt in (torch.float32, torch.float64):
+                    with contextlib.suppress(Exception):
+                        r = _recompute_node(name, node, saved, dt)
+                        if r is not None:
+                            rs = summary(r)
+                            wide[str(dt).replace("torch.", "")] = {
+                                "finite": "nonfinite" not in rs, "absmax": rs["absmax"]}
+                found["recomputed"] = wide
+                verdict = precision_verdict(s["dtype"], wide)
+                if verdict:
+                    found["precision"] = verdict
+            break
+    if found is None:
+        return None
+    with contextlib.suppress(Exception):
+        from nanscope.probes.locate import _scan_function
+
+        source = _scan_function(site, found["op"])
+        if source:
+            found["source"] = source
+    return found
