@@ -166,8 +166,15 @@ def _floats(obj: Any) -> list[Any]:
 
 
 def _finite(tensors: list[Any]) -> bool:
+    """All values finite. One pass (a sum, which any NaN or inf makes non-finite); the exact
+    check only when the sum is not finite (it may have overflowed on finite values)."""
     torch = _torch()
-    return all(bool(torch.isfinite(t).all()) for t in tensors)
+    for t in tensors:
+        narrow = t.dtype in (torch.float16, torch.bfloat16)
+        s = t.sum(dtype=torch.float32) if narrow else t.sum()
+        if not bool(torch.isfinite(s)) and not bool(torch.isfinite(t).all()):
+            return False
+    return True
 
 
 def _bad_scalar(args: Any, kwargs: Any) -> bool:
@@ -445,8 +452,9 @@ class FirstUpdateWatch:
             before = None
             if inplace and self.producer is None:
                 ins = _floats(args) + _floats(kwargs)
-                before = (_finite(ins), [summary(t) for t in ins[:4]], [t.detach().clone()
-                                                                         for t in ins[:4]])
+                finite = _finite(ins)
+                # only a finite start can make a producer: keep its values (summarised if it is)
+                before = (finite, [t.detach().clone() for t in ins[:4]] if finite else [])
         except Exception as exc:
             self._fail(exc)
             return func(*args, **kwargs)
@@ -486,7 +494,8 @@ class FirstUpdateWatch:
                                self._module_name(), "source": source})  # fmt: skip
             return
         if before is not None:
-            in_finite, ins, originals = before
+            in_finite, originals = before
+            ins = [summary(t) for t in originals]
             call_args: Any = (*originals, *args[len(originals):]) if originals else args
         else:
             tensors = _floats(args) + _floats(kwargs)
