@@ -347,10 +347,11 @@ class FirstUpdateWatch:
         class _Mode(TorchFunctionMode):
             def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
                 kwargs = kwargs or {}
-                if not watch.active or threading.get_ident() != watch.thread:
+                if not watch.active or compiling() or threading.get_ident() != watch.thread:
                     return func(*args, **kwargs)
                 return watch._call(func, args, kwargs)
 
+        compiling = getattr(getattr(_torch(), "compiler", None), "is_compiling", lambda: False)
         self.mode = _Mode()
         self.thread = threading.get_ident()
         self.handles.append(module_mod.register_module_forward_pre_hook(self._pre))
