@@ -226,6 +226,9 @@ class Monitor:
         self.diagnosis: Diagnosis | None = None
         self.evidence: dict[str, Any] = {}
         self.probes: list[Probe] = []
+        from nanscope.probes import fperrors  # numpy's fp errors name the producer op and line
+
+        self.probes.append(fperrors.watch(self))
         self.rollback_handler: Callable[[Monitor, Alarm], bool] | None = None
         #: what the rollback policy did: ``{"step", "kind", "why", "action"}`` per rollback
         self.rollbacks: list[dict[str, Any]] = []

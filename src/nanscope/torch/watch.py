@@ -45,6 +45,7 @@ import torch
 from nanscope.detectors import Alarm
 from nanscope.errors import UsageError
 from nanscope.monitor import Monitor
+from nanscope.probes import producer as _producer
 from nanscope.probes.failure import CallSite, TorchFailure
 from nanscope.torch import _hooks, distributed
 from nanscope.torch.deferred import DeferredReads
@@ -176,6 +177,7 @@ class Watcher:
         if model is not None:
             self.bind_model(model, hook=hook_model)
         monitor.probes.append(self._probe)
+        _producer.LIVE.start()  # producer: check every op of the first update (probes/producer.py)
         if monitor.rollback_handler is None:
             monitor.rollback_handler = self._rollback
         if hook_optimizer:
@@ -221,6 +223,7 @@ class Watcher:
         if self._closed:
             return self.monitor.diagnosis
         self._closed = True
+        _producer.LIVE.stop()
         self.deferred.drain(self._process, self.params(), allow_raise=False)
         for handle in self._handles:
             with contextlib.suppress(Exception):
@@ -297,6 +300,7 @@ class Watcher:
 
     def step_post(self, optimizer: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """The optimizer's step post-hook: the update was applied."""
+        _producer.LIVE.stop()
         self.precision.on_step()
         self._snapshot = None
 
