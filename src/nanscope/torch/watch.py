@@ -42,7 +42,7 @@ from nanscope.detectors import Alarm
 from nanscope.errors import UsageError
 from nanscope.monitor import Monitor
 from nanscope.probes.failure import CallSite, TorchFailure
-from nanscope.torch import _hooks
+from nanscope.torch import _hooks, sharded
 from nanscope.torch.measure import ParamMeasure, batch_stats, param_names
 
 __all__ = ["FULL_EVERY", "SCALE_FLOOR", "SKIP_LIMIT", "Watcher", "watch"]
@@ -170,6 +170,7 @@ class Watcher:
                 f"policy={policy!r} conflicts with the monitor's policy {monitor.policy!r}"
             )
         self.monitor = monitor
+        self.guard.faults = monitor.meta.setdefault("hook_faults", {})  # a rank says why it saw 0
         self.every = every
         self.sync_every = sync_every
         self.step = 0
@@ -679,6 +680,9 @@ class Watcher:
     def _save_last_good(self, alarm: Alarm) -> None:
         if self.model is None:
             return
+        if sharded.is_sharded(self.model):  # each rank its own shards, nothing gathered
+            sharded.save_last_good(self, alarm)
+            return
         params = self._params()
         restored = False
         if self._failing.get("late") and self._verified is not None:
@@ -723,7 +727,8 @@ class Watcher:
             extra["graph_located"] = self._graph_located
         extra["alarm"] = alarm.kind
         return TorchFailure(
-            model=self.model,
+            # a replay of a sharded model would run its collectives on this rank alone
+            model=None if sharded.is_sharded(self.model) else self.model,
             args=args,
             kwargs=kwargs,
             output=self._output,
