@@ -34,7 +34,7 @@ from torch import nn
 HERE = Path(__file__).parent
 SCRIPT = HERE / "fsdp_train.py"
 BOUND = 120  # seconds for a whole job, start-up of two torch processes included
-RUN = ["-m", "nanscope.torch.distributed", "run"]
+RUN = ["-m", "nanscope", "run"]  # torchrun ... -m nanscope run -- fsdp_train.py
 
 
 def _free_port() -> int:

@@ -63,12 +63,18 @@ FORMAT = "nanscope.local_shards/1"
 MAX_ROWS = 16
 
 
+_DTENSOR: list[type | None] = []
+
+
 def _dtensor_type() -> type | None:
-    try:
-        from torch.distributed.tensor import DTensor
-    except Exception:  # torch without distributed, or too old for DTensor
-        return None
-    return DTensor  # type: ignore[no-any-return]
+    if not _DTENSOR:
+        try:
+            from torch.distributed.tensor import DTensor
+        except Exception:  # torch without distributed, or too old for DTensor
+            _DTENSOR.append(None)
+        else:
+            _DTENSOR.append(DTensor)
+    return _DTENSOR[0]
 
 
 def any_dtensor(tensors: Iterable[Any]) -> bool:
@@ -176,6 +182,8 @@ class ShardedMeasure(ParamMeasure):
             self._w_pl = self.weight[self._cols_pl] if self._cols_pl is not None else None
         self._group = None
         self._checked = False
+        self._packed = torch.zeros(self.size, dtype=torch.float64, device=dev)
+        self._plain = torch.zeros(2 * n + 36, dtype=torch.float64, device=dev)
 
     # ------------------------------------------------------------------ the collective
 
@@ -223,13 +231,14 @@ class ShardedMeasure(ParamMeasure):
         n = len(self._order)
         grads = [_local(p.grad) if p.grad is not None else None for p in self.global_params]
         has = [k for k, i in enumerate(self._order) if grads[i] is not None]
-        dev = self._device()
-        plain = torch.zeros(2 * n + 36, dtype=torch.float64, device=dev)
+        packed, plain = self._packed, self._plain
+        packed.zero_()
+        plain.zero_()
         try:
-            packed = self._pack(grads, has, full, plain)
+            self._pack(grads, has, full, packed, plain)
         except Exception as exc:  # this rank's part failed: it still takes part, flagged
             self.fault = f"rank {self.rank}: {type(exc).__name__}: {exc}"[:300]
-            packed = torch.zeros(self.size, dtype=torch.float64, device=dev)
+            packed.zero_()
             packed[-1] = 1.0
             plain.zero_()
         if self.world > 1:
@@ -249,13 +258,18 @@ class ShardedMeasure(ParamMeasure):
         return vec, layout
 
     def _pack(
-        self, grads: list[torch.Tensor | None], has: list[int], full: bool, plain: torch.Tensor
-    ) -> torch.Tensor:
-        """This rank's part of the collective; ``plain`` gets the plain parameters' part."""
+        self,
+        grads: list[torch.Tensor | None],
+        has: list[int],
+        full: bool,
+        packed: torch.Tensor,
+        plain: torch.Tensor,
+    ) -> None:
+        """This rank's part of the collective into ``packed`` (zeroed), the plain parameters'
+        part into ``plain``."""
         n = len(self._order)
         W = self.world
         dev = self._device()
-        packed = torch.zeros(self.size, dtype=torch.float64, device=dev)
         gsq = self._squares(grads, has)
         dt, mixed = self._dt_mask, self._mixed
         zero = torch.zeros((), dtype=torch.float64, device=dev)
@@ -289,17 +303,18 @@ class ShardedMeasure(ParamMeasure):
                     sub = buf.index_select(1, self._cols_pl)
                     plain[2 * n :] = torch.mm(sub * self._w_pl, sub.t()).reshape(-1)
             packed[-3] = 1.0
-        return packed
 
     def _squares(self, tensors: list[Any], present: Iterable[int]) -> torch.Tensor:
         """Squared L2 norm per parameter (in ``_order``; 0 where absent), float64, on device."""
         dev = self._device()
         order = self._order
         out = torch.zeros(len(order), dtype=torch.float64, device=dev)
-        keep = set(present)
+        keep = present if isinstance(present, range) else set(present)
+        every = isinstance(present, range) or len(keep) == len(order)
         pos = 0
         for idx, dtype in self.groups:
-            ks = [pos + j for j in range(len(idx)) if (pos + j) in keep]
+            ks = list(range(pos, pos + len(idx))) if every else [
+                pos + j for j in range(len(idx)) if (pos + j) in keep]  # fmt: skip
             start, pos = pos, pos + len(idx)
             if not ks:
                 continue
