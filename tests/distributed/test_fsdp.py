@@ -260,3 +260,36 @@ def test_load_last_good_checks_the_file(group, tmp_path):
     torch.save(state, bad)
     with pytest.raises(UsageError, match="rank 0 of 2; this is rank 0 of 1"):
         sharded.load_last_good(model, bad)
+
+
+def test_deferred_reads_restore_the_verified_shards(group, tmp_path):
+    """``sync_every`` > 1 (the default on accelerators): a NaN seen late restores the shards of
+    the last verified update, and those are what ``last_good.pt`` holds."""
+    import nanscope
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+    fully_shard(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    watcher = nanscope.watch(model, opt, run_dir=tmp_path / "run", sync_every=4)
+    gen = torch.Generator().manual_seed(1)
+    with pytest.raises(nanscope.DivergenceError, match="update 10"):
+        for step in range(1, 20):
+            x = torch.randn(8, 4, generator=gen)
+            if step == 10:
+                x[2, 1] = float("nan")
+            opt.zero_grad()
+            nn.functional.mse_loss(model(x), x[:, :1]).backward()
+            opt.step()
+    assert not watcher.guard.faults
+    meta = watcher.monitor.meta
+    assert meta["last_good_step"] == 8 and meta["last_good_restored"]
+    shards = {n: p.to_local().clone() for n, p in model.named_parameters()}
+    assert all(bool(torch.isfinite(t).all()) for t in shards.values())
+    torch.manual_seed(5)
+    fresh = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+    fully_shard(fresh)
+    header = sharded.load_last_good(fresh, watcher.last_good_path)
+    assert header["step"] == 8
+    for name, p in fresh.named_parameters():
+        assert torch.equal(p.to_local(), shards[name]), name

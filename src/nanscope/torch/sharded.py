@@ -54,6 +54,7 @@ __all__ = [
     "any_dtensor",
     "is_sharded",
     "load_last_good",
+    "local_shards",
     "save_last_good",
 ]
 
@@ -91,6 +92,15 @@ def is_sharded(model: Any) -> bool:
         return any_dtensor(model.parameters())
     except Exception:
         return False
+
+
+def local_shards(tensors: Iterable[Any]) -> list[Any]:
+    """Each DTensor replaced by this rank's shard (sharing its storage), plain tensors as they are.
+
+    For code that copies parameters in place (snapshots, restores): torch has no sharding
+    strategy for some foreach ops on DTensors, and the local shards are all a rank owns.
+    """
+    return [_local(t) for t in tensors]
 
 
 def _local(t: Any) -> Any:

@@ -570,7 +570,7 @@ class Watcher:
                     raise
                 return
         # every update up to now was clean: the current weights are verified good
-        params = self._params()
+        params = sharded.local_shards(self._params())  # DTensors: this rank's shards
         if params and params[0].device.type != "meta":
             with torch.no_grad():
                 if self._verified is None or len(self._verified) != len(params):
