@@ -486,7 +486,8 @@ def finish(diagnosis: Any, *, code: int, wait: float = 20.0) -> Any:
         diagnosis.extra["rank_failure"] = _read_failure(Path(root))
     from nanscope.diagnose.diagnosis import Diagnosis
 
-    order = {"nonfinite": 0, "diverging": 1, "suspect": 2, "healthy": 3}
+    order = {"nonfinite": 0, "diverging": 1, "suspect": 2, "unobserved": 3, "interrupted": 3,
+             "healthy": 4}  # a rank that watched nothing makes the job not healthy
     worst: tuple[int, dict[str, Any]] | None = None
     for rank, d in sorted(others.items()):
         if rank == 0 or d.get("verdict") == "healthy":
