@@ -12,6 +12,7 @@ FSDP_WATCH=1     watch explicitly (``nanscope.watch``) and, after a stop, check 
                  weights: they load back (``load_last_good``) into a freshly made model and equal
                  the stopped model's shards; prints ``rank R roundtrip ok``
                  (otherwise the script has no nanscope code: ``nanscope run``)
+FSDP_BREAK_RANK  make nanscope's sharded measures fail on that rank only (a planted internal fault)
 FSDP_REFERENCE=1 after every update, compare the watcher's record (its gradient norm and update
                  norm) with the same quantities computed on the gathered full tensors; prints
                  ``rank R reference ok N`` when all N updates agree
@@ -76,6 +77,13 @@ def main():
     dist.init_process_group("gloo", timeout=timedelta(seconds=env("FSDP_TIMEOUT", 30)))
     rank = dist.get_rank()
     mixed = os.environ.get("FSDP_MIXED") == "1"
+    if rank == env("FSDP_BREAK_RANK", -1):
+        from nanscope.torch import sharded
+
+        def broken(self, *args, **kwargs):
+            raise RuntimeError(f"planted fault on rank {rank}")
+
+        sharded.ShardedMeasure._pack = broken
     model = make_model(0, mixed)
     opt = torch.optim.SGD(model.parameters(), lr=env("FSDP_LR", 0.05))
     watcher = None

@@ -177,6 +177,25 @@ def test_mixed_fsdp2_and_plain_module(tmp_path):
 
 
 @pytest.mark.distributed
+def test_a_fault_on_one_rank_turns_the_measures_off_on_both_and_nothing_hangs(tmp_path):
+    proc, took = _torchrun(tmp_path, RUN, ["--", str(SCRIPT)], FSDP_BREAK_RANK="1",
+                           FSDP_STEPS="10")  # fmt: skip
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, log  # the training run went on to its end on both ranks
+    assert "rank 0 step 10" in proc.stdout and "rank 1 step 10" in proc.stdout
+    root = _run_root(tmp_path)
+    for rank in (0, 1):
+        recs = _records(root / f"rank{rank}" / "trace.jsonl")
+        assert [r["step"] for r in recs] == list(range(1, 11))  # the loss is still recorded
+        off = recs[0]["shards"]
+        assert off["failed_ranks"] == [1]
+        why = "planted fault on rank 1" if rank == 1 else "rank(s) 1 failed"
+        assert why in off["measures_off"]
+        assert all("grad_norm" not in r for r in recs)  # off together, from the first update
+    assert took < BOUND
+
+
+@pytest.mark.distributed
 def test_last_good_shards_load_back_into_a_fresh_fsdp2_model(tmp_path):
     proc, _ = _torchrun(tmp_path, [], [str(SCRIPT)], FSDP_WATCH="1", FSDP_NAN_RANK="1",
                         FSDP_NAN_STEP="8")  # fmt: skip
@@ -244,6 +263,7 @@ def test_a_rank_whose_measures_fail_switches_them_off_and_keeps_the_loss(group, 
     assert all(r.get("grad_norm") is None and r["loss"] > 0 for r in records)
     measure = watcher._measure
     assert measure is not None and measure.off and "pack broke" in (measure.fault or "")
+    assert "pack broke" in records[0]["shards"]["measures_off"]  # the trace says why
 
 
 def test_load_last_good_checks_the_file(group, tmp_path):

@@ -5,7 +5,7 @@ Under FSDP2 every parameter is a ``DTensor``: each rank holds one shard (``.to_l
 does its gradient. :class:`ShardedMeasure` (what ``ParamMeasure(params, names)`` becomes when a
 parameter is a DTensor) takes the usual measures of :mod:`nanscope.torch.measure` on the local
 shards and combines them across the ranks with **one** ``all_reduce(SUM)`` per update of one
-float64 vector (``2 n + 36 + 2 W + 3`` values for ``n`` parameters and ``W`` ranks):
+float64 vector (``2 n + 36 + 3 W + 2`` values for ``n`` parameters and ``W`` ranks):
 
 * ``[0, n)``: per parameter, the squared L2 norm of this rank's gradient shard, times
   ``shards / W`` (so a parameter replicated over part of the mesh is not counted twice);
@@ -16,8 +16,8 @@ float64 vector (``2 n + 36 + 2 W + 3`` values for ``n`` parameters and ``W`` ran
   sum over its shards;
 * ``W`` slots: how many of this rank's gradient shards are non-finite (each rank writes only its
   own slot, so after the sum every rank knows *which* ranks broke); ``W`` slots for the weights;
-* three counters: ranks that sent a Gram matrix, ranks that sent weight norms, ranks whose local
-  computation failed.
+* ``W`` slots: 1 for each rank whose local computation failed;
+* two counters: ranks that sent a Gram matrix, ranks that sent weight norms.
 
 The size of the vector is fixed when the measure is made (checked once across the ranks), so a
 rank whose local computation fails still takes part in the collective (it sends zeros and its
@@ -162,6 +162,20 @@ class ShardedMeasure(ParamMeasure):
         self.rank, self.world = _world()
         self.off = False
         self.fault: str | None = None
+        self._checked = False
+        self.size = -1  # -1 until set up: a rank that fails here says so at the structure check
+        self.key = (len(params), sum(id(p) for p in params))
+        try:
+            self._setup(params, names)
+        except Exception as exc:  # every rank must still reach the structure check
+            self.fault = f"rank {self.rank} could not set up ({type(exc).__name__}: {exc})"[:300]
+            self.size = -1
+            for name, value in (("notes", []), ("params", list(params)), ("meta", False),
+                                ("weight", None), ("_have_prev", False), ("_order", [])):
+                if not hasattr(self, name):
+                    setattr(self, name, value)
+
+    def _setup(self, params: list[torch.Tensor], names: Mapping[int, str]) -> None:
         local = [_local(p) for p in params]
         local_names = {id(lp): names.get(id(p), f"param{i}")
                        for i, (p, lp) in enumerate(zip(params, local))}  # fmt: skip
@@ -169,7 +183,7 @@ class ShardedMeasure(ParamMeasure):
         self.key = (len(params), sum(id(p) for p in params))
         self.sharded = [_shards(p) > 0 for p in params]
         n = len(self._order)
-        self.size = 2 * n + 36 + 2 * self.world + 3
+        self.size = 2 * n + 36 + 3 * self.world + 2
         dev = self._device()
         order = self._order
         # per parameter (in _order): the factor of its local square in the sum, and masks
@@ -191,7 +205,7 @@ class ShardedMeasure(ParamMeasure):
             self._w_dt = self.weight[self._cols_dt]
             self._w_pl = self.weight[self._cols_pl] if self._cols_pl is not None else None
         self._group = None
-        self._checked = False
+        self._check_grad_placements()  # made inside the first step hook: the gradients are there
         self._packed = torch.zeros(self.size, dtype=torch.float64, device=dev)
         self._plain = torch.zeros(2 * n + 36, dtype=torch.float64, device=dev)
 
@@ -204,13 +218,17 @@ class ShardedMeasure(ParamMeasure):
         self._checked = True
         if self.world <= 1:
             return
-        probe = torch.tensor([self.size, -self.size], dtype=torch.int64, device=self._device())
+        broken = int(self.size < 0)
+        dev = self._device() if not broken else torch.device("cpu")
+        probe = torch.tensor([self.size, -self.size, broken], dtype=torch.int64, device=dev)
         try:
             dist.all_reduce(probe, op=dist.ReduceOp.MAX, group=self._group)
         except Exception as exc:
             self._switch_off(f"the ranks could not compare their parameters ({exc})")
             return
-        if int(probe[0]) != -int(probe[1]):
+        if int(probe[2]):
+            self._switch_off(self.fault or "another rank could not set up its sharded measures")
+        elif int(probe[0]) != -int(probe[1]):
             self._switch_off(
                 "the ranks hold different parameter lists (pipeline stages?): sharded measures off"
             )
@@ -230,26 +248,25 @@ class ShardedMeasure(ParamMeasure):
         ``sample`` is ignored: the sample is taken on every update, so that no rank's local
         decision (its own loss rose) ever changes which collectives run.
         """
-        if self.meta or not self.params:
-            return None, {}
-        if not self._checked:
+        if not self._checked:  # first, before any early return: every rank takes part
             self._check_structure()
-        if self.off:
+        if self.off or self.meta or not self.params:
             return None, {}
         import torch.distributed as dist
 
         n = len(self._order)
-        grads = [_local(p.grad) if p.grad is not None else None for p in self.global_params]
-        has = [k for k, i in enumerate(self._order) if grads[i] is not None]
         packed, plain = self._packed, self._plain
         packed.zero_()
         plain.zero_()
+        has: list[int] = []
         try:
+            grads = [_local(p.grad) if p.grad is not None else None for p in self.global_params]
+            has = [k for k, i in enumerate(self._order) if grads[i] is not None]
             self._pack(grads, has, full, packed, plain)
         except Exception as exc:  # this rank's part failed: it still takes part, flagged
             self.fault = f"rank {self.rank}: {type(exc).__name__}: {exc}"[:300]
             packed.zero_()
-            packed[-1] = 1.0
+            packed[2 * n + 36 + 2 * self.world + self.rank] = 1.0
             plain.zero_()
         if self.world > 1:
             try:
@@ -257,15 +274,33 @@ class ShardedMeasure(ParamMeasure):
             except Exception as exc:
                 self._switch_off(f"the all_reduce failed ({type(exc).__name__}: {exc})"[:300])
                 return None, {}
-        body = packed[: 2 * n + 36] + plain
-        gn = body[:n].clamp_min(0).sqrt()
-        wn = body[n : 2 * n].clamp_min(0).sqrt()
-        vec = torch.cat([gn, wn, body[2 * n :], packed[2 * n + 36 :]]).float()
+        try:
+            body = packed[: 2 * n + 36] + plain
+            gn = body[:n].clamp_min(0).sqrt()
+            wn = body[n : 2 * n].clamp_min(0).sqrt()
+            vec = torch.cat([gn, wn, body[2 * n :], packed[2 * n + 36 :]]).float()
+        except Exception as exc:  # after the collective: this update unmeasured, the next one is
+            self.fault = f"rank {self.rank}: {type(exc).__name__}: {exc}"[:300]
+            return None, {}
         layout: dict[str, Any] = {"n": n, "stats": True, "names": full, "sharded": True,
                                   "full": full, "half": self._half ^ 1}  # fmt: skip
         if len(has) != n:
             layout["has"] = has
         return vec, layout
+
+    def _check_grad_placements(self) -> None:
+        """Once: a gradient placed otherwise than its parameter (``Partial`` under tensor
+        parallel) makes that parameter's combined norm approximate; say so."""
+        odd = []
+        for i, p in enumerate(self.global_params):
+            g = p.grad
+            if self.sharded[i] and g is not None and _placement_text(g) != _placement_text(p):
+                odd.append(f"{self.names[i]} ({_placement_text(g)} vs {_placement_text(p)})")
+        if odd:
+            self.notes.append(
+                "gradients placed otherwise than their parameters, their combined norms are "
+                "approximate: " + ", ".join(odd[:5])
+            )
 
     def _pack(
         self,
@@ -300,7 +335,7 @@ class ShardedMeasure(ParamMeasure):
             nf_w = (~torch.isfinite(torch.where(dt, wsq, zero))).sum() if mixed else (
                 ~torch.isfinite(wsq)).sum()  # fmt: skip
             packed[2 * n + 36 + W + self.rank] = nf_w
-            packed[-2] = 1.0
+            packed[-1] = 1.0
         if self._take_sample(grads):
             buf = self._buf
             assert buf is not None and self.weight is not None
@@ -312,7 +347,7 @@ class ShardedMeasure(ParamMeasure):
                 if self._cols_pl is not None and self._w_pl is not None:
                     sub = buf.index_select(1, self._cols_pl)
                     plain[2 * n :] = torch.mm(sub * self._w_pl, sub.t()).reshape(-1)
-            packed[-3] = 1.0
+            packed[-2] = 1.0
 
     def _squares(self, tensors: list[Any], present: Iterable[int]) -> torch.Tensor:
         """Squared L2 norm per parameter (in ``_order``; 0 where absent), float64, on device."""
@@ -355,7 +390,7 @@ class ShardedMeasure(ParamMeasure):
     def weight_vector(self) -> tuple[torch.Tensor | None, dict[str, Any]]:
         """This rank's own weight-shard norms (no collective), for a failure seen on this rank
         only: they give ``nf_params`` for this rank's shards, not a global weight norm."""
-        if self.meta or not self.params:
+        if self.off or self.meta or not self.params:
             return None, {}
         n = len(self._order)
         wsq = self._squares(list(self.params), range(n))
@@ -376,11 +411,15 @@ class ShardedMeasure(ParamMeasure):
             return super().record(values, layout)
         W = self.world
         tail = values[2 * n + 36 :]
-        nf_g, nf_w = tail[:W], tail[W : 2 * W]
-        n_gram, n_weights, faults = tail[2 * W : 2 * W + 3]
-        if faults > 0:  # every rank reads the same sum: all switch off together
-            self._switch_off(self.fault or "a rank's local measures failed")
-            return {}
+        nf_g, nf_w, faults = tail[:W], tail[W : 2 * W], tail[2 * W : 3 * W]
+        n_gram, n_weights = tail[3 * W : 3 * W + 2]
+        failed = [r for r in range(W) if faults[r] > 0]
+        if failed:  # every rank reads the same sum: all switch off together
+            who = ", ".join(map(str, failed))
+            why = self.fault if self.rank in failed and self.fault else (
+                f"the local measures of rank(s) {who} failed (their trace says why)")  # fmt: skip
+            self._switch_off(why)
+            return {"shards": {"measures_off": why, "failed_ranks": failed}}
         base: dict[str, Any] = {"n": n, "names": layout.get("names"), "half": layout.get("half"),
                                 "stats": n_gram >= W, "weights": n_weights >= W}  # fmt: skip
         if "has" in layout:
