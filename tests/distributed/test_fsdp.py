@@ -313,3 +313,16 @@ def test_deferred_reads_restore_the_verified_shards(group, tmp_path):
     assert header["step"] == 8
     for name, p in fresh.named_parameters():
         assert torch.equal(p.to_local(), shards[name]), name
+
+
+def test_a_measure_that_cannot_be_set_up_is_off_not_a_crash(group, tmp_path, monkeypatch):
+    def broken(self, *args, **kwargs):
+        raise RuntimeError("setup broke")
+
+    monkeypatch.setattr(sharded.ShardedMeasure, "_setup", broken)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        _, watcher = _fit(tmp_path)
+    assert not watcher.guard.faults  # the step hook stayed on ...
+    assert [r["step"] for r in watcher.monitor.trace.records] == [1, 2, 3, 4]  # ... losses kept
+    assert watcher._measure is not None and "setup broke" in (watcher._measure.fault or "")

@@ -216,10 +216,13 @@ class ShardedMeasure(ParamMeasure):
         import torch.distributed as dist
 
         self._checked = True
-        if self.world <= 1:
-            return
         broken = int(self.size < 0)
-        dev = self._device() if not broken else torch.device("cpu")
+        if self.world <= 1:
+            if broken:
+                self._switch_off(self.fault or "the sharded measures could not be set up")
+            return
+        # the device the process group's backend wants (NCCL: the parameters' accelerator)
+        dev = self.global_params[0].device if self.global_params else torch.device("cpu")
         probe = torch.tensor([self.size, -self.size, broken], dtype=torch.int64, device=dev)
         try:
             dist.all_reduce(probe, op=dist.ReduceOp.MAX, group=self._group)
