@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -69,6 +70,11 @@ def _records(path: Path) -> list[dict]:
     return out
 
 
+def _losses(stdout: str) -> list[tuple[str, ...]]:
+    """(rank, step, loss) as printed (the ranks' lines may run into each other)."""
+    return sorted(re.findall(r"rank (\d+) step (\d+) loss (-?\d+\.\d{4}|nan|inf)", stdout))
+
+
 def _num(value) -> float:
     return float(value)  # the trace writes non-finite floats as "nan" / "inf"
 
@@ -100,6 +106,11 @@ def test_healthy_fsdp2_run_every_update_recorded_and_equal_to_the_full_tensors(t
         per_rank.append([r["grad_norm"] for r in recs])
     assert per_rank[0] == per_rank[1]  # one combined norm, the same on every rank
     assert took < BOUND
+    # untouched: the same script without nanscope prints the same losses, digit for digit
+    (tmp_path / "plain").mkdir()
+    plain, _ = _torchrun(tmp_path / "plain", [], [str(SCRIPT)], FSDP_STEPS="12")
+    assert plain.returncode == 0, plain.stdout + plain.stderr
+    assert _losses(plain.stdout) == _losses(proc.stdout) and len(_losses(plain.stdout)) == 24
 
 
 @pytest.mark.distributed
