@@ -3,6 +3,10 @@
 ::
 
     python bench/overhead_fsdp.py [--updates 30] [--rounds 6] [--width 512] [--batch 128]
+                                  [--ranks 2]
+
+``--ranks 1`` runs the same on a one-rank mesh: the local cost of the sharded measures without
+the time one rank waits for the other in each collective (which dominates on a busy machine).
 
 Spawns two processes (``torch.multiprocessing.spawn``, gloo, one thread each). In each, one FSDP2
 model (a 3-layer MLP, every Linear and the root ``fully_shard``-ed, Adam) trains in alternating
@@ -144,7 +148,7 @@ def _worker(rank: int, world: int, port: int, args: Any, out: str) -> None:
             f"nanscope's step hook: {med['hook'] * 1e3:.3f} ms/update = "
             f"{med['hook'] / plain:.3f} of a plain update",
             f"nanscope's collectives: {med['calls']:.1f} all_reduce per update, "
-            f"{coll * 1e3:.3f} ms/update = {coll / med['hook']:.2f} of the hook, "
+            f"{coll * 1e3:.3f} ms/update = {coll / max(med['hook'], 1e-12):.2f} of the hook, "
             f"{coll / watched:.3f} of a watched update",
         ]
         Path(out).write_text("\n".join(lines) + "\n")
@@ -157,12 +161,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--width", type=int, default=512)
     p.add_argument("--batch", type=int, default=128)
+    p.add_argument("--ranks", type=int, default=2)
     args = p.parse_args(argv)
     import torch.multiprocessing as mp
 
     with tempfile.TemporaryDirectory() as tmp:
         out = str(Path(tmp) / "result.txt")
-        mp.spawn(_worker, args=(2, _free_port(), args, out), nprocs=2, join=True)
+        mp.spawn(_worker, args=(args.ranks, _free_port(), args, out), nprocs=args.ranks,
+                 join=True)  # fmt: skip
         print(Path(out).read_text(), end="")
     return 0
 
