@@ -47,7 +47,7 @@ from nanscope.errors import UsageError
 from nanscope.monitor import Monitor
 from nanscope.probes import producer as _producer
 from nanscope.probes.failure import CallSite, TorchFailure
-from nanscope.torch import _hooks, distributed
+from nanscope.torch import _hooks, distributed, sharded
 from nanscope.torch.deferred import DeferredReads
 from nanscope.torch.measure import param_names
 from nanscope.torch.precision import SCALE_FLOOR, SKIP_LIMIT, Precision, unscale_tensor
@@ -158,6 +158,7 @@ class Watcher:
                 f"policy={policy!r} conflicts with the monitor's policy {monitor.policy!r}"
             )
         self.monitor = monitor
+        self.guard.faults = monitor.meta.setdefault("hook_faults", {})  # a rank says why it saw 0
         self.step = 0
         self.failure: TorchFailure | None = None
         self.notes: list[str] = []
@@ -224,7 +225,7 @@ class Watcher:
             return self.monitor.diagnosis
         self._closed = True
         _producer.LIVE.stop()
-        self.deferred.drain(self._process, self.params(), allow_raise=False)
+        self.deferred.drain(self._process, sharded.local_shards(self.params()), allow_raise=False)
         for handle in self._handles:
             with contextlib.suppress(Exception):
                 handle.remove()
@@ -375,7 +376,7 @@ class Watcher:
         if interval <= 1 or vec is None:
             self._process(step, vec.tolist() if vec is not None else [], ctx, batch=batch)
         elif self.deferred.push(step, vec, ctx, batch):
-            self.deferred.drain(self._process, self.params(), allow_raise=True)
+            self.deferred.drain(self._process, sharded.local_shards(self.params()), allow_raise=True)
         window.reset()
 
     def _process(
@@ -434,8 +435,10 @@ class Watcher:
         extra: dict[str, Any] = {"alarm": alarm.kind}
         if self._failing.get("late"):
             extra["replay_from"] = self.deferred.replay_from()
+        # a replay of a sharded model would run its collectives on this rank alone
+        model = None if sharded.is_sharded(self.model) else self.model
         return self.window.failure(
-            self.model, step, str(self._failing.get("what", "loss")),
+            model, step, str(self._failing.get("what", "loss")),
             kept=self.deferred.batch_at(step), current=step == self.step,
             scaler=self.precision.scaler, scale_history=list(self.precision.scale_history),
             extra=extra,

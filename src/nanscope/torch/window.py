@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from nanscope.capture.keys import INPUT_KEYS, TARGET_KEYS
 from nanscope.probes.failure import CallSite, TorchFailure
+from nanscope.torch import sharded
 
 __all__ = ["StepWindow", "pick_input"]
 
@@ -105,7 +106,7 @@ class StepWindow:
 
     def on_clip(self, total: Any) -> None:
         if isinstance(total, torch.Tensor):
-            self.clip_norm = total.detach()
+            self.clip_norm = sharded.replicated(total.detach())  # FSDP2: a replicated DTensor
 
     # ------------------------------------------------------------------ read at the check
 
