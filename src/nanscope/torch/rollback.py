@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from nanscope.torch import sharded
 from nanscope.detectors import Alarm
 from nanscope.monitor import Monitor
+from nanscope.torch import sharded
 from nanscope.torch.deferred import DeferredReads
 
 __all__ = ["ROLLBACK_LIMIT", "ROLLBACK_LR_FACTOR", "LastGood", "nonfinite"]
@@ -55,7 +55,9 @@ class LastGood:
         if model is None:
             return []
         if sharded.is_sharded(model):  # each rank its own shards, nothing gathered
-            path, notes = sharded.save_last_good(model, self.monitor, params, failing, alarm, deferred)
+            path, notes = sharded.save_last_good(
+                model, self.monitor, params, failing, alarm, deferred
+            )
             self.path = path or self.path
             return notes
         meta = self.monitor.meta
