@@ -373,13 +373,3 @@ def read_trace(path: str | Path) -> Trace:
     for i, record in enumerate(records):
         record.setdefault("step", i + 1)
     return Trace(records, meta)
-
-
-#: every key an update record may hold, in the order of the table in this module's docstring: the
-#: one trace key set (capture paths write only these; readers recognise a nanscope trace by them)
-RECORD_KEYS: tuple[str, ...] = (
-    "step", "epoch", "loss", "val_loss", "lr", "grad_norm", "grad_norms", "weight_norm",
-    "update_norm", "update_cos", "update_cos_same", "grad_cos", "flip_frac", "nf_loss", "nf_grads",
-    "nf_params", "nf_inputs", "nf_targets", "input_absmax", "target_absmax", "input_scale_ratio",
-    "input_scale_column", "row_z", "rows", "events", "extra",
-)  # fmt: skip

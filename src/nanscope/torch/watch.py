@@ -376,7 +376,8 @@ class Watcher:
         if interval <= 1 or vec is None:
             self._process(step, vec.tolist() if vec is not None else [], ctx, batch=batch)
         elif self.deferred.push(step, vec, ctx, batch):
-            self.deferred.drain(self._process, sharded.local_shards(self.params()), allow_raise=True)
+            shards = sharded.local_shards(self.params())
+            self.deferred.drain(self._process, shards, allow_raise=True)
         window.reset()
 
     def _process(
