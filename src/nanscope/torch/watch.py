@@ -339,7 +339,7 @@ class Watcher:
 
     def on_clip(self, total: Any) -> None:
         if isinstance(total, torch.Tensor):
-            self._clip_norm = total.detach()
+            self._clip_norm = sharded.replicated(total.detach())  # FSDP2: a replicated DTensor
 
     def _step_pre(self, optimizer: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if "step" in self.guard.off:
