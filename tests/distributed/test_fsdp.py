@@ -337,3 +337,29 @@ def test_a_measure_that_cannot_be_set_up_is_off_not_a_crash(group, tmp_path, mon
     assert not watcher.guard.faults  # the step hook stayed on ...
     assert [r["step"] for r in watcher.monitor.trace.records] == [1, 2, 3, 4]  # ... losses kept
     assert watcher._measure is not None and "setup broke" in (watcher._measure.fault or "")
+
+
+def test_clip_grad_norm_under_fsdp2_is_read_as_the_pre_clip_norm(group, tmp_path):
+    """FSDP2's ``clip_grad_norm_`` returns a replicated DTensor: its value is the record's
+    pre-clip norm, and the combined norm after clipping is the clip threshold."""
+    import nanscope
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+    fully_shard(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    watcher = nanscope.watch(model, opt, run_dir=tmp_path / "run")
+    gen = torch.Generator().manual_seed(1)
+    totals = []
+    for _ in range(4):
+        x = torch.randn(8, 4, generator=gen) * 10
+        opt.zero_grad()
+        nn.functional.mse_loss(model(x), x[:, :1]).backward()
+        total = torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+        totals.append(float(total.to_local()))
+        opt.step()
+    assert not watcher.guard.faults
+    records = watcher.monitor.trace.records
+    assert [r["grad_norm"] for r in records] == pytest.approx(totals, rel=1e-5)
+    assert all(t > 0.5 for t in totals)  # so every update was clipped, to 0.5
+    assert [r["extra"]["grad_norm_clipped"] for r in records] == pytest.approx([0.5] * 4, rel=1e-4)

@@ -55,6 +55,7 @@ __all__ = [
     "is_sharded",
     "load_last_good",
     "local_shards",
+    "replicated",
     "save_last_good",
 ]
 
@@ -101,6 +102,18 @@ def local_shards(tensors: Iterable[Any]) -> list[Any]:
     strategy for some foreach ops on DTensors, and the local shards are all a rank owns.
     """
     return [_local(t) for t in tensors]
+
+
+def replicated(t: Any) -> Any:
+    """A plain tensor with ``t``'s value: ``t`` itself, or a replicated DTensor's local copy (what
+    ``clip_grad_norm_`` returns under FSDP2); None for a DTensor whose local part is not its
+    value (sharded or partial: reading it would take a collective)."""
+    dt = _dtensor_type()
+    if dt is None or not isinstance(t, dt):
+        return t
+    if all(pl.is_replicate() for pl in _any(t).placements):
+        return _local(t)
+    return None
 
 
 def _local(t: Any) -> Any:
