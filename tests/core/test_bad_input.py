@@ -452,6 +452,12 @@ CASES = [
     ),
     Case("diagnose-bad-option", ["diagnose", "--frobnicate"]),
     Case(
+        "diagnose-25mb-one-line",
+        ["diagnose", "train.log"],
+        files={"train.log": lambda: b"loss: 1.0 " * (MB25 // 10)},
+        memory=True,
+    ),
+    Case(
         "diagnose-report-on-stdout",
         ["diagnose", "train.log"],
         0,
