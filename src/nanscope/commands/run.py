@@ -569,9 +569,9 @@ def main(argv: list[str]) -> int:
     _enrich(diagnosis, args, target)
     if owner is not None:
         owner._save_diagnosis(diagnosis)
+    write_json(diagnosis, args.json)  # first: the file is there whatever happens next
     if args.json != "-" or diagnosis.verdict != "healthy":
         show(diagnosis, trace, no_color=args.no_color, to_stderr=args.json == "-")
-    write_json(diagnosis, args.json)
     write_html(diagnosis, trace, args.html)
     if rank == 0:
         _record(diagnosis, owner, target, started)
