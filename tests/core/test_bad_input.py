@@ -315,6 +315,12 @@ CASES = [
     # run
     Case("run-no-script", ["run", "--", "python", "missing.py"], needle="no such script"),
     Case(
+        "run-data-missing",
+        ["run", "--data", "nope.csv", "--", "python", "fit.py"],
+        files={"fit.py": FIT},
+        needle="--data",
+    ),
+    Case(
         "run-binary-as-python",
         ["run", "--", "python", "model.bin"],
         files={"model.bin": BIN},
@@ -540,6 +546,13 @@ CASES = [
     ),
     # lint
     Case("lint-missing", ["lint", "nope.py"], needle="no such file"),
+    Case(
+        "lint-nul-bytes",
+        ["lint", "model.py"],
+        1,
+        files={"model.py": b"x = 1\n\x00\x00" + BIN[:64]},
+        check=_one_l000("null bytes"),
+    ),
     Case("lint-unknown-code", ["lint", "--select", "X999", "."], needle="unknown rule code"),
     Case(
         "lint-json-dir",
@@ -589,6 +602,7 @@ CASES = [
     ),
     # history
     Case("history-limit", ["history", "--limit", "0"], needle="--limit"),
+    Case("history-limit-word", ["history", "--limit", "all"], needle="--limit"),
     Case(
         "history-binary-ledger",
         ["history", "--ledger", "ledger.bin"],
