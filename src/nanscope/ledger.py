@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from nanscope.errors import InputError
+from nanscope.formatting import lr as format_lr
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -540,10 +541,7 @@ def _when(started: Any) -> str:
 
 
 def _lr_text(value: float) -> str:
-    if value != 0 and not 1e-4 <= abs(value) < 1e6:
-        return f"{value:.3g}"
-    text = f"{value:.6g}"
-    return text if "." in text else text + ".0"
+    return format_lr(value)
 
 
 def describe(run: Mapping[str, Any]) -> str:

@@ -35,7 +35,7 @@ from nanscope.logs._common import (
     text_encoding,
 )
 from nanscope.logs._thin import thin
-from nanscope.trace import TRACE_SCHEMA, Trace
+from nanscope.trace import RECORD_KEYS, TRACE_SCHEMA, Trace
 
 __all__ = ["FORMATS", "LogWarning", "iter_records", "load_trace", "sniff"]
 
@@ -60,14 +60,7 @@ FORMATS: Mapping[str, str] = MappingProxyType(
     }
 )
 
-_TRACE_KEYS = frozenset(
-    {
-        "step", "epoch", "loss", "val_loss", "lr", "grad_norm", "grad_norms", "weight_norm",
-        "update_norm", "update_cos", "update_cos_same", "grad_cos", "flip_frac", "nf_loss",
-        "nf_grads", "nf_params", "nf_inputs", "nf_targets", "input_absmax", "target_absmax",
-        "input_scale_ratio", "row_z", "rows", "events", "extra",
-    }
-)  # fmt: skip
+_TRACE_KEYS = RECORD_KEYS
 
 
 def _known() -> str:
