@@ -67,11 +67,13 @@ _QUICK = ("diagnose", "scan", "lint", "report", "history")
 
 #: options whose value is a file the command writes; checked before any work starts
 _OUTPUTS = ("--json", "--html", "-o", "--output")
+#: options whose value is a folder the command writes into
+_FOLDERS = ("--run-dir", "--png")
 
 
 def _precheck(name: str, rest: list[str]) -> None:
     """Checks every command shares, done before it starts: the output paths and the policy."""
-    from nanscope.commands.base import check_writable, parse_values
+    from nanscope.commands.base import check_folder, check_writable, parse_values
 
     options = rest
     if name in ("run", "sweep") and "--" not in rest:
@@ -81,6 +83,8 @@ def _precheck(name: str, rest: list[str]) -> None:
         options = rest[:cut]
     for option, value in parse_values(options, _OUTPUTS).items():
         check_writable(value, option)
+    for option, value in parse_values(options, _FOLDERS).items():
+        check_folder(value, option)
     policy = os.environ.get("NANSCOPE_POLICY")
     if policy and name in ("run", "sweep", "demo"):
         from nanscope.monitor import POLICIES
@@ -92,7 +96,7 @@ def _precheck(name: str, rest: list[str]) -> None:
             )
 
 
-_VALUED = (*_OUTPUTS, "--policy", "--data", "--run-dir", "--factors", "--updates", "--jobs",
+_VALUED = (*_OUTPUTS, *_FOLDERS, "--policy", "--data", "--factors", "--updates", "--jobs",
            "--seed", "--timeout")  # fmt: skip
 
 

@@ -600,6 +600,14 @@ CASES = [
         files={"train.log": _log_with_bad_byte_row, "out/keep": ""},
         needle="directory",
     ),
+    Case(
+        "report-png-is-a-file",
+        ["report", "train.log", "--png", "notes.txt"],
+        files={"train.log": _log_with_bad_byte_row, "notes.txt": "keep"},
+        needle="--png",
+        unchanged=("notes.txt",),
+        absent=("report.html",),
+    ),
     # history
     Case("history-limit", ["history", "--limit", "0"], needle="--limit"),
     Case("history-limit-word", ["history", "--limit", "all"], needle="--limit"),
