@@ -20,6 +20,7 @@ import importlib
 import json
 import struct
 from collections.abc import Iterator, Mapping
+from itertools import chain
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -239,18 +240,23 @@ def iter_records(
 
     ``format`` forces a reader (a key of :data:`FORMATS`) instead of sniffing.
     """
-    source = Path(path)
+    # a chain, not a generator: records pass through without resuming a Python frame each;
+    # the file is still only opened (and errors raised) on the first next()
+    return chain.from_iterable(_open_records(Path(path), {} if meta is None else meta, format))
+
+
+def _open_records(
+    source: Path, meta: dict[str, Any], format: str | None
+) -> Iterator[Iterator[Record]]:
     if format is None:
         fmt, target = _resolve(source)
     else:
         check_file(source)
         fmt, target = format, source
     module = _reader(fmt)
-    if meta is None:
-        meta = {}
     meta.setdefault("format", fmt)
     meta.setdefault("source", str(source))
-    yield from module.iter_records(target, meta)
+    yield module.iter_records(target, meta)
 
 
 def _load(path: str | Path, format: str | None = None, max_records: int | None = None) -> Trace:
