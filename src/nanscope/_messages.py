@@ -18,7 +18,14 @@ import warnings
 from pathlib import Path
 from typing import TextIO
 
-__all__ = ["NanscopeWarning", "clean", "install_warning_format", "warn"]
+__all__ = [
+    "NanscopeWarning",
+    "clean",
+    "hold_warnings",
+    "install_warning_format",
+    "release_warnings",
+    "warn",
+]
 
 #: ANSI escape sequences (CSI, OSC, and two-byte ESC forms), then every other control character
 _ESCAPES = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[@-_]")
@@ -71,6 +78,33 @@ def _is_ours(message: Warning | str, category: type[Warning], filename: str) -> 
 
 #: the formatters installed (so installing twice wraps nothing twice)
 _INSTALLED: list[object] = []
+#: warnings held back while a quick command runs (see :func:`hold_warnings`)
+_HELD: list[str] | None = None
+
+
+def hold_warnings() -> None:
+    """Keep nanscope's warnings until :func:`release_warnings`: a command that ends in an error
+    then says it in one line (the warning as its reason), one that succeeds prints them."""
+    global _HELD
+    _HELD = []
+
+
+def release_warnings(*, show: bool = True) -> list[str]:
+    """Stop holding; print the held warnings (``show``) and return their texts."""
+    global _HELD
+    held, _HELD = _HELD or [], None
+    if show:
+        for text in held:
+            _emit(text, sys.stderr)
+    return held
+
+
+def _emit(text: str, stream: TextIO) -> None:
+    try:
+        stream.write(f"nanscope: warning: {text}\n")
+        stream.flush()
+    except (OSError, ValueError):
+        pass
 
 
 def install_warning_format() -> None:
@@ -91,12 +125,11 @@ def install_warning_format() -> None:
         if not _is_ours(message, category, filename):
             original(message, category, filename, lineno, file, line)
             return
-        stream = file or sys.stderr
-        try:
-            stream.write(f"nanscope: warning: {clean(_strip_prefix(str(message)), 2000)}\n")
-            stream.flush()
-        except (OSError, ValueError):
-            pass
+        text = clean(_strip_prefix(str(message)), 2000)
+        if _HELD is not None and file is None:
+            _HELD.append(text)
+            return
+        _emit(text, file or sys.stderr)
 
     _INSTALLED.append(show)
     warnings.showwarning = show

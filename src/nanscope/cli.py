@@ -15,6 +15,7 @@ import sys
 import traceback
 from collections.abc import Callable, Sequence
 
+from nanscope._messages import clean, hold_warnings, install_warning_format, release_warnings
 from nanscope.errors import InputError, UsageError
 
 __all__ = ["COMMANDS", "main"]
@@ -61,13 +62,18 @@ def _load(target: str) -> Callable[[list[str]], int]:
     return func
 
 
+#: commands that finish quickly: their warnings are held, so an error is still one line
+_QUICK = ("diagnose", "scan", "lint", "report", "history")
+
 #: options whose value is a file the command writes; checked before any work starts
 _OUTPUTS = ("--json", "--html", "-o", "--output")
+#: options whose value is a folder the command writes into
+_FOLDERS = ("--run-dir", "--png")
 
 
 def _precheck(name: str, rest: list[str]) -> None:
     """Checks every command shares, done before it starts: the output paths and the policy."""
-    from nanscope.commands.base import check_writable, parse_values
+    from nanscope.commands.base import check_folder, check_writable, parse_values
 
     options = rest
     if name in ("run", "sweep") and "--" not in rest:
@@ -77,6 +83,8 @@ def _precheck(name: str, rest: list[str]) -> None:
         options = rest[:cut]
     for option, value in parse_values(options, _OUTPUTS).items():
         check_writable(value, option)
+    for option, value in parse_values(options, _FOLDERS).items():
+        check_folder(value, option)
     policy = os.environ.get("NANSCOPE_POLICY")
     if policy and name in ("run", "sweep", "demo"):
         from nanscope.monitor import POLICIES
@@ -88,7 +96,7 @@ def _precheck(name: str, rest: list[str]) -> None:
             )
 
 
-_VALUED = (*_OUTPUTS, "--policy", "--data", "--run-dir", "--factors", "--updates", "--jobs",
+_VALUED = (*_OUTPUTS, *_FOLDERS, "--policy", "--data", "--factors", "--updates", "--jobs",
            "--seed", "--timeout")  # fmt: skip
 
 
@@ -97,8 +105,6 @@ def _debug() -> bool:
 
 
 def _error_line(name: str, exc: BaseException) -> str:
-    from nanscope.commands.base import clean
-
     prefix = f"nanscope {name}: error: " if name else "nanscope: error: "
     if isinstance(exc, (UsageError, InputError)):
         return prefix + clean(exc, limit=500)
@@ -117,7 +123,6 @@ def _error_line(name: str, exc: BaseException) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    from nanscope.commands.base import install_warning_format
 
     install_warning_format()
     if not args or args[0] in ("-h", "--help", "help"):
@@ -130,8 +135,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_OK
     name, rest = args[0], args[1:]
     if name not in COMMANDS:
-        from nanscope.commands.base import clean
-
         known = ", ".join(COMMANDS)
         print(f"nanscope: unknown command '{clean(name, 60)}' (known: {known})", file=sys.stderr)
         return EXIT_USAGE
@@ -149,12 +152,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                 )
                 return EXIT_USAGE
             raise
-        return int(command(rest) or 0)
+        if name in _QUICK:
+            hold_warnings()
+        result = int(command(rest) or 0)
+        release_warnings()
+        return result
     except SystemExit as exc:  # --help inside a command, or a command that exits by itself
-        code = exc.code
-        if code is None or isinstance(code, int):
-            return int(code or 0)
-        print(f"nanscope {name}: {code}", file=sys.stderr)
+        if exc.code is None or isinstance(exc.code, int):
+            return int(exc.code or 0)
+        print(f"nanscope {name}: {clean(exc.code)}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         print(f"nanscope {name}: interrupted", file=sys.stderr)
@@ -162,10 +168,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:
         raise
     except Exception as exc:
+        held = release_warnings(show=_debug())
         if _debug():
             traceback.print_exc()
-        print(_error_line(name, exc), file=sys.stderr)
+        line = _error_line(name, exc)
+        if held:
+            # what went wrong on the way there is the reason: still one line
+            line += f" ({clean(held[0], 200)}" + (f"; {len(held) - 1} more warnings)"
+                                                  if len(held) > 1 else ")")  # fmt: skip
+        print(line, file=sys.stderr)
         return EXIT_USAGE
+    finally:
+        release_warnings()
 
 
 def entry() -> None:

@@ -31,6 +31,10 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from nanscope.cli import main
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 SCRIPTS = Path(__file__).resolve().parents[1] / "experiment" / "scripts"
@@ -315,6 +319,12 @@ CASES = [
     # run
     Case("run-no-script", ["run", "--", "python", "missing.py"], needle="no such script"),
     Case(
+        "run-data-missing",
+        ["run", "--data", "nope.csv", "--", "python", "fit.py"],
+        files={"fit.py": FIT},
+        needle="--data",
+    ),
+    Case(
         "run-binary-as-python",
         ["run", "--", "python", "model.bin"],
         files={"model.bin": BIN},
@@ -452,6 +462,12 @@ CASES = [
     ),
     Case("diagnose-bad-option", ["diagnose", "--frobnicate"]),
     Case(
+        "diagnose-25mb-one-line",
+        ["diagnose", "train.log"],
+        files={"train.log": lambda: b"loss: 1.0 " * (MB25 // 10)},
+        memory=True,
+    ),
+    Case(
         "diagnose-report-on-stdout",
         ["diagnose", "train.log"],
         0,
@@ -534,6 +550,13 @@ CASES = [
     ),
     # lint
     Case("lint-missing", ["lint", "nope.py"], needle="no such file"),
+    Case(
+        "lint-nul-bytes",
+        ["lint", "model.py"],
+        1,
+        files={"model.py": b"x = 1\n\x00\x00" + BIN[:64]},
+        check=_one_l000("null bytes"),
+    ),
     Case("lint-unknown-code", ["lint", "--select", "X999", "."], needle="unknown rule code"),
     Case(
         "lint-json-dir",
@@ -581,8 +604,17 @@ CASES = [
         files={"train.log": _log_with_bad_byte_row, "out/keep": ""},
         needle="directory",
     ),
+    Case(
+        "report-png-is-a-file",
+        ["report", "train.log", "--png", "notes.txt"],
+        files={"train.log": _log_with_bad_byte_row, "notes.txt": "keep"},
+        needle="--png",
+        unchanged=("notes.txt",),
+        absent=("report.html",),
+    ),
     # history
     Case("history-limit", ["history", "--limit", "0"], needle="--limit"),
+    Case("history-limit-word", ["history", "--limit", "all"], needle="--limit"),
     Case(
         "history-binary-ledger",
         ["history", "--ledger", "ledger.bin"],
@@ -672,3 +704,62 @@ def test_debug_shows_the_traceback_behind_the_line(tmp_path: Path) -> None:
     assert proc.returncode == 2
     assert "Traceback" in proc.stderr
     assert proc.stderr.strip().splitlines()[-1].startswith("nanscope diagnose: error:")
+
+
+# --- fuzzing: random bytes and random nesting never break the one-line promise ----------------
+
+_FUZZ = settings(
+    max_examples=int(os.environ.get("NANSCOPE_FUZZ_EXAMPLES", "40")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+_CSV_BYTES = st.one_of(
+    st.binary(min_size=1, max_size=600),
+    st.lists(
+        st.lists(st.sampled_from(["1", "-2.5", "nan", "inf", "", "x", "\xff", '"a,b"', "1e400"]),
+                 min_size=1, max_size=4).map(",".join),
+        min_size=1, max_size=12,
+    ).map(lambda rows: ("a,b,c\n" + "\n".join(rows) + "\n").encode("utf-8", "surrogateescape")),
+)  # fmt: skip
+
+
+def _one_line_or_result(code: int, err: str) -> None:
+    assert code in (0, 1, 2)
+    assert "Traceback" not in err
+    assert not _CONTROL.search(err)
+    if code == 2:
+        assert len(err.strip().splitlines()) == 1, err
+
+
+@_FUZZ
+@given(data=_CSV_BYTES)
+def test_scan_fuzz(data: bytes, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "data.csv"
+    path.write_bytes(data)
+    code = main(["scan", str(path), "--no-progress", "--no-color"])
+    _one_line_or_result(code, capsys.readouterr().err)
+
+
+_NEST = st.recursive(
+    st.sampled_from(["x", "1", "torch.log(p)", "a / b"]),
+    lambda inner: st.one_of(
+        st.tuples(st.sampled_from(["-", "not ", "~"]), inner).map("".join),
+        st.tuples(inner, st.sampled_from([" + ", " * ", " / ", " ** "]), inner).map("".join),
+        inner.map(lambda s: f"f({s})"),
+        inner.map(lambda s: f"[{s}]"),
+    ),
+    max_leaves=60,
+)
+
+
+@_FUZZ
+@given(expr=_NEST, depth=st.integers(0, 3000), junk=st.binary(max_size=40))
+def test_lint_fuzz(
+    expr: str, depth: int, junk: bytes, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "train.py"
+    path.write_bytes(f"import torch\ny = {'-' * depth}({expr})\n".encode() + junk)
+    code = main(["lint", str(path)])
+    captured = capsys.readouterr()
+    _one_line_or_result(code, captured.err)
+    assert code in (0, 1)  # a Python file always gets findings or none, never a usage error

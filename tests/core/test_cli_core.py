@@ -186,3 +186,29 @@ def test_run_links_the_data_scan_to_the_bad_rows(tmp_path):
     scan = diagnosis["scan"]
     assert scan["rows"] == [211]
     assert any(211 in (f.get("rows") or []) for f in scan["findings"])
+
+
+def test_record_event_writes_through_the_trace_and_the_verdict_reads_it(tmp_path):
+    from nanscope.diagnose import diagnose
+    from nanscope.trace import read_trace
+
+    rng = np.random.default_rng(2)
+    X = rng.normal(size=(50, 3))
+    y = X @ np.array([1.0, 2.0, -1.0])
+    w = np.zeros(3)
+    import nanscope
+
+    mon = nanscope.Monitor(run_dir=tmp_path / "run")
+    for _ in range(10):
+        r = X @ w - y
+        g = 2 * X.T @ r / len(y)
+        mon.update(float(np.mean(r**2)), params={"w": w}, grads={"w": g}, lr=0.1)
+        w = w - 0.1 * g
+    mon.record_event("interrupted", signal="SIGINT", step=10)
+    assert mon.events == [{"event": "interrupted", "signal": "SIGINT", "step": 10}]
+    assert mon.close().verdict == "interrupted"  # never healthy
+    lines = (tmp_path / "run" / "trace.jsonl").read_text().splitlines()
+    assert json.loads(lines[-1]) == {"event": "interrupted", "signal": "SIGINT", "step": 10}
+    again = read_trace(tmp_path / "run" / "trace.jsonl")
+    assert len(again) == 10 and again.meta["events"][0]["signal"] == "SIGINT"
+    assert diagnose(again).verdict == "interrupted"

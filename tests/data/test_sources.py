@@ -117,3 +117,58 @@ def test_bad_target_and_object():
         scan({1, 2})
     with pytest.raises(InputError, match="different lengths"):
         scan((np.zeros((5, 2)), np.zeros(4)))
+
+
+def test_savetxt_nan_words_are_floats_and_their_rows_reported(tmp_path):
+    # np.savetxt writes lowercase nan/inf, which Polars' inference alone takes for text
+    rng = np.random.default_rng(4)
+    table = rng.normal(size=(300, 2))
+    table[[11, 250], 0] = np.nan
+    table[99, 1] = -np.inf
+    path = tmp_path / "d.csv"
+    np.savetxt(path, table, delimiter=",", header="a,b", comments="")
+    report = scan(path)
+    assert report.columns["a"].kind == "float" and report.columns["a"].n_nan == 2
+    by_code = {f.code: f for f in report.findings}
+    assert by_code["S001"].rows == (11, 250) and by_code["S002"].rows == (99,)
+    assert "S011" not in by_code
+
+
+def test_a_column_that_only_starts_as_numbers_stays_text(tmp_path):
+    lines = ["a,b"] + [f"{i}.5,nan" for i in range(20)] + ["3,not a number"]
+    path = tmp_path / "d.csv"
+    path.write_text("\n".join(lines) + "\n")
+    report = scan(path)
+    assert report.columns["b"].kind != "float"  # a real word later: text after all
+    assert any(f.code == "S011" and f.column == "b" for f in report.findings)
+
+
+def test_invalid_utf8_cells_are_empty_and_row_numbers_kept(tmp_path):
+    rows = [f"{i}.0,{i * 2}.0" for i in range(40)]
+    rows[3] = "\udcff\udcfe,6.0"  # bytes that are not UTF-8 in row 3 (file line 5)
+    rows[20] = "nan,40.0"
+    path = tmp_path / "d.csv"
+    path.write_bytes(("a,b\n" + "\n".join(rows) + "\n").encode("utf-8", "surrogateescape"))
+    with pytest.warns(UserWarning, match="1 row holds bytes that are not UTF-8"):
+        report = scan(path)
+    assert report.n_rows == 40, "every row is scanned"
+    assert report.columns["a"].n_null == 1 and report.columns["b"].n_null == 0
+    by_code = {f.code: f for f in report.findings}
+    assert by_code["S003"].rows == (3,) and by_code["S001"].rows == (20,)  # row numbers unchanged
+    assert report.notes and "file line 5" in report.notes[0]
+
+
+@pytest.mark.parametrize(
+    ("content", "needle"),
+    [
+        (b"a,b\n1,2\n\x00\x01\x02", "binary"),
+        (bytes(range(1, 256)) * 30, "CSV text"),
+        (b"x" * (2 << 20), "first line"),
+        (b"\xff\xfeh\x00e\x00", "binary"),
+    ],
+)
+def test_files_that_are_not_csv_text_are_refused(tmp_path, content, needle):
+    path = tmp_path / "d.csv"
+    path.write_bytes(content)
+    with pytest.raises(InputError, match=needle):
+        scan(path)

@@ -184,3 +184,37 @@ def test_lint_near_returns_nearby_findings_nearest_first(tmp_path: Path) -> None
     assert [f.line for f in lint_near(str(path), 34, radius=31)] == [64, 3]
     assert [f.line for f in lint_near(str(path), 62, radius=30)] == [64]
     assert lint_near(str(tmp_path / "missing.py"), 1) == []
+
+
+def test_a_file_over_the_size_limit_is_one_finding_and_is_not_read(tmp_path: Path) -> None:
+    from nanscope.lint import _engine
+
+    big = tmp_path / "generated.py"
+    big.write_text("x = [" + "1, " * (_engine.MAX_SOURCE_BYTES // 3 + 10) + "]\n")
+    ok = tmp_path / "train.py"
+    ok.write_text(BAD)
+    report = lint_paths([tmp_path])
+    on_big = [f for f in report.findings if f.path.endswith("generated.py")]
+    assert [f.code for f in on_big] == ["L000"] and "MiB" in on_big[0].message
+    # the other file is still linted in full
+    assert {f.code for f in report.findings if f.path.endswith("train.py")} >= {"L001"}
+    assert lint_source(big.read_text(), "g.py")[0].code == "L000"
+    assert lint_source(big.read_text(), "g.py", check_syntax=False) == []
+
+
+@pytest.mark.parametrize(
+    ("source", "needle"),
+    [
+        ("x = " + "1 + " * 30000 + "1\n", "nested too deeply"),  # the parser's own limit
+        ("x = " + "-" * 2000 + "1\n", "nested more than"),  # parses, but too deep to walk
+    ],
+)
+def test_deep_nesting_is_one_l000_finding(source: str, needle: str) -> None:
+    findings = lint_source("import torch\n" + source, "deep.py")
+    assert [f.code for f in findings] == ["L000"] and needle in findings[0].message
+
+
+def test_ordinary_nesting_is_still_linted() -> None:
+    # a long but ordinary chain (a few hundred terms) is real code, not a pathology
+    source = "import torch\n" + "s = " + " + ".join(["a"] * 300) + "\n" + BAD.split("\n", 1)[1]
+    assert "L001" in {f.code for f in lint_source(source, "ok.py")}

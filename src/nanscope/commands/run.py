@@ -438,20 +438,32 @@ def link_scan(path: str, diagnosis: Diagnosis) -> dict[str, object]:
     }
 
 
-def _unobserved(reason: str) -> Diagnosis:
-    """The diagnosis of a run nanscope could not watch: never healthy, the reason said."""
+def _unobserved(reason: str, *, program: bool = False) -> Diagnosis:
+    """The diagnosis of a run nanscope could not watch: never healthy, the reason said (by the
+    engine, from an empty trace; built here when this engine has no such verdict)."""
     from nanscope.diagnose.diagnosis import Evidence
+    from nanscope.trace import Trace
 
-    return Diagnosis(
-        verdict="unobserved",
-        cause="unknown",
-        confidence=0.0,
-        evidence=[Evidence("run", reason, {"updates": 0})],
-        actions=[
-            "watch the fit: run a Python script that uses torch.optim or creates a "
-            "nanscope.Monitor (nanscope run -- python train.py)",
-        ],
-    )
+    diagnosis: Diagnosis | None = None
+    try:
+        from nanscope.diagnose import diagnose
+
+        diagnosis = diagnose(Trace(), evidence={"unobserved": reason})
+    except Exception:
+        diagnosis = None
+    if diagnosis is None or diagnosis.verdict != "unobserved":
+        diagnosis = Diagnosis(
+            verdict="unobserved",
+            cause="unknown",
+            confidence=0.0,
+            evidence=[Evidence("run", reason, {"updates": 0})],
+        )
+    if program or not diagnosis.actions:
+        diagnosis.actions = [
+            "Run the Python training script itself under nanscope (nanscope run -- python "
+            "train.py): a Python fit is watched through torch.optim or nanscope.Monitor.",
+        ]
+    return diagnosis
 
 
 def _last_step(monitor: Monitor) -> int | None:
@@ -557,7 +569,7 @@ def main(argv: list[str]) -> int:
             reason = f"{target.name} created no Monitor and no watched optimizer stepped"
         progress(f"nanscope: {reason}; nothing to diagnose")
         if args.json or args.html:
-            diagnosis = _unobserved(reason)
+            diagnosis = _unobserved(reason, program=target.program is not None)
             if signals.caught:
                 diagnosis.extra["interrupted"] = {"signal": signals.caught, "step": None}
             write_json(diagnosis, args.json)
@@ -569,9 +581,9 @@ def main(argv: list[str]) -> int:
     _enrich(diagnosis, args, target)
     if owner is not None:
         owner.save_diagnosis(diagnosis)
+    write_json(diagnosis, args.json)  # first: the file is there whatever happens next
     if args.json != "-" or diagnosis.verdict != "healthy":
         show(diagnosis, trace, no_color=args.no_color, to_stderr=args.json == "-")
-    write_json(diagnosis, args.json)
     write_html(diagnosis, trace, args.html)
     if rank == 0:
         _record(diagnosis, owner, target, started)
