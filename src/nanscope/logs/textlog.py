@@ -399,6 +399,10 @@ class _Layout:
         self.step = roles.index("step") if "step" in roles else -1
         #: lines per match: 2 for an ``Epoch N/M`` line and the line of that epoch's values
         self.lines = 1
+        #: the layout of the commonest other lines, learnt from them (``depth`` deep at most)
+        self.then: _Layout | None = None
+        self.depth = 0
+        self.tries = 0
         self.total = roles.index("total") if "total" in roles else -1
         self.epoch = roles.index("epoch") if "epoch" in roles else -1
         self.values = [(key, roles.index(key)) for key in _ROLES if key in roles]
@@ -445,7 +449,9 @@ class _Layout:
         """Records of one block of whole lines: runs of lines of this layout are converted a
         column at a time; every other line goes through the general reader, in order."""
         out: list[Record] = []
-        if state.traceback is not None and not self.exception_safe:
+        if not self.exception_safe and (
+            state.traceback is not None or "Traceback (most recent call last)" in block
+        ):
             self.fast_lines = 0
             _general(state, out, block)
             return out
@@ -461,21 +467,35 @@ class _Layout:
         seps = parts[::width]
         matched = len(seps) - 1
         lines = self.lines
-        self.fast_lines = matched * lines
+        fast_lines = matched * lines
         run = self._run if self.step >= 0 else self._run_epochs
+        others = list(compress(range(matched + 1), seps))
+        then = self.then
+        if then is None and self.depth < 2 and self.tries < 4 and len(others) > 20:
+            # many lines of another shape (eval lines between train lines): learn it too
+            rest = "".join(seps)
+            if rest.count("\n") * 10 > block.count("\n"):
+                self.tries += 1
+                then = self.then = _find_layout(rest, self.depth + 1)
         line_at = state.lineno
         start = 0
-        for index in compress(range(matched + 1), seps):
+        for index in others:
             if index > start:
                 run(state, out, cols, start, index)
                 line_at += (index - start) * lines
             state.lineno = line_at
-            line_at += _general(state, out, seps[index])
+            if then is None:
+                line_at += _general(state, out, seps[index])
+            else:
+                out.extend(then.read(state, seps[index]))
+                fast_lines += then.fast_lines
+                line_at = state.lineno
             start = index
         if matched > start:
             run(state, out, cols, start, matched)
             line_at += (matched - start) * lines
         state.lineno = line_at
+        self.fast_lines = fast_lines
         return out
 
     def _convert(self, parts: list[str], width: int) -> list[list[Any]] | None:
@@ -680,9 +700,16 @@ def _word_allowed(segment: str, start: int, end: int) -> bool:
     only after a separator (``loss: nan``, ``loss=inf``), never as a word the general reader
     could join to a key (``loss nan``) or to a framework message (``returned nan``)."""
     before = segment[:start].rstrip(" \t")
-    if not before or before[-1].isalnum() or before[-1] in "_/.-'\"":
-        return False
     after = segment[end:]
+    if not before or before[-1] in "/.-'\"":
+        return False
+    # "loss nan": the general reader tries the two-word key "loss nan" first; it falls back
+    # to "loss" = nan only when no value can follow ("loss nan | lr", the end of the line)
+    if (before[-1].isalnum() or before[-1] == "_") and after.lstrip(" \t")[:1] not in (
+        "",
+        *",;|)}",
+    ):
+        return False
     for word in ("nan", "inf", "infinity"):
         text = before + " " + word + (" " + after.lstrip(" \t") if after[:1] in " \t" else after)
         if _has_message(text.lower()):
@@ -710,8 +737,8 @@ def _loose_ok(segment: str, start: int, end: int) -> bool:
 def _exception_safe(first: str) -> bool:
     """True when no line starting with ``first`` (then a number) can be the exception line
     that ends a traceback (:data:`_EXCEPTION_LINE`)."""
-    if not first or first[0] in " \t":
-        return True
+    if not first or not (first[0].isascii() and (first[0].isalpha() or first[0] == "_")):
+        return True  # an exception line starts with a letter (a layout line is never all \w)
     for index in range(1, len(first)):
         char = first[index]
         if not (char.isalnum() or char in "_."):
@@ -725,7 +752,7 @@ _SAMPLE_LINES = 2000
 _COVERAGE = 0.25
 
 
-def _find_layout(block: str) -> _Layout | None:
+def _find_layout(block: str, depth: int = 0) -> _Layout | None:
     """The commonest line shape with a printed step in the first lines of ``block``, checked
     against the general reader on every sampled line it matches."""
     lines = block.split("\n", _SAMPLE_LINES)[:_SAMPLE_LINES]
@@ -777,7 +804,10 @@ def _find_layout(block: str) -> _Layout | None:
                 return None
         if len(layout.values) != sum(1 for key in _ROLES if key in found):
             return None
-    return layout if matched else None
+    if not matched:
+        return None
+    layout.depth = depth
+    return layout
 
 
 def _pair_hits(header: tuple[str, dict[str, _Hit]], found: dict[str, _Hit]) -> dict[str, _Hit]:
