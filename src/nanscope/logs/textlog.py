@@ -463,7 +463,10 @@ class _Layout:
             # leaves such lines to the general reader
             parts = self.regex.split(block)
             cols = self._convert(parts, width)
-            assert cols is not None
+            if cols is None:  # cannot happen (exact numbers only); never fail a read on it
+                self.fast_lines = 0
+                _general(state, out, block)
+                return out
         seps = parts[::width]
         matched = len(seps) - 1
         lines = self.lines
