@@ -317,3 +317,19 @@ def test_eval_lines_between_train_lines_get_their_own_layout(
     records = _same(path)
     assert len(records) == 6000 and records[4]["val_loss"] == pytest.approx(losses[4] * 1.1, 1e-4)
     assert fast_lines > 0.95 * len(lines)  # the eval lines too, after the first block
+
+
+def test_iter_records_stays_lazy_and_streams(tmp_path: Path) -> None:
+    from nanscope.errors import TraceError
+    from nanscope.logs import iter_records
+
+    missing = iter_records(tmp_path / "missing.log")  # nothing opened yet
+    with pytest.raises(TraceError):
+        next(missing)
+    path = tmp_path / "train.log"
+    _write(path, [f"step {i} | loss {v:.5f}" for i, v in enumerate(_losses(50), 1)])
+    meta: dict[str, Any] = {}
+    stream = iter_records(path, meta)
+    first = next(stream)
+    assert first["step"] == 1 and meta["format"] == "text"
+    assert len(list(stream)) == 49 and meta["granularity"] == "update"
