@@ -210,6 +210,17 @@ def _rerun(f: TorchFailure, located: dict[str, Any], change: str, *, dtype: Any 
     entry["finite"] = out_finite
     text = f"{what} the model's output is {'finite' if out_finite else 'non-finite'}"
     text += f" (max |x| {out_max:.3g})" if out_finite else ""
+    narrow = [str(t.dtype).replace("torch.", "") for t in outs
+              if t.dtype in (torch.float16, torch.bfloat16)]  # fmt: skip
+    precision = located.get("precision")
+    if change == "float32" and narrow and isinstance(precision, dict):
+        entry["finite"] = None
+        entry["scope"] = "forward; the model casts to a narrow dtype itself"
+        text += (f", still in {narrow[0]}: the model's own code casts to it; the producer "
+                 f"{located.get('op')} recomputed in float32 gives "
+                 f"{float(precision.get('value') or 0.0):.3g}, finite: a precision overflow")
+        entry["text"] = text
+        return entry
     producer_phase = located.get("phase")
     if out_finite and change == "float32" and producer_phase in ("loss", "backward", "preprocess"):
         precision = located.get("precision")

@@ -85,6 +85,7 @@ def _lib_dirs() -> tuple[str, ...]:
 
 _NANSCOPE = os.path.realpath(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _HERE = os.path.realpath(os.path.abspath(__file__))
+_PATCHES = os.path.join(_NANSCOPE, "torch", "_hooks.py")
 #: filename -> "lib" | "nanscope" | "here" | "user"
 _KIND: dict[str, str] = {}
 
@@ -95,6 +96,8 @@ def _kind(path: str, lib: tuple[str, ...]) -> str:
         real = os.path.realpath(path) if path and not path.startswith("<") else path
         if real == _HERE:
             hit = "here"
+        elif real == _PATCHES:
+            hit = "lib"  # nanscope's patches of torch (loss modules, GradScaler.step) call through
         elif not path or path.startswith("<frozen") or any(real.startswith(d) for d in lib):
             hit = "lib"
         elif real.startswith(_NANSCOPE + os.sep):
