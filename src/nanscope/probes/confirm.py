@@ -235,6 +235,22 @@ def _rerun(f: TorchFailure, located: dict[str, Any], change: str, *, dtype: Any 
             text += "; the producer is outside the model and was not recomputed"
     elif not out_finite and change == "without_rows":
         text += ": leaving those rows out does not make the update finite"
+    elif out_finite and change == "without_rows" and producer_phase == "loss":
+        from nanscope.probes.producer import GRAPH_NODE, recompute_without_rows
+
+        again = recompute_without_rows(drop or [], batch or 0, f.loss)
+        GRAPH_NODE.clear()
+        if again is not None:
+            entry["finite"] = bool(again["finite"])
+            entry["scope"] = "forward, and the producer op recomputed without those rows"
+            text += (f"; the producer {again['op']} recomputed without them is "
+                     + (f"finite (max |x| {again['absmax']:.3g})" if again["finite"]
+                        else "still non-finite"))  # fmt: skip
+            if again["finite"]:
+                text += _meaning(change)
+        else:
+            entry["finite"] = None
+            text += "; the producer is in the loss expression and could not be recomputed"
     elif out_finite and producer_phase in ("forward", None):
         text += _meaning(change)
     elif out_finite:

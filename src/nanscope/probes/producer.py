@@ -750,6 +750,34 @@ def _recompute_node(name: str, node: Any, saved: dict[str, Any], dtype: Any = No
     return None
 
 
+#: the producer node of the last non-finite loss graph: {"name", "node", "saved", "op"}
+GRAPH_NODE: dict[str, Any] = {}
+#: nodes whose saved inputs all share the batch's first dimension (rows can be left out)
+_ELEMENTWISE = ("PowBackward0", "MulBackward0", "DivBackward0", "LogBackward0", "Log2Backward0",
+                "Log10Backward0", "Log1PBackward0", "XlogyBackward0", "MseLossBackward0",
+                "BinaryCrossEntropyBackward0")  # fmt: skip
+
+
+def recompute_without_rows(rows: list[int], batch: int, loss: Any) -> dict[str, Any] | None:
+    """The graph producer of ``loss`` recomputed with the batch rows ``rows`` left out (or None)."""
+    torch = _torch()
+    if not GRAPH_NODE or GRAPH_NODE.get("loss") != id(loss):
+        return None
+    saved = GRAPH_NODE["saved"]
+    tensors = [t for t in saved.values()]
+    if not tensors or any(t.dim() < 1 or t.shape[0] != batch for t in tensors):
+        return None
+    keep = torch.ones(batch, dtype=torch.bool)
+    keep[[r for r in rows if 0 <= r < batch]] = False
+    cut = {k: v[keep.to(v.device)] for k, v in saved.items()}
+    with torch.no_grad():
+        out = _recompute_node(GRAPH_NODE["name"], GRAPH_NODE["node"], cut)
+    if out is None:
+        return None
+    s = summary(out)
+    return {"op": GRAPH_NODE["op"], "finite": "nonfinite" not in s, "absmax": s["absmax"]}
+
+
 _RESULT_ONLY = ("ExpBackward0", "SqrtBackward0", "RsqrtBackward0", "ReciprocalBackward0",
                 "LogSoftmaxBackward0", "SoftmaxBackward0", "TanhBackward0", "SigmoidBackward0",
                 "StdBackward0", "PowBackward1")  # fmt: skip
@@ -811,6 +839,11 @@ def graph_producer(loss: Any, site: Any = None) -> dict[str, Any] | None:
                 "input_absmax": max((x.get("absmax", 0.0) for x in ins), default=None),
                 "how": "the loss's autograd graph, recomputed from its saved inputs",
             }  # fmt: skip
+            if observed and name in _ELEMENTWISE:
+                # kept (by reference, one at a time) so the confirming experiment can recompute
+                # it without the suspect rows
+                GRAPH_NODE.clear()
+                GRAPH_NODE.update(name=name, node=node, saved=saved, op=op, loss=id(loss))
             if observed and s["dtype"] in ("float16", "bfloat16"):
                 wide: dict[str, Any] = {}
                 for dt in (torch.float32, torch.float64):
