@@ -288,3 +288,15 @@ def test_without_rows_recomputes_a_loss_expression_producer_without_the_extreme_
     assert entry["rows"] == [6] and entry["finite"] is True
     assert entry["scope"] == "forward, and the producer op recomputed without those rows"
     assert "log_of_zero" not in [d.cause] + [a["cause"] for a in d.alternatives]
+
+
+def test_the_watch_leaves_the_stack_even_under_a_mode_the_user_pushed_after_it() -> None:
+    model = nn.Linear(3, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    w = watch(model, opt, monitor=nanscope.Monitor(write=False))
+    with torch.device("cpu"):  # a TorchFunctionMode on top of the watch's
+        nn.functional.mse_loss(model(torch.randn(4, 3)), torch.randn(4, 1)).backward()
+        opt.step()
+        assert torch._C._len_torch_function_stack() == 1  # only the user's is left
+    assert _get_current_function_mode() is None
+    w.close()

@@ -376,13 +376,9 @@ class FirstUpdateWatch:
                     h.remove()
             self.handles = []
             self._clear_node_hooks()
-            with contextlib.suppress(Exception):
-                from torch.overrides import _get_current_function_mode
-
-                if _get_current_function_mode() is self.mode and threading.get_ident() == (
-                    self.thread
-                ):
-                    self.mode.__exit__(None, None, None)
+            if threading.get_ident() == self.thread:
+                with contextlib.suppress(Exception):
+                    _remove_mode(self.mode)
 
     def _fail(self, exc: BaseException) -> None:
         self.fault = f"{type(exc).__name__}: {exc}"
@@ -603,6 +599,24 @@ class FirstUpdateWatch:
                 self._fail(exc)
 
         return hook
+
+
+def _remove_mode(mode: Any) -> None:
+    """Take ``mode`` off this thread's function-mode stack, wherever it is (modes the user pushed
+    after it, ``with torch.device(...)`` for one, are put back in their order)."""
+    torch = _torch()
+    C = torch._C
+    depth = C._len_torch_function_stack()
+    if not any(C._get_function_stack_at(i) is mode for i in range(depth)):
+        return
+    above: list[Any] = []
+    while C._len_torch_function_stack() > 0:
+        top = C._pop_torch_function_stack()
+        if top is mode:
+            break
+        above.append(top)
+    for m in reversed(above):
+        C._push_on_torch_function_stack(m)
 
 
 def _inputs_text(why: dict[str, Any]) -> str:
