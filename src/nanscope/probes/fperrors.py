@@ -35,6 +35,10 @@ _LOCK = threading.Lock()
 _WATCHES: weakref.WeakSet[_Watch] = weakref.WeakSet()
 _STATE: dict[str, Any] = {"installed": False, "previous": None}
 
+#: the message kind numpy passes to the callback -> its np.seterr key
+_SETTING = {"overflow": "over", "divide by zero": "divide", "invalid value": "invalid",
+            "underflow": "under"}  # fmt: skip
+
 _BINARY = {"**": "power", "*": "multiply", "/": "divide", "+": "add", "-": "subtract",
            "@": "matmul", "//": "floor_divide", "%": "remainder", "**=": "power",
            "*=": "multiply", "/=": "divide", "+=": "add", "-=": "subtract", "@=": "matmul",
@@ -125,6 +129,7 @@ def _install() -> None:
             return
         previous_call = np.geterrcall()
         _STATE["previous"] = previous_call
+        _STATE["modes"] = dict(current)
         np.seterrcall(_on_error)
         np.seterr(**wanted)  # type: ignore[arg-type]
         _STATE["installed"] = True
@@ -153,8 +158,12 @@ def _on_error(kind: str, flag: int) -> None:
             with contextlib.suppress(Exception):
                 w.add(event)
     previous = _STATE.get("previous")
-    if callable(previous):
-        previous(kind, flag)
+    setting = (_STATE.get("modes") or {}).get(_SETTING.get(kind, ""), "warn")
+    if setting == "call" and callable(previous):
+        previous(kind, flag)  # the user's own callback, for the kinds they had set to "call"
+        return
+    if setting != "warn":
+        return
     # what numpy would have printed under "warn", at the same line
     op = event["op"] if event else "a ufunc"
     message = f"{kind} encountered in {op}"
