@@ -235,6 +235,8 @@ class Monitor:
         self.on_stop: list[Callable[[Monitor, Alarm], None]] = []
         self._last_good: dict[str, np.ndarray] = {}
         self._closed = False
+        #: run events (``{"event": "interrupted", "signal": ..., "step": ...}``), see record_event
+        self.events: list[dict[str, Any]] = []
         _LIVE.add(self)
         _CREATED.append(weakref.ref(self))
         if _DEFAULTS.get("keep"):
@@ -407,6 +409,18 @@ class Monitor:
         reset = getattr(self._detector, "reset", None)
         if callable(reset):
             reset()
+
+    def record_event(self, name: str, **fields: Any) -> None:
+        """Record a run event (``"interrupted"``, ...): one ``{"event": name, **fields}`` line in
+        the trace file (flushed) and an entry in ``self.events``. Never raises."""
+        event = {"event": str(name), **fields}
+        self.events.append(event)
+        try:
+            self.write(event)
+        except Exception as exc:
+            self._internal_fault("record_event", exc)
+        # after the header is written: the rules read the events from the trace's meta
+        self.trace.meta.setdefault("events", []).append(event)
 
     @property
     def last_good(self) -> dict[str, np.ndarray]:

@@ -184,7 +184,8 @@ def test_torch_tensors_are_read_without_the_adapter():
 
 def test_an_empty_run_closes_cleanly():
     diagnosis = nanscope.Monitor(write=False).close()
-    assert diagnosis.verdict == "healthy" and diagnosis.summary["updates"] == 0
+    # nothing was watched: never "healthy" (DESIGN.md verdicts)
+    assert diagnosis.verdict == "unobserved" and diagnosis.summary["updates"] == 0
 
 
 # ---------------------------------------------------------------------- extension points

@@ -34,7 +34,7 @@ from typing import Any
 
 from nanscope.probes.failure import TorchFailure
 
-__all__ = ["MAX_PARAMS", "confirm", "not_replayable"]
+__all__ = ["MAX_PARAMS", "confirm"]
 
 #: models larger than this (parameters) are not copied for the experiment
 MAX_PARAMS = 50_000_000
@@ -52,12 +52,6 @@ def confirm(failure: TorchFailure, found: dict[str, Any]) -> list[dict[str, Any]
         if entry is not None:
             out.append(entry)
     return out
-
-
-def not_replayable(reason: str) -> list[dict[str, Any]]:
-    """The entries of a fit nanscope cannot rerun (numpy: it has the batch, not the model)."""
-    return [{"change": c, "ran": False, "finite": None, "loss": None, "text": f"not run: {reason}"}
-            for c in ("float32", "without_rows", "lr_x0.1")]  # fmt: skip
 
 
 # ------------------------------------------------------------------------------ experiments

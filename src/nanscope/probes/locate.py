@@ -240,7 +240,7 @@ def _source_from_traceback(entries: Any, lib: tuple[str, ...]) -> dict[str, Any]
     frames = frames[_inside_replay([(m.group("file"), m.group("func").strip()) for m in frames]):]
     for m in reversed(frames):
         if _is_user_file(m.group("file"), lib):
-            return {"file": m.group("file"), "line": int(m.group("line")),
+            return {"file": os.path.abspath(m.group("file")), "line": int(m.group("line")),
                     "function": m.group("func").strip()}  # fmt: skip
     return None
 
@@ -249,7 +249,7 @@ def _source_from_stack(stack: list[traceback.FrameSummary], lib: tuple[str, ...]
     stack = stack[_inside_replay([(f.filename, f.name) for f in stack]):]
     for frame in reversed(stack):
         if _is_user_file(frame.filename, lib):
-            out: dict[str, Any] = {"file": frame.filename, "line": frame.lineno,
+            out: dict[str, Any] = {"file": os.path.abspath(frame.filename), "line": frame.lineno,
                                    "function": frame.name}  # fmt: skip
             if frame.line:
                 out["code"] = frame.line.strip()
@@ -291,7 +291,8 @@ def _scan_function(site: Any, op: str) -> dict[str, Any] | None:
     for i in range(end - 1, start - 1, -1):
         code = lines[i].split("#", 1)[0]
         if any(s in code for s in spellings):
-            return {"file": site.file, "line": i + 1, "code": lines[i].strip(), "guessed": True}
+            return {"file": os.path.abspath(site.file), "line": i + 1, "code": lines[i].strip(),
+                    "guessed": True}  # fmt: skip
     return None
 
 

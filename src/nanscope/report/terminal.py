@@ -14,7 +14,8 @@ from typing import IO, Any
 import numpy as np
 
 from nanscope.diagnose.diagnosis import Diagnosis
-from nanscope.diagnose.rules._common import num, row_text
+from nanscope.formatting import number as num
+from nanscope.formatting import row as row_text
 from nanscope.trace import Trace
 
 __all__ = ["print_report", "render", "sparkline"]
@@ -25,6 +26,8 @@ _VERDICT_STYLE = {
     "diverging": "bold yellow",
     "nonfinite": "bold red",
     "suspect": "bold yellow",
+    "unobserved": "bold magenta",
+    "interrupted": "bold yellow",
 }
 
 

@@ -488,9 +488,9 @@ def finish(diagnosis: Any, *, code: int, wait: float = 20.0) -> Any:
     if gone:
         diagnosis.extra["dead_ranks"] = gone
         diagnosis.extra["rank_failure"] = _read_failure(Path(root))
-    from nanscope.diagnose.diagnosis import Diagnosis
+    from nanscope.diagnose.diagnosis import VERDICT_RANK, Diagnosis
 
-    order = {"nonfinite": 0, "diverging": 1, "suspect": 2, "healthy": 3}
+    order = VERDICT_RANK
     worst: tuple[int, dict[str, Any]] | None = None
     for rank, d in sorted(others.items()):
         if rank == 0 or d.get("verdict") == "healthy":
