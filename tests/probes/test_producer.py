@@ -266,3 +266,37 @@ def test_a_later_loss_expression_producer_is_recomputed_from_the_live_graph() ->
     assert loc["how"].startswith("the loss's autograd graph")
     assert 65504.0 < loc["precision"]["value"] < 1e6
     assert d.cause == "fp16_overflow"
+
+
+def test_without_rows_recomputes_a_loss_expression_producer_without_the_extreme_row() -> None:
+    torch.manual_seed(0)
+    model = nn.Linear(3, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    X = torch.randn(16, 3)
+
+    def body(step: int) -> None:
+        xb = X.clone()
+        if step == 4:
+            xb[6, 0] = 1e22  # a sentinel typed into a feature
+        opt.zero_grad()
+        nn.functional.mse_loss(model(xb), X[:, :1]).backward()  # a functional loss: user code
+        opt.step()
+
+    d = _fit(model, opt, 6, body)
+    assert d.located["op"] == "mse_loss" and d.located["observed"] and d.step == 5
+    entry = next(c for c in d.confirmation if c["change"] == "without_rows")
+    assert entry["rows"] == [6] and entry["finite"] is True
+    assert entry["scope"] == "forward, and the producer op recomputed without those rows"
+    assert "log_of_zero" not in [d.cause] + [a["cause"] for a in d.alternatives]
+
+
+def test_the_watch_leaves_the_stack_even_under_a_mode_the_user_pushed_after_it() -> None:
+    model = nn.Linear(3, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    w = watch(model, opt, monitor=nanscope.Monitor(write=False))
+    with torch.device("cpu"):  # a TorchFunctionMode on top of the watch's
+        nn.functional.mse_loss(model(torch.randn(4, 3)), torch.randn(4, 1)).backward()
+        opt.step()
+        assert torch._C._len_torch_function_stack() == 1  # only the user's is left
+    assert _get_current_function_mode() is None
+    w.close()

@@ -34,7 +34,7 @@ from typing import Any
 
 from nanscope.probes.failure import TorchFailure
 
-__all__ = ["MAX_PARAMS", "confirm", "not_replayable"]
+__all__ = ["MAX_PARAMS", "confirm"]
 
 #: models larger than this (parameters) are not copied for the experiment
 MAX_PARAMS = 50_000_000
@@ -52,12 +52,6 @@ def confirm(failure: TorchFailure, found: dict[str, Any]) -> list[dict[str, Any]
         if entry is not None:
             out.append(entry)
     return out
-
-
-def not_replayable(reason: str) -> list[dict[str, Any]]:
-    """The entries of a fit nanscope cannot rerun (numpy: it has the batch, not the model)."""
-    return [{"change": c, "ran": False, "finite": None, "loss": None, "text": f"not run: {reason}"}
-            for c in ("float32", "without_rows", "lr_x0.1")]  # fmt: skip
 
 
 # ------------------------------------------------------------------------------ experiments
@@ -210,6 +204,17 @@ def _rerun(f: TorchFailure, located: dict[str, Any], change: str, *, dtype: Any 
     entry["finite"] = out_finite
     text = f"{what} the model's output is {'finite' if out_finite else 'non-finite'}"
     text += f" (max |x| {out_max:.3g})" if out_finite else ""
+    narrow = [str(t.dtype).replace("torch.", "") for t in outs
+              if t.dtype in (torch.float16, torch.bfloat16)]  # fmt: skip
+    precision = located.get("precision")
+    if change == "float32" and narrow and isinstance(precision, dict):
+        entry["finite"] = None
+        entry["scope"] = "forward; the model casts to a narrow dtype itself"
+        text += (f", still in {narrow[0]}: the model's own code casts to it; the producer "
+                 f"{located.get('op')} recomputed in float32 gives "
+                 f"{float(precision.get('value') or 0.0):.3g}, finite: a precision overflow")
+        entry["text"] = text
+        return entry
     producer_phase = located.get("phase")
     if out_finite and change == "float32" and producer_phase in ("loss", "backward", "preprocess"):
         precision = located.get("precision")
@@ -224,6 +229,22 @@ def _rerun(f: TorchFailure, located: dict[str, Any], change: str, *, dtype: Any 
             text += "; the producer is outside the model and was not recomputed"
     elif not out_finite and change == "without_rows":
         text += ": leaving those rows out does not make the update finite"
+    elif out_finite and change == "without_rows" and producer_phase == "loss":
+        from nanscope.probes.producer import GRAPH_NODE, recompute_without_rows
+
+        again = recompute_without_rows(drop or [], batch or 0, f.loss)
+        GRAPH_NODE.clear()
+        if again is not None:
+            entry["finite"] = bool(again["finite"])
+            entry["scope"] = "forward, and the producer op recomputed without those rows"
+            text += (f"; the producer {again['op']} recomputed without them is "
+                     + (f"finite (max |x| {again['absmax']:.3g})" if again["finite"]
+                        else "still non-finite"))  # fmt: skip
+            if again["finite"]:
+                text += _meaning(change)
+        else:
+            entry["finite"] = None
+            text += "; the producer is in the loss expression and could not be recomputed"
     elif out_finite and producer_phase in ("forward", None):
         text += _meaning(change)
     elif out_finite:

@@ -35,6 +35,10 @@ _LOCK = threading.Lock()
 _WATCHES: weakref.WeakSet[_Watch] = weakref.WeakSet()
 _STATE: dict[str, Any] = {"installed": False, "previous": None}
 
+#: the message kind numpy passes to the callback -> its np.seterr key
+_SETTING = {"overflow": "over", "divide by zero": "divide", "invalid value": "invalid",
+            "underflow": "under"}  # fmt: skip
+
 _BINARY = {"**": "power", "*": "multiply", "/": "divide", "+": "add", "-": "subtract",
            "@": "matmul", "//": "floor_divide", "%": "remainder", "**=": "power",
            "*=": "multiply", "/=": "divide", "+=": "add", "-=": "subtract", "@=": "matmul",
@@ -60,15 +64,8 @@ class _Watch:
 
     def probe(self, monitor: Any, alarm: Any) -> dict[str, Any]:
         located = errors_of(self, int(getattr(alarm, "step", 0) or 0), monitor)
-        out: dict[str, Any] = {"located": located} if located else {}
-        if getattr(alarm, "kind", None) == "nonfinite":
-            from nanscope.probes.confirm import not_replayable
-
-            out["confirmation"] = not_replayable(
-                "nanscope holds this fit's batch but not its model or loss code (numpy); rerun "
-                "the update from the last good weights yourself to confirm"
-            )
-        return out
+        # no confirmation: nanscope holds a numpy fit's batch, not its model or loss code
+        return {"located": located} if located else {}
 
 
 def watch(monitor: Any) -> Any:
@@ -125,6 +122,7 @@ def _install() -> None:
             return
         previous_call = np.geterrcall()
         _STATE["previous"] = previous_call
+        _STATE["modes"] = dict(current)
         np.seterrcall(_on_error)
         np.seterr(**wanted)  # type: ignore[arg-type]
         _STATE["installed"] = True
@@ -153,8 +151,12 @@ def _on_error(kind: str, flag: int) -> None:
             with contextlib.suppress(Exception):
                 w.add(event)
     previous = _STATE.get("previous")
-    if callable(previous):
-        previous(kind, flag)
+    setting = (_STATE.get("modes") or {}).get(_SETTING.get(kind, ""), "warn")
+    if setting == "call" and callable(previous):
+        previous(kind, flag)  # the user's own callback, for the kinds they had set to "call"
+        return
+    if setting != "warn":
+        return
     # what numpy would have printed under "warn", at the same line
     op = event["op"] if event else "a ufunc"
     message = f"{kind} encountered in {op}"

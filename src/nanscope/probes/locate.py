@@ -63,6 +63,10 @@ _SPELLING: dict[str, tuple[str, ...]] = {
     "reciprocal": ("reciprocal", "1 /", "1/"),
     "cosine": ("cosine", "cos_sim"),
     "binary_cross_entropy": ("BCELoss", "binary_cross_entropy"),
+    "mse_loss": ("mse_loss", "**", "pow("),
+    "mul": ("*", "mul("),
+    "mm": ("@", "matmul", "mm("),
+    "addmm": ("@", "matmul", "linear"),
 }
 
 _NAME_FIXES = {
@@ -142,6 +146,12 @@ def _with_producer(result: dict[str, Any], live: dict[str, Any] | None,
         replay.setdefault("how", "replay of the failing update")
         replay.setdefault("detected", failure.what)
         result["located"] = replay
+    elif failure.model is not None and failure.extra.get("alarm") == "nonfinite":
+        result["located"] = {
+            "observed": False, "found": False, "step": failure.step, "detected": failure.what,
+            "note": "the producer was not found: the replay of the model's forward and backward "
+                    "was finite, and the loss's graph held no op that made the value",
+        }  # fmt: skip
     return result
 
 
@@ -207,6 +217,8 @@ _FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>[^
 
 
 _REPLAY_FUNCS = ("_replay", "_replay_loss")
+#: nanscope's patches of torch (``_Loss.__call__``, ``GradScaler.step`` ...): they call through
+_PATCHES = (os.path.join("nanscope", "torch", "_hooks.py"),)
 
 
 def _inside_replay(files: list[tuple[str, str]]) -> int:
@@ -648,8 +660,8 @@ class _Locator:
             path = frame.f_code.co_filename
             if path == __file__:
                 return False  # reached the replay itself: the model (or loss) called the op
-            if path.startswith(self.torch_dir):
-                frame = frame.f_back
+            if path.startswith(self.torch_dir) or path.endswith(_PATCHES):
+                frame = frame.f_back  # torch, or nanscope's thin patches that call the user's op
                 continue
             return path.startswith(self.nanscope_dir)
         return False

@@ -85,6 +85,7 @@ def _lib_dirs() -> tuple[str, ...]:
 
 _NANSCOPE = os.path.realpath(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _HERE = os.path.realpath(os.path.abspath(__file__))
+_PATCHES = os.path.join(_NANSCOPE, "torch", "_hooks.py")
 #: filename -> "lib" | "nanscope" | "here" | "user"
 _KIND: dict[str, str] = {}
 
@@ -95,6 +96,8 @@ def _kind(path: str, lib: tuple[str, ...]) -> str:
         real = os.path.realpath(path) if path and not path.startswith("<") else path
         if real == _HERE:
             hit = "here"
+        elif real == _PATCHES:
+            hit = "lib"  # nanscope's patches of torch (loss modules, GradScaler.step) call through
         elif not path or path.startswith("<frozen") or any(real.startswith(d) for d in lib):
             hit = "lib"
         elif real.startswith(_NANSCOPE + os.sep):
@@ -373,13 +376,9 @@ class FirstUpdateWatch:
                     h.remove()
             self.handles = []
             self._clear_node_hooks()
-            with contextlib.suppress(Exception):
-                from torch.overrides import _get_current_function_mode
-
-                if _get_current_function_mode() is self.mode and threading.get_ident() == (
-                    self.thread
-                ):
-                    self.mode.__exit__(None, None, None)
+            if threading.get_ident() == self.thread:
+                with contextlib.suppress(Exception):
+                    _remove_mode(self.mode)
 
     def _fail(self, exc: BaseException) -> None:
         self.fault = f"{type(exc).__name__}: {exc}"
@@ -602,6 +601,24 @@ class FirstUpdateWatch:
         return hook
 
 
+def _remove_mode(mode: Any) -> None:
+    """Take ``mode`` off this thread's function-mode stack, wherever it is (modes the user pushed
+    after it, ``with torch.device(...)`` for one, are put back in their order)."""
+    torch = _torch()
+    C = torch._C
+    depth = C._len_torch_function_stack()
+    if not any(C._get_function_stack_at(i) is mode for i in range(depth)):
+        return
+    above: list[Any] = []
+    while C._len_torch_function_stack() > 0:
+        top = C._pop_torch_function_stack()
+        if top is mode:
+            break
+        above.append(top)
+    for m in reversed(above):
+        C._push_on_torch_function_stack(m)
+
+
 def _inputs_text(why: dict[str, Any]) -> str:
     kind = why.get("kind")
     if kind in ("zero_denominator", "log_domain") and why.get("zero"):
@@ -747,6 +764,34 @@ def _recompute_node(name: str, node: Any, saved: dict[str, Any], dtype: Any = No
     return None
 
 
+#: the producer node of the last non-finite loss graph: {"name", "node", "saved", "op"}
+GRAPH_NODE: dict[str, Any] = {}
+#: nodes whose saved inputs all share the batch's first dimension (rows can be left out)
+_ELEMENTWISE = ("PowBackward0", "MulBackward0", "DivBackward0", "LogBackward0", "Log2Backward0",
+                "Log10Backward0", "Log1PBackward0", "XlogyBackward0", "MseLossBackward0",
+                "BinaryCrossEntropyBackward0")  # fmt: skip
+
+
+def recompute_without_rows(rows: list[int], batch: int, loss: Any) -> dict[str, Any] | None:
+    """The graph producer of ``loss`` recomputed with the batch rows ``rows`` left out (or None)."""
+    torch = _torch()
+    if not GRAPH_NODE or GRAPH_NODE.get("loss") != id(loss):
+        return None
+    saved = GRAPH_NODE["saved"]
+    tensors = [t for t in saved.values()]
+    if not tensors or any(t.dim() < 1 or t.shape[0] != batch for t in tensors):
+        return None
+    keep = torch.ones(batch, dtype=torch.bool)
+    keep[[r for r in rows if 0 <= r < batch]] = False
+    cut = {k: v[keep.to(v.device)] for k, v in saved.items()}
+    with torch.no_grad():
+        out = _recompute_node(GRAPH_NODE["name"], GRAPH_NODE["node"], cut)
+    if out is None:
+        return None
+    s = summary(out)
+    return {"op": GRAPH_NODE["op"], "finite": "nonfinite" not in s, "absmax": s["absmax"]}
+
+
 _RESULT_ONLY = ("ExpBackward0", "SqrtBackward0", "RsqrtBackward0", "ReciprocalBackward0",
                 "LogSoftmaxBackward0", "SoftmaxBackward0", "TanhBackward0", "SigmoidBackward0",
                 "StdBackward0", "PowBackward1")  # fmt: skip
@@ -808,6 +853,11 @@ def graph_producer(loss: Any, site: Any = None) -> dict[str, Any] | None:
                 "input_absmax": max((x.get("absmax", 0.0) for x in ins), default=None),
                 "how": "the loss's autograd graph, recomputed from its saved inputs",
             }  # fmt: skip
+            if observed and name in _ELEMENTWISE:
+                # kept (by reference, one at a time) so the confirming experiment can recompute
+                # it without the suspect rows
+                GRAPH_NODE.clear()
+                GRAPH_NODE.update(name=name, node=node, saved=saved, op=op, loss=id(loss))
             if observed and s["dtype"] in ("float16", "bfloat16"):
                 wide: dict[str, Any] = {}
                 for dt in (torch.float32, torch.float64):

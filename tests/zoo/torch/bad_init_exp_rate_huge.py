@@ -9,6 +9,7 @@ from torch import nn
 
 CAUSE = "bad_initialization"
 OP = "exp"
+MODULE = "Rate"
 
 
 class Rate(nn.Module):

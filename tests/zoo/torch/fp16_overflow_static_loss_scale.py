@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 CAUSE = "fp16_overflow"
+OP = "ToCopyBackward0"  # the float32 -> float16 cast of the logits, in the backward
 
 LOSS_SCALE = 2.0**24
 
