@@ -114,6 +114,18 @@ def test_healthy_fsdp2_run_every_update_recorded_and_equal_to_the_full_tensors(t
 
 
 @pytest.mark.distributed
+def test_hsdp_replicated_shards_are_counted_once(tmp_path):
+    """A 2 x 1 mesh (replicate x shard): every rank holds every parameter whole; the combined
+    gradient and update norms must equal the full tensors', not sqrt(2) times them."""
+    proc, _ = _torchrun(tmp_path, RUN, ["--", str(SCRIPT)], FSDP_HSDP="1", FSDP_STEPS="6",
+                        FSDP_REFERENCE="1")  # fmt: skip
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, log
+    for rank in (0, 1):
+        assert f"rank {rank} reference ok 6" in proc.stdout, log
+
+
+@pytest.mark.distributed
 def test_nan_on_rank_1_stops_both_ranks_at_update_8_with_the_rank_named(tmp_path):
     out = tmp_path / "d.json"
     proc, took = _torchrun(tmp_path, RUN, ["--json", str(out), "--", str(SCRIPT)],

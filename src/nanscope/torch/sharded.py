@@ -11,7 +11,8 @@ float64 vector (``2 n + 36 + 3 W + 2`` values for ``n`` parameters and ``W`` ran
   ``shards / W`` (so a parameter replicated over part of the mesh is not counted twice);
 * ``[n, 2n)``: the same for the weights, on full updates (zeros otherwise);
 * ``[2n, 2n + 36)``: the 6 x 6 weighted Gram matrix of the sampled blocks of this rank's shards
-  (weights, gradients and weight signs, now and at the update before), from which the record's
+  (weights, gradients and weight signs, now and at the update before; the same ``shards / W``
+  factor per column), from which the record's
   update norm, cosines and sign-flip fraction follow: a dot product over a sharded tensor is the
   sum over its shards;
 * ``W`` slots: how many of this rank's gradient shards are non-finite (each rank writes only its
@@ -208,15 +209,21 @@ class ShardedMeasure(ParamMeasure):
         # not reach the combined Gram matrix: NaN * 0 is NaN, so the columns are split, not masked)
         cols_dt: list[int] = []
         cols_pl: list[int] = []
+        col_factor: list[torch.Tensor] = []  # a replicated shard's dot products count 1/W times
         at = 0
         for i, size in zip(self.sampled, self._sizes):
             (cols_dt if self.sharded[i] else cols_pl).extend(range(at, at + size))
+            f = _shards(params[i]) / self.world if self.sharded[i] else 1.0
+            col_factor.append(torch.full((size,), f, dtype=torch.float32))
             at += size
         self._cols_dt = torch.tensor(cols_dt, dtype=torch.long, device=dev) if self._mixed else None
         self._cols_pl = torch.tensor(cols_pl, dtype=torch.long, device=dev) if cols_pl else None
-        if self.weight is not None and self._cols_dt is not None:
-            self._w_dt = self.weight[self._cols_dt]
-            self._w_pl = self.weight[self._cols_pl] if self._cols_pl is not None else None
+        self._w_all: torch.Tensor | None = None
+        if self.weight is not None:
+            self._w_all = self.weight * torch.cat(col_factor).to(self.weight.device)
+            if self._cols_dt is not None:
+                self._w_dt = self._w_all[self._cols_dt]
+                self._w_pl = self._w_all[self._cols_pl] if self._cols_pl is not None else None
         self._group = None
         self._check_grad_placements()  # made inside the first step hook: the gradients are there
         self._packed = torch.zeros(self.size, dtype=torch.float64, device=dev)
@@ -354,9 +361,9 @@ class ShardedMeasure(ParamMeasure):
             packed[-1] = 1.0
         if self._take_sample(grads):
             buf = self._buf
-            assert buf is not None and self.weight is not None
+            assert buf is not None and self._w_all is not None
             if self._cols_dt is None:
-                packed[2 * n : 2 * n + 36] = torch.mm(buf * self.weight, buf.t()).reshape(-1)
+                packed[2 * n : 2 * n + 36] = torch.mm(buf * self._w_all, buf.t()).reshape(-1)
             else:
                 sub = buf.index_select(1, self._cols_dt)
                 packed[2 * n : 2 * n + 36] = torch.mm(sub * self._w_dt, sub.t()).reshape(-1)
