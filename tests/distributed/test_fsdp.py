@@ -140,7 +140,7 @@ def test_nan_on_rank_1_stops_both_ranks_at_update_8_with_the_rank_named(tmp_path
         assert f"rank {rank} step 8" not in proc.stdout  # neither rank finished update 8
         last = recs[-1]
         assert last["grad_norm"] == "nan" and last["nf_grads"] > 0
-        shards = last["shards"]  # which ranks' gradient shards broke, and where on this rank
+        shards = last["extra"]["shards"]  # which ranks' gradient shards broke, where on this rank
         assert shards["nonfinite_grad_ranks"] == [0, 1]
         rows = {p["param"]: p["rows"] for p in shards["params"]}
         # 0.weight (32 x 8) is split in rows 0-15 on rank 0 and 16-31 on rank 1
@@ -210,7 +210,7 @@ def test_a_fault_on_one_rank_turns_the_measures_off_on_both_and_nothing_hangs(tm
     for rank in (0, 1):
         recs = _records(root / f"rank{rank}" / "trace.jsonl")
         assert [r["step"] for r in recs] == list(range(1, 11))  # the loss is still recorded
-        off = recs[0]["shards"]
+        off = recs[0]["extra"]["shards"]
         assert off["failed_ranks"] == [1]
         why = "planted fault on rank 1" if rank == 1 else "rank(s) 1 failed"
         assert why in off["measures_off"]
@@ -286,7 +286,7 @@ def test_a_rank_whose_measures_fail_switches_them_off_and_keeps_the_loss(group, 
     assert all(r.get("grad_norm") is None and r["loss"] > 0 for r in records)
     measure = watcher._measure
     assert measure is not None and measure.off and "pack broke" in (measure.fault or "")
-    assert "pack broke" in records[0]["shards"]["measures_off"]  # the trace says why
+    assert "pack broke" in records[0]["extra"]["shards"]["measures_off"]  # the trace says why
 
 
 def test_load_last_good_checks_the_file(group, tmp_path):

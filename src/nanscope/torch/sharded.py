@@ -28,7 +28,7 @@ ones) are measured on this rank alone and added to the combined values locally.
 
 Exact non-finite counts (``nf_grads``, ``nf_params``) are taken only when a combined norm is not
 finite, on this rank's shards (no collective): they count what *this rank's* step would apply.
-The record then also carries ``shards``: the ranks whose shards went non-finite and, per
+The record then also carries ``extra["shards"]``: the ranks whose shards went non-finite and, per
 parameter, the rows (global indices along the sharded dimension) that hold the non-finite values
 on this rank.
 
@@ -57,7 +57,9 @@ __all__ = [
     "load_last_good",
     "local_shards",
     "replicated",
+    "restore_shards",
     "save_last_good",
+    "save_shards",
 ]
 
 #: the ``format`` field of a rank's ``last_good.pt``
@@ -442,7 +444,7 @@ class ShardedMeasure(ParamMeasure):
             why = self.fault if self.rank in failed and self.fault else (
                 f"the local measures of rank(s) {who} failed (their trace says why)")  # fmt: skip
             self._switch_off(why)
-            return {"shards": {"measures_off": why, "failed_ranks": failed}}
+            return {"extra": {"shards": {"measures_off": why, "failed_ranks": failed}}}
         base: dict[str, Any] = {"n": n, "names": layout.get("names"), "half": layout.get("half"),
                                 "stats": n_gram >= W, "weights": n_weights >= W}  # fmt: skip
         if "has" in layout:
@@ -456,7 +458,8 @@ class ShardedMeasure(ParamMeasure):
         bad_g = [r for r in range(W) if nf_g[r] > 0]
         bad_w = [r for r in range(W) if base["weights"] and nf_w[r] > 0]
         if bad_g or bad_w or out.get("nf_grads") or out.get("nf_params"):
-            out["shards"] = self._shards_info(bad_g, bad_w, values[:n], values[n : 2 * n])
+            info = self._shards_info(bad_g, bad_w, values[:n], values[n : 2 * n])
+            out["extra"] = {"shards": info}
         return out
 
     def _shards_info(
@@ -529,27 +532,47 @@ def _named_tensors(model: Any) -> list[tuple[str, Any]]:
 
 
 def save_last_good(watcher: Any, alarm: Any) -> Path | None:
-    """Write this rank's shards of the last good weights to ``run_dir/last_good.pt``.
-
-    Called at a stop (before ``optimizer.step``: the weights are still those of the last good
-    update) on every rank, each on its own: nothing is gathered and no collective runs. A rank
-    whose own shards are already non-finite writes nothing and says so. Format: see
-    ``docs/distributed.md`` (``nanscope.local_shards/1``).
-    """
-    model = watcher.model
-    monitor = watcher.monitor
-    if model is None:
+    """:func:`save_shards` for a :class:`~nanscope.torch.Watcher` at its stop (what its own
+    last-good save calls for a sharded model): after a late stop it first puts back the last
+    verified shards (:func:`restore_shards`)."""
+    if watcher.model is None:
         return None
+    monitor = watcher.monitor
     failing = getattr(watcher, "_failing", {}) or {}
-    restored = False
     verified = getattr(watcher, "_verified", None)
-    params = watcher._params()
+    restored = False
     if failing.get("late") and verified is not None:
-        with torch.no_grad():
-            for p, saved in zip(params, verified):
-                _local(p).copy_(_local(saved))
+        restore_shards(watcher._params(), verified)
         restored = True
         monitor.meta["last_good_step"] = watcher._verified_step
+    step = int(watcher._verified_step) if restored else int(failing.get("step", alarm.step)) - 1
+    path, notes = save_shards(watcher.model, monitor, step=step, restored=restored)
+    if notes:
+        watcher._note(notes)
+    if path is not None:
+        watcher.last_good_path = path
+    return path
+
+
+def restore_shards(params: Iterable[Any], saved: Iterable[Any]) -> None:
+    """Copy a snapshot of local shards (``local_shards`` clones) back into ``params``, in place."""
+    with torch.no_grad():
+        for p, value in zip(local_shards(params), local_shards(saved)):
+            p.copy_(value)
+
+
+def save_shards(
+    model: Any, monitor: Any, *, step: int, restored: bool = False
+) -> tuple[Path | None, list[str]]:
+    """Write this rank's shards of ``model`` to ``monitor.run_dir/last_good.pt``.
+
+    Called at a stop (before ``optimizer.step``: the weights are still those of the last good
+    update ``step``) on every rank, each on its own: nothing is gathered and no collective runs.
+    A rank whose own shards are already non-finite writes nothing and says so. Format: see
+    ``docs/distributed.md`` (``nanscope.local_shards/1``). Returns the path (None when nothing
+    was written) and notes on what could not be saved; sets ``last_good``, ``last_good_format``,
+    ``last_good_step`` (and ``last_good_restored``) in ``monitor.meta``.
+    """
     rank, world = _world()
     shards: dict[str, torch.Tensor] = {}
     placements: dict[str, list[str]] = {}
@@ -561,9 +584,8 @@ def save_last_good(watcher: Any, alarm: Any) -> Path | None:
             continue
         local = _local(tensor).detach()
         if local.is_floating_point() and not bool(torch.isfinite(local).all()):
-            watcher._note([f"rank {rank}'s shard of {name} is already non-finite: no last good "
-                           "weights saved on this rank"])  # fmt: skip
-            return None
+            return None, [f"rank {rank}'s shard of {name} is already non-finite: no last good "
+                          "weights saved on this rank"]  # fmt: skip
         shards[name] = local.cpu().clone()
         text = _placement_text(tensor)
         if text is not None:
@@ -574,25 +596,21 @@ def save_last_good(watcher: Any, alarm: Any) -> Path | None:
             if mesh is None:
                 mesh = [int(s) for s in tensor.device_mesh.shape]
     if not shards:
-        return None
-    step = int(failing.get("step", alarm.step)) - 1
-    if restored:
-        step = int(watcher._verified_step)
-    state = {"format": FORMAT, "rank": rank, "world_size": world, "step": step,
+        return None, []
+    state = {"format": FORMAT, "rank": rank, "world_size": world, "step": int(step),
              "mesh_shape": mesh, "shards": shards, "placements": placements,
              "global_shapes": shapes, "offsets": offsets}  # fmt: skip
     path: Path | None = None
-    if monitor._write:
+    if getattr(monitor, "writes", getattr(monitor, "_write", True)):
         path = monitor.run_dir / "last_good.pt"
         monitor.run_dir.mkdir(parents=True, exist_ok=True)
         torch.save(state, path)
-        watcher.last_good_path = path
         monitor.meta["last_good"] = str(path)
         monitor.meta["last_good_format"] = FORMAT
-    monitor.meta.setdefault("last_good_step", step)
+    monitor.meta.setdefault("last_good_step", int(step))
     if restored:
         monitor.meta["last_good_restored"] = True
-    return path
+    return path, []
 
 
 def load_last_good(model: Any, path: str | Path) -> dict[str, Any]:

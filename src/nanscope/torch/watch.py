@@ -627,8 +627,8 @@ class Watcher:
             extra["micro_batches"] = ctx["micro"]
         if late:
             extra["detected_late"] = True
-        if extra:
-            record["extra"] = extra
+        if extra:  # merged: the measures may have put their own (sharded: extra["shards"])
+            record["extra"] = {**record.get("extra", {}), **extra}
         what = "loss"
         if record.get("nf_grads"):
             what = "grad"
