@@ -8,6 +8,7 @@ FSDP_LR          SGD learning rate (default 0.05; 2.0 makes the fit diverge)
 FSDP_NAN_RANK / FSDP_NAN_STEP / FSDP_NAN_ROW
                  put a NaN in that row of that rank's batch at that update
 FSDP_MIXED=1     shard only the first two Linears: the last one stays a plain module
+FSDP_HSDP=1      shard over a 2-D mesh (replicate 2 x shard 1: HSDP, every parameter replicated)
 FSDP_WATCH=1     watch explicitly (``nanscope.watch``) and, after a stop, check the last good
                  weights: they load back (``load_last_good``) into a freshly made model and equal
                  the stopped model's shards; prints ``rank R roundtrip ok``
@@ -37,10 +38,16 @@ def make_model(seed, mixed):
     model = nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 32), nn.Tanh(),
                           nn.Linear(32, 1))
     layers = [model[0], model[2]] if mixed else [model[0], model[2], model[4]]
+    kwargs = {}
+    if os.environ.get("FSDP_HSDP") == "1":
+        from torch.distributed.device_mesh import init_device_mesh
+
+        world = dist.get_world_size()
+        kwargs["mesh"] = init_device_mesh("cpu", (world, 1), mesh_dim_names=("dp", "shard"))
     for layer in layers:
-        fully_shard(layer)
+        fully_shard(layer, **kwargs)
     if not mixed:
-        fully_shard(model)
+        fully_shard(model, **kwargs)
     return model
 
 

@@ -55,11 +55,7 @@ class LastGood:
         if model is None:
             return []
         if sharded.is_sharded(model):  # each rank its own shards, nothing gathered
-            path, notes = sharded.save_last_good(
-                model, self.monitor, params, failing, alarm, deferred
-            )
-            self.path = path or self.path
-            return notes
+            return self._save_shards(model, params, failing, alarm, deferred)
         meta = self.monitor.meta
         restored = False
         if failing.get("late") and deferred.restore(params):
@@ -81,6 +77,23 @@ class LastGood:
         if restored:
             meta["last_good_restored"] = True
         return []
+
+    def _save_shards(
+        self,
+        model: Any,
+        params: list[torch.Tensor],
+        failing: dict[str, Any],
+        alarm: Alarm,
+        deferred: DeferredReads,
+    ) -> list[str]:
+        """A sharded model: each rank writes its own shards (``nanscope.local_shards/1``)."""
+        restored = bool(failing.get("late")) and deferred.verified is not None
+        if restored:
+            sharded.restore_shards(params, deferred.verified or [])
+        step = deferred.verified_step if restored else int(failing.get("step", alarm.step)) - 1
+        path, notes = sharded.save_shards(model, self.monitor, step=step, restored=restored)
+        self.path = path or self.path
+        return notes
 
     def rollback(
         self, optimizer: Any, params: list[torch.Tensor], failing: dict[str, Any], alarm: Alarm

@@ -11,7 +11,8 @@ float64 vector (``2 n + 36 + 3 W + 2`` values for ``n`` parameters and ``W`` ran
   ``shards / W`` (so a parameter replicated over part of the mesh is not counted twice);
 * ``[n, 2n)``: the same for the weights, on full updates (zeros otherwise);
 * ``[2n, 2n + 36)``: the 6 x 6 weighted Gram matrix of the sampled blocks of this rank's shards
-  (weights, gradients and weight signs, now and at the update before), from which the record's
+  (weights, gradients and weight signs, now and at the update before; the same ``shards / W``
+  factor per column), from which the record's
   update norm, cosines and sign-flip fraction follow: a dot product over a sharded tensor is the
   sum over its shards;
 * ``W`` slots: how many of this rank's gradient shards are non-finite (each rank writes only its
@@ -27,11 +28,11 @@ ones) are measured on this rank alone and added to the combined values locally.
 
 Exact non-finite counts (``nf_grads``, ``nf_params``) are taken only when a combined norm is not
 finite, on this rank's shards (no collective): they count what *this rank's* step would apply.
-The record then also carries ``shards``: the ranks whose shards went non-finite and, per
+The record then also carries ``extra["shards"]``: the ranks whose shards went non-finite and, per
 parameter, the rows (global indices along the sharded dimension) that hold the non-finite values
 on this rank.
 
-At a stop, :func:`save_last_good` writes each rank's own shards to ``rank{r}/last_good.pt``
+At a stop, :func:`save_shards` writes each rank's own shards to ``rank{r}/last_good.pt``
 (format ``nanscope.local_shards/1``, see ``docs/distributed.md``) and :func:`load_last_good`
 loads them back into a model sharded the same way. Nothing is gathered on one rank.
 """
@@ -56,7 +57,8 @@ __all__ = [
     "load_last_good",
     "local_shards",
     "replicated",
-    "save_last_good",
+    "restore_shards",
+    "save_shards",
 ]
 
 #: the ``format`` field of a rank's ``last_good.pt``
@@ -208,15 +210,21 @@ class ShardedMeasure(ParamMeasure):
         # not reach the combined Gram matrix: NaN * 0 is NaN, so the columns are split, not masked)
         cols_dt: list[int] = []
         cols_pl: list[int] = []
+        col_factor: list[torch.Tensor] = []  # a replicated shard's dot products count 1/W times
         at = 0
         for i, size in zip(self.sampled, self._sizes):
             (cols_dt if self.sharded[i] else cols_pl).extend(range(at, at + size))
+            f = _shards(params[i]) / self.world if self.sharded[i] else 1.0
+            col_factor.append(torch.full((size,), f, dtype=torch.float32))
             at += size
         self._cols_dt = torch.tensor(cols_dt, dtype=torch.long, device=dev) if self._mixed else None
         self._cols_pl = torch.tensor(cols_pl, dtype=torch.long, device=dev) if cols_pl else None
-        if self.weight is not None and self._cols_dt is not None:
-            self._w_dt = self.weight[self._cols_dt]
-            self._w_pl = self.weight[self._cols_pl] if self._cols_pl is not None else None
+        self._w_all: torch.Tensor | None = None
+        if self.weight is not None:
+            self._w_all = self.weight * torch.cat(col_factor).to(self.weight.device)
+            if self._cols_dt is not None:
+                self._w_dt = self._w_all[self._cols_dt]
+                self._w_pl = self._w_all[self._cols_pl] if self._cols_pl is not None else None
         self._group = None
         self._check_grad_placements()  # made inside the first step hook: the gradients are there
         self._packed = torch.zeros(self.size, dtype=torch.float64, device=dev)
@@ -354,9 +362,9 @@ class ShardedMeasure(ParamMeasure):
             packed[-1] = 1.0
         if self._take_sample(grads):
             buf = self._buf
-            assert buf is not None and self.weight is not None
+            assert buf is not None and self._w_all is not None
             if self._cols_dt is None:
-                packed[2 * n : 2 * n + 36] = torch.mm(buf * self.weight, buf.t()).reshape(-1)
+                packed[2 * n : 2 * n + 36] = torch.mm(buf * self._w_all, buf.t()).reshape(-1)
             else:
                 sub = buf.index_select(1, self._cols_dt)
                 packed[2 * n : 2 * n + 36] = torch.mm(sub * self._w_dt, sub.t()).reshape(-1)
@@ -435,7 +443,7 @@ class ShardedMeasure(ParamMeasure):
             why = self.fault if self.rank in failed and self.fault else (
                 f"the local measures of rank(s) {who} failed (their trace says why)")  # fmt: skip
             self._switch_off(why)
-            return {"shards": {"measures_off": why, "failed_ranks": failed}}
+            return {"extra": {"shards": {"measures_off": why, "failed_ranks": failed}}}
         base: dict[str, Any] = {"n": n, "names": layout.get("names"), "half": layout.get("half"),
                                 "stats": n_gram >= W, "weights": n_weights >= W}  # fmt: skip
         if "has" in layout:
@@ -449,7 +457,8 @@ class ShardedMeasure(ParamMeasure):
         bad_g = [r for r in range(W) if nf_g[r] > 0]
         bad_w = [r for r in range(W) if base["weights"] and nf_w[r] > 0]
         if bad_g or bad_w or out.get("nf_grads") or out.get("nf_params"):
-            out["shards"] = self._shards_info(bad_g, bad_w, values[:n], values[n : 2 * n])
+            info = self._shards_info(bad_g, bad_w, values[:n], values[n : 2 * n])
+            out["extra"] = {"shards": info}
         return out
 
     def _shards_info(
@@ -521,29 +530,25 @@ def _named_tensors(model: Any) -> list[tuple[str, Any]]:
     return named
 
 
-def save_last_good(
-    model: Any, monitor: Any, params: list[torch.Tensor], failing: Mapping[str, Any], alarm: Any,
-    deferred: Any,
+def restore_shards(params: Iterable[Any], saved: Iterable[Any]) -> None:
+    """Copy a snapshot of local shards (``local_shards`` clones) back into ``params``, in place."""
+    with torch.no_grad():
+        for p, value in zip(local_shards(params), local_shards(saved)):
+            p.copy_(value)
+
+
+def save_shards(
+    model: Any, monitor: Any, *, step: int, restored: bool = False
 ) -> tuple[Path | None, list[str]]:
-    """Write this rank's shards of the last good weights to ``run_dir/last_good.pt``.
+    """Write this rank's shards of ``model`` to ``monitor.run_dir/last_good.pt``.
 
     Called at a stop (before ``optimizer.step``: the weights are still those of the last good
-    update) on every rank, each on its own: nothing is gathered and no collective runs. A rank
-    whose own shards are already non-finite writes nothing and says so (in the notes returned).
-    ``deferred``: the watcher's :class:`~nanscope.torch.deferred.DeferredReads`, whose verified
-    copy is put back after a late stop. Format: see ``docs/distributed.md``
-    (``nanscope.local_shards/1``). Returns the path written (None when none) and notes.
+    update ``step``) on every rank, each on its own: nothing is gathered and no collective runs.
+    A rank whose own shards are already non-finite writes nothing and says so. Format: see
+    ``docs/distributed.md`` (``nanscope.local_shards/1``). Returns the path (None when nothing
+    was written) and notes on what could not be saved; sets ``last_good``, ``last_good_format``,
+    ``last_good_step`` (and ``last_good_restored``) in ``monitor.meta``.
     """
-    if model is None:
-        return None, []
-    restored = False
-    verified = deferred.verified
-    if failing.get("late") and verified is not None:
-        with torch.no_grad():
-            for p, saved in zip(params, verified):
-                _local(p).copy_(_local(saved))
-        restored = True
-        monitor.meta["last_good_step"] = deferred.verified_step
     rank, world = _world()
     shards: dict[str, torch.Tensor] = {}
     placements: dict[str, list[str]] = {}
@@ -568,20 +573,17 @@ def save_last_good(
                 mesh = [int(s) for s in tensor.device_mesh.shape]
     if not shards:
         return None, []
-    step = int(failing.get("step", alarm.step)) - 1
-    if restored:
-        step = int(deferred.verified_step)
-    state = {"format": FORMAT, "rank": rank, "world_size": world, "step": step,
+    state = {"format": FORMAT, "rank": rank, "world_size": world, "step": int(step),
              "mesh_shape": mesh, "shards": shards, "placements": placements,
              "global_shapes": shapes, "offsets": offsets}  # fmt: skip
     path: Path | None = None
-    if monitor.writes:
+    if getattr(monitor, "writes", getattr(monitor, "_write", True)):
         path = monitor.run_dir / "last_good.pt"
         monitor.run_dir.mkdir(parents=True, exist_ok=True)
         torch.save(state, path)
         monitor.meta["last_good"] = str(path)
         monitor.meta["last_good_format"] = FORMAT
-    monitor.meta.setdefault("last_good_step", step)
+    monitor.meta.setdefault("last_good_step", int(step))
     if restored:
         monitor.meta["last_good_restored"] = True
     return path, []
