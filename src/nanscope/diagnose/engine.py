@@ -224,11 +224,6 @@ def _unknown(
     )
 
 
-def _confirmation(ctx: Context) -> list[dict[str, Any]]:
-    found = ctx.evidence.get("confirmation")
-    return [dict(c) for c in found if isinstance(c, Mapping)] if isinstance(found, list) else []
-
-
 def _notes(ctx: Context, stopped: Mapping[str, Any] | None) -> list[Evidence]:
     """Evidence about the trace itself: cut short, stopped from outside."""
     notes = []
@@ -328,6 +323,11 @@ def _interrupted(
         summary=summary,
         extra=_extra(ctx),
     )
+
+
+def _confirmation(ctx: Context) -> list[dict[str, Any]]:
+    found = ctx.evidence.get("confirmation")
+    return [dict(c) for c in found if isinstance(c, Mapping)] if isinstance(found, list) else []
 
 
 def _public_row(row: Mapping[str, Any]) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from nanscope.detectors import Alarm
 from nanscope.monitor import Monitor
+from nanscope.torch import sharded
 from nanscope.torch.deferred import DeferredReads
 
 __all__ = ["ROLLBACK_LIMIT", "ROLLBACK_LR_FACTOR", "LastGood", "nonfinite"]
@@ -53,6 +54,12 @@ class LastGood:
         """
         if model is None:
             return []
+        if sharded.is_sharded(model):  # each rank its own shards, nothing gathered
+            path, notes = sharded.save_last_good(
+                model, self.monitor, params, failing, alarm, deferred
+            )
+            self.path = path or self.path
+            return notes
         meta = self.monitor.meta
         restored = False
         if failing.get("late") and deferred.restore(params):
