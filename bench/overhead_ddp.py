@@ -6,10 +6,10 @@
 
 Spawns two processes (``torch.multiprocessing.spawn``, gloo, one thread each). In each, one DDP
 model (a 3-layer MLP, Adam) trains in alternating segments of ``--updates`` updates: plain,
-``nanscope.watch`` alone, and :func:`nanscope.torch.distributed.watch` (the same plus the
-cross-rank agreement, one ``all_reduce`` per update). Each watcher is made before its segment and
-closed after it, outside the timed region. Rank 0 prints the median time per update of each and
-the ratios against plain, measured in the same run.
+a :class:`nanscope.torch.Watcher` alone (no agreement), and ``nanscope.watch`` (which under a
+process group of two ranks adds the cross-rank agreement, one ``all_reduce`` per update). Each
+watcher is made before its segment and closed after it, outside the timed region. Rank 0 prints
+the median time per update of each and the ratios against plain, measured in the same run.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ def _worker(rank: int, world: int, port: int, args: Any, out: str) -> None:
     import nanscope
     import torch
     from nanscope.torch import distributed as nd
+    from nanscope.torch.watch import Watcher
     from torch import nn
 
     torch.set_num_threads(1)
@@ -71,9 +72,9 @@ def _worker(rank: int, world: int, port: int, args: Any, out: str) -> None:
         for name in names[r % 3 :] + names[: r % 3]:  # rotate the order: drift hits all alike
             watcher = None
             if name == "watch":
-                watcher = nanscope.watch(model, opt, run_dir=root / f"w{r}" / f"rank{rank}")
+                watcher = Watcher(model, opt, run_dir=root / f"w{r}" / f"rank{rank}")
             elif name == "watch+agree":
-                watcher = nd.watch(model, opt, run_dir=root / f"a{r}")
+                watcher = nanscope.watch(model, opt, run_dir=root / f"a{r}")
             times[name].append(segment(args.updates))
             if watcher is not None:
                 watcher.close()

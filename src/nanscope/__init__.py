@@ -12,8 +12,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from nanscope.diagnose import CAUSES, Diagnosis, diagnose
+from nanscope.diagnose import CAUSES, Diagnosis
+from nanscope.diagnose.diagnosis import set_html_renderer as _set_html_renderer
 from nanscope.errors import DivergenceError, InputError, NanscopeError, TraceError, UsageError
+from nanscope.loading import diagnose
 from nanscope.monitor import Monitor
 from nanscope.trace import Trace, read_trace
 
@@ -42,6 +44,16 @@ _LAZY = {
     "scan": ("nanscope.data", "scan"),
     "sweep": ("nanscope.experiment", "sweep"),
 }
+
+
+def _html_fragment(diagnosis: Diagnosis) -> str:
+    # the page is imported on first display (Jupyter), never by the diagnosis itself
+    from nanscope.report.html import diagnosis_fragment
+
+    return diagnosis_fragment(diagnosis)
+
+
+_set_html_renderer(_html_fragment)
 
 
 def __getattr__(name: str) -> Any:

@@ -10,7 +10,9 @@ training run with a diagnosis. A script's own failure under ``run`` passes its e
 from __future__ import annotations
 
 import importlib
+import os
 import sys
+import traceback
 from collections.abc import Callable, Sequence
 
 from nanscope.errors import InputError, UsageError
@@ -37,11 +39,18 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 def _usage() -> str:
     width = max(len(name) for name in COMMANDS)
-    lines = ["usage: nanscope COMMAND [ARGS]", "", "commands:"]
+    lines = ["usage: nanscope COMMAND [ARGS]", "       nanscope --version", "", "commands:"]
     for name, (_, text) in COMMANDS.items():
         lines.append(f"  {name.ljust(width)}  {text}")
     lines.append("")
-    lines.append("Run 'nanscope COMMAND --help' for a command's options.")
+    lines.append("options:")
+    lines.append("  -h, --help     show this help")
+    lines.append("  -V, --version  print the version")
+    lines.append("")
+    lines.append("Run 'nanscope COMMAND --help' for a command's options. Results go to stdout,")
+    lines.append("progress and warnings to stderr. Exit codes: 0 nothing wrong, 1 findings or a")
+    lines.append("diagnosed failure, 2 usage or input error, 3 'run' stopped a training run.")
+    lines.append("NANSCOPE_DEBUG=1 shows the traceback behind an error line.")
     return "\n".join(lines)
 
 
@@ -52,8 +61,65 @@ def _load(target: str) -> Callable[[list[str]], int]:
     return func
 
 
+#: options whose value is a file the command writes; checked before any work starts
+_OUTPUTS = ("--json", "--html", "-o", "--output")
+
+
+def _precheck(name: str, rest: list[str]) -> None:
+    """Checks every command shares, done before it starts: the output paths and the policy."""
+    from nanscope.commands.base import check_writable, parse_values
+
+    options = rest
+    if name in ("run", "sweep") and "--" not in rest:
+        # `nanscope run [options] train.py --json x`: the script's own arguments are not ours
+        cut = next((i for i, t in enumerate(rest) if not t.startswith("-")
+                    and (i == 0 or rest[i - 1] not in _VALUED)), len(rest))  # fmt: skip
+        options = rest[:cut]
+    for option, value in parse_values(options, _OUTPUTS).items():
+        check_writable(value, option)
+    policy = os.environ.get("NANSCOPE_POLICY")
+    if policy and name in ("run", "sweep", "demo"):
+        from nanscope.monitor import POLICIES
+
+        if policy not in POLICIES:
+            raise UsageError(
+                f"NANSCOPE_POLICY={policy!r} is not a policy; use one of {', '.join(POLICIES)} "
+                "(or unset it)"
+            )
+
+
+_VALUED = (*_OUTPUTS, "--policy", "--data", "--run-dir", "--factors", "--updates", "--jobs",
+           "--seed", "--timeout")  # fmt: skip
+
+
+def _debug() -> bool:
+    return os.environ.get("NANSCOPE_DEBUG", "").strip() not in ("", "0", "false", "no")
+
+
+def _error_line(name: str, exc: BaseException) -> str:
+    from nanscope.commands.base import clean
+
+    prefix = f"nanscope {name}: error: " if name else "nanscope: error: "
+    if isinstance(exc, (UsageError, InputError)):
+        return prefix + clean(exc, limit=500)
+    if isinstance(exc, OSError):
+        where = f"{exc.filename}: " if exc.filename else ""
+        what = exc.strerror or str(exc) or type(exc).__name__
+        return prefix + clean(f"{where}{what}", limit=500)
+    if isinstance(exc, MemoryError):
+        return prefix + "out of memory; the input is too large for this command"
+    text = clean(f"{type(exc).__name__}: {exc}", limit=300)
+    return (
+        f"{prefix}internal error ({text}); please report it, "
+        "with NANSCOPE_DEBUG=1 for the traceback"
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
+    from nanscope.commands.base import install_warning_format
+
+    install_warning_format()
     if not args or args[0] in ("-h", "--help", "help"):
         print(_usage())
         return EXIT_OK if args else EXIT_USAGE
@@ -64,31 +130,58 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_OK
     name, rest = args[0], args[1:]
     if name not in COMMANDS:
+        from nanscope.commands.base import clean
+
         known = ", ".join(COMMANDS)
-        print(f"nanscope: unknown command '{name}' (known: {known})", file=sys.stderr)
+        print(f"nanscope: unknown command '{clean(name, 60)}' (known: {known})", file=sys.stderr)
         return EXIT_USAGE
     try:
-        command = _load(COMMANDS[name][0])
-    except ModuleNotFoundError as exc:
-        print(
-            f"nanscope: '{name}' needs a package that is not installed ({exc.name}); "
-            f"install nanscope with its extras, e.g. pip install 'nanscope[all]'",
-            file=sys.stderr,
-        )
-        return EXIT_USAGE
-    try:
+        if not any(a in ("-h", "--help") for a in rest):
+            _precheck(name, rest)
+        try:
+            command = _load(COMMANDS[name][0])
+        except ModuleNotFoundError as exc:
+            if not (exc.name or "").startswith("nanscope"):
+                print(
+                    f"nanscope: '{name}' needs a package that is not installed ({exc.name}); "
+                    f"install nanscope with its extras, e.g. pip install 'nanscope[all]'",
+                    file=sys.stderr,
+                )
+                return EXIT_USAGE
+            raise
         return int(command(rest) or 0)
-    except (UsageError, InputError) as exc:
-        print(f"nanscope {name}: error: {exc}", file=sys.stderr)
+    except SystemExit as exc:  # --help inside a command, or a command that exits by itself
+        code = exc.code
+        if code is None or isinstance(code, int):
+            return int(code or 0)
+        print(f"nanscope {name}: {code}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         print(f"nanscope {name}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        raise
+    except Exception as exc:
+        if _debug():
+            traceback.print_exc()
+        print(_error_line(name, exc), file=sys.stderr)
+        return EXIT_USAGE
 
 
 def entry() -> None:
-    """Console-script entry point."""
-    sys.exit(main())
+    """Console-script entry point: ``nanscope --help | head -1`` ends quietly."""
+    try:
+        code = main()
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # the reader went away (head, less): stop writing, say nothing, exit as a shell would
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        except (OSError, ValueError):
+            pass
+        code = 141
+    sys.exit(code)
 
 
 if __name__ == "__main__":

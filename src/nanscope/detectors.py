@@ -23,9 +23,9 @@ import itertools
 import math
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
-__all__ = ["Alarm", "Ascent", "Divergence", "NonFinite", "Spikes", "default_detectors"]
+__all__ = ["Alarm", "Ascent", "Detector", "Divergence", "NonFinite", "Spikes", "default_detectors"]
 
 
 @dataclass(frozen=True)
@@ -289,3 +289,21 @@ class _LogHistory:
 def default_detectors() -> list[Any]:
     """The detectors a Monitor runs, cheapest first."""
     return [NonFinite(), Spikes(), Ascent(), Divergence()]
+
+
+# ---------------------------------------------------------------------- the extension point
+# (appended by core: the protocol every detector, and every wrapper of detectors, follows)
+
+
+class Detector(Protocol):
+    """What a :class:`nanscope.Monitor` runs on every update (``Monitor(detectors=...)``).
+
+    ``step(record)`` reads one update's record (the keys of :mod:`nanscope.trace`) and returns an
+    :class:`Alarm` to ask for a stop, or None. It must be cheap: a few floats of state, no arrays.
+    A detector may also define ``reset()``, which forgets its history: the Monitor calls it after
+    a rollback (:meth:`nanscope.Monitor.reset_detectors`). Wrappers follow the same protocol and
+    hold the detectors they wrap (``nanscope.torch.distributed.agree(inner)``), the way an optax
+    transform wraps an inner one.
+    """
+
+    def step(self, record: dict[str, Any]) -> Alarm | None: ...

@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from nanscope.errors import InputError
+from nanscope.formatting import lr as format_lr
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -293,7 +294,8 @@ class Ledger:
         """Add (or replace, same ``id``) one run; returns its id, ``None`` if it was not stored.
 
         Keys: ``id`` (made up when missing), ``started`` (epoch seconds, default now), ``script``
-        (stored as an absolute path; ``script_hash`` is computed from the file when missing),
+        (stored as an absolute path; ``script_hash`` is computed from the file when missing;
+        a ``module`` key with no ``script`` -- a ``python -m`` run -- is stored by module name),
         ``model_signature``, ``model_text``, ``optimizer``, ``lr``, ``outcome`` (the cause, or
         ``"healthy"``), ``verdict``, ``failed_at``, ``best_loss``, ``duration``, ``sweep_lr``,
         ``sweep_factor``, ``sweep_text``. Any other key is kept in a JSON ``extra`` column.
@@ -301,7 +303,10 @@ class Ledger:
         row = {k: run.get(k) for k in COLUMNS}
         row["id"] = str(row["id"] or time.strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(3))
         row["started"] = float(row["started"] if row["started"] is not None else time.time())
-        if row["script"] is not None:
+        if row["script"] is None and run.get("module"):
+            # a `python -m pkg.train` run: the module name is what identifies it
+            row["script"] = str(run["module"])
+        elif row["script"] is not None:
             script = str(row["script"])
             row["script"] = _abs(script)
             if row["script_hash"] is None:
@@ -333,20 +338,27 @@ class Ledger:
     # ------------------------------------------------------------------ reading
 
     def runs(self, script: str | os.PathLike[str] | None = None, limit: int = 50) -> list[dict]:
-        """Runs, newest first; with ``script``, only that script's (same path, or same content)."""
+        """Runs, newest first; with ``script``, only that script's: the same absolute path (or
+        module name), or -- a moved script keeps its history -- a run of a file with the same
+        content whose recorded path no longer exists. Two files that both exist are two
+        scripts, even with the same name or the same content."""
         if self._db is None:
             return []
         query = f"SELECT {', '.join(COLUMNS)}, extra FROM runs"
         params: list[Any] = []
+        path = digest = None
         if script is not None:
-            query += " WHERE script = ?"
-            params.append(_abs(script))
+            path = _abs(script)
+            query += " WHERE script = ? OR script = ?"
+            params.extend([path, str(script)])
             digest = file_hash(script)
             if digest is not None:
                 query += " OR script_hash = ?"
                 params.append(digest)
-        query += " ORDER BY started DESC, rowid DESC LIMIT ?"
-        params.append(int(limit))
+        query += " ORDER BY started DESC, rowid DESC"
+        if digest is None:
+            query += " LIMIT ?"
+            params.append(int(limit))
         with self._lock:
             try:
                 rows = self._db.execute(query, params).fetchall()
@@ -356,11 +368,17 @@ class Ledger:
         out = []
         for values in rows:
             row = dict(zip([*COLUMNS, "extra"], values))
+            other_path = digest is not None and row["script"] not in (path, str(script))
+            # same content at another path: the same script only if it moved from there
+            if other_path and (row["script"] is None or Path(str(row["script"])).exists()):
+                continue
             extra = row.pop("extra")
             if extra:
                 with contextlib.suppress(ValueError):
                     row.update({k: v for k, v in json.loads(extra).items() if k not in row})
             out.append(row)
+            if len(out) >= int(limit):
+                break
         return out
 
     def last_for(self, script_path: str | os.PathLike[str]) -> dict[str, Any] | None:
@@ -462,6 +480,8 @@ def _run_row(
 ) -> dict[str, Any]:
     cause = _get(diagnosis, "cause")
     verdict = _get(diagnosis, "verdict")
+    if verdict in ("interrupted", "unobserved"):
+        cause = verdict  # never recorded as healthy: the run did not finish under watch
     row: dict[str, Any] = {
         "outcome": cause,
         "verdict": verdict,
@@ -487,9 +507,15 @@ def _run_row(
             lrs.append(float(rec["lr"]))
     row["best_loss"] = min(losses) if losses else None
     name, opt_lr = _optimizer(optimizer)
+    if opt_lr is not None:
+        lrs.append(opt_lr)
     row["optimizer"] = name or meta.get("optimizer")
+    if lr is None and lrs:
+        # the peak: a warm-up starts far below the lr the run is about, a decay ends below it
+        finite = [v for v in lrs if math.isfinite(v)]
+        lr = max(finite) if finite else None
     if lr is None:
-        lr = opt_lr if opt_lr is not None else (lrs[0] if lrs else None)
+        lr = opt_lr
     row["lr"] = lr
     signature = model_signature(model) if model is not None else None
     if signature is None and monitor is not None and hasattr(monitor, "last_good"):
@@ -515,10 +541,7 @@ def _when(started: Any) -> str:
 
 
 def _lr_text(value: float) -> str:
-    if value != 0 and not 1e-4 <= abs(value) < 1e6:
-        return f"{value:.3g}"
-    text = f"{value:.6g}"
-    return text if "." in text else text + ".0"
+    return format_lr(value)
 
 
 def describe(run: Mapping[str, Any]) -> str:

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from nanscope.commands.base import CommandParser, clean
 from nanscope.errors import UsageError
 
 __all__ = ["main", "render"]
@@ -20,13 +21,9 @@ _HEADERS = (
 )  # fmt: skip
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # type: ignore[override]
-        raise UsageError(message)
-
 
 def _parser() -> argparse.ArgumentParser:
-    p = _Parser(
+    p = CommandParser(
         prog="nanscope history",
         description="List the runs in the ledger, newest first: the outcome of each, the update "
         "it failed at, and the learning rate a sweep found to work.",
@@ -42,13 +39,39 @@ def _num(value: Any) -> str:
     return "" if value is None else f"{value:.4g}"
 
 
-def _cells(run: dict[str, Any]) -> list[str]:
+def _script_names(runs: list[dict[str, Any]]) -> dict[str, str]:
+    """How each script is shown: its file name, or more of its path where two different files
+    share a name (two ``train.py`` are two scripts); ``-m NAME`` for a module run."""
+    paths = {str(r.get("script")) for r in runs if r.get("script") and not r.get("module")}
+    by_name: dict[str, set[str]] = {}
+    for path in paths:
+        by_name.setdefault(Path(path).name, set()).add(path)
+    shown: dict[str, str] = {}
+    for name, group in by_name.items():
+        for path in group:
+            shown[path] = name if len(group) == 1 else _short(path)
+    return shown
+
+
+def _short(path: str) -> str:
+    try:
+        return str(Path(path).relative_to(Path.cwd()))
+    except ValueError:
+        return path
+
+
+def _cells(run: dict[str, Any], names: dict[str, str] | None = None) -> list[str]:
     from nanscope.ledger import _when
 
     outcome = str(run.get("outcome") or "?")
+    script = str(run.get("script") or "?")
+    if run.get("module"):
+        shown = f"-m {run['module']}"
+    else:
+        shown = (names or {}).get(script) or Path(script).name
     return [
         _when(run.get("started")),
-        Path(str(run.get("script") or "?")).name,
+        clean(shown, 80),
         outcome,
         "" if run.get("failed_at") is None else str(run["failed_at"]),
         str(run.get("optimizer") or ""),
@@ -60,7 +83,8 @@ def _cells(run: dict[str, Any]) -> list[str]:
 
 def render(runs: list[dict[str, Any]], *, rich: bool) -> str:
     """The runs as a rich table (``rich``) or as aligned plain text."""
-    rows = [_cells(r) for r in runs]
+    names = _script_names(runs)
+    rows = [_cells(r, names) for r in runs]
     if rich:
         from rich.console import Console
         from rich.table import Table

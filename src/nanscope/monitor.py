@@ -11,6 +11,20 @@
 Call ``update`` after the loss and gradient are computed and *before* the step is applied: then a
 non-finite gradient stops the fit before it reaches the weights, and ``mon.last_good`` holds the
 weights of the last update where everything was finite.
+
+Extension points (what adapters use; none of them needs the Monitor's private state):
+
+* ``Monitor(detectors=..., writer=...)``: the detectors it runs (a factory, a list, or one
+  :class:`~nanscope.detectors.Detector`; default :func:`~nanscope.detectors.default_detectors`) and
+  the trace writer (default: a :class:`~nanscope.trace.TraceWriter` opened on the first record);
+* :meth:`Monitor.wrap_detectors` wraps the detectors in a combinator (the cross-rank agreement:
+  ``mon.wrap_detectors(lambda inner: nanscope.torch.distributed.agree(inner))``);
+* :meth:`Monitor.observe` takes a record measured elsewhere; :meth:`Monitor.write` writes one line;
+  :meth:`Monitor.reset_detectors` forgets the detectors' history (after a rollback);
+  :meth:`Monitor.move_run_dir` moves the run's files before anything was written;
+* ``probes``, ``rollback_handler`` and ``on_stop``: called when a detector fired;
+* :data:`observers` (process-wide): called with ``(monitor, record)`` after every update any
+  Monitor takes, even one that stops the fit (the sweep's child process counts updates this way).
 """
 
 from __future__ import annotations
@@ -25,12 +39,13 @@ import time
 import warnings
 import weakref
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from nanscope._guard import FaultGuard
 from nanscope.capture.arrays import (
     BatchChecker,
     ParamTracker,
@@ -39,14 +54,14 @@ from nanscope.capture.arrays import (
     nonfinite_rows,
     robust_rows,
 )
-from nanscope.detectors import Alarm, default_detectors
+from nanscope.detectors import Alarm, Detector, default_detectors
 from nanscope.errors import DivergenceError, UsageError
 from nanscope.trace import Trace, TraceWriter
 
 if TYPE_CHECKING:
     from nanscope.diagnose.diagnosis import Diagnosis
 
-__all__ = ["POLICIES", "Monitor", "active_monitors", "set_defaults"]
+__all__ = ["POLICIES", "DetectorChain", "Monitor", "active_monitors", "observers", "set_defaults"]
 
 POLICIES = ("raise", "warn", "rollback")
 
@@ -58,6 +73,11 @@ _KEPT: list[Monitor] = []
 
 #: what a probe receives and returns: evidence merged into the diagnosis
 Probe = Callable[["Monitor", Alarm], Mapping[str, Any]]
+
+#: called with ``(monitor, record)`` after every update of every Monitor in this process, after
+#: the detectors ran and also when the update stopped the fit (in a ``finally``); what one raises
+#: goes to the caller of ``update``/``observe``
+observers: list[Callable[[Monitor, Mapping[str, Any]], None]] = []
 
 
 def set_defaults(**values: Any) -> None:
@@ -72,6 +92,67 @@ def set_defaults(**values: Any) -> None:
 def active_monitors() -> list[Monitor]:
     """Every Monitor created in this process that is still alive, oldest first."""
     return [m for m in (ref() for ref in _CREATED) if m is not None]
+
+
+class DetectorChain:
+    """Several detectors run as one: every one sees every record, the first alarm wins.
+
+    ``factory`` makes the detectors; :meth:`reset` makes them anew (the Monitor calls it after a
+    rollback). Built from a list instead (``DetectorChain.of([...])``), reset calls the ``reset()``
+    of each detector that has one and keeps the others as they are.
+    """
+
+    def __init__(
+        self,
+        factory: Callable[[], Sequence[Detector]] = default_detectors,
+        detectors: Sequence[Detector] | None = None,
+    ) -> None:
+        self.factory = factory
+        self.detectors: list[Detector] = list(factory() if detectors is None else detectors)
+
+    @classmethod
+    def of(cls, detectors: Sequence[Detector]) -> DetectorChain:
+        kept = list(detectors)
+        for detector in kept:
+            if not callable(getattr(detector, "step", None)):
+                raise UsageError(
+                    f"a detector needs a step(record) method; got {type(detector).__name__}"
+                )
+        return cls(lambda: _reset_each(kept), kept)
+
+    def step(self, record: dict[str, Any]) -> Alarm | None:
+        alarm: Alarm | None = None
+        for detector in self.detectors:
+            fired = detector.step(record)
+            if fired is not None and alarm is None:
+                alarm = fired
+        return alarm
+
+    def reset(self) -> None:
+        self.detectors = list(self.factory())
+
+
+def _reset_each(detectors: list[Detector]) -> list[Detector]:
+    for detector in detectors:
+        reset = getattr(detector, "reset", None)
+        if callable(reset):
+            reset()
+    return detectors
+
+
+def _as_detector(detectors: Any) -> Detector:
+    if detectors is None:
+        return DetectorChain()
+    if isinstance(detectors, Sequence) and not isinstance(detectors, (str, bytes)):
+        return DetectorChain.of(detectors)
+    if callable(getattr(detectors, "step", None)):
+        return detectors  # type: ignore[no-any-return]
+    if callable(detectors):
+        return DetectorChain(detectors)
+    raise UsageError(
+        "detectors must be a list of detectors, a function making them, or one object with a "
+        f"step(record) method; got {type(detectors).__name__}"
+    )
 
 
 def _default_root() -> Path:
@@ -89,6 +170,12 @@ class Monitor:
     run_dir: where ``trace.jsonl`` and ``diagnosis.json`` go (default
         ``./.nanscope/runs/<time>-<id>/``; the ``NANSCOPE_DIR`` environment variable moves it).
     write: ``False`` keeps the trace in memory only.
+    detectors: what runs on every update: a list of :class:`~nanscope.detectors.Detector`, a
+        function returning one (called again by :meth:`reset_detectors`), or one detector object;
+        default :func:`nanscope.detectors.default_detectors`.
+    writer: where the records go: any object with ``write(record)`` and ``close()`` (default: a
+        :class:`nanscope.trace.TraceWriter` on ``run_dir/trace.jsonl``, opened on the first
+        record). With ``write=False`` nothing is written, whatever the writer.
     """
 
     def __init__(
@@ -99,6 +186,8 @@ class Monitor:
         name: str | None = None,
         write: bool = True,
         meta: Mapping[str, Any] | None = None,
+        detectors: Sequence[Detector] | Callable[[], Sequence[Detector]] | Detector | None = None,
+        writer: Any = None,
     ) -> None:
         policy = policy or _DEFAULTS.get("policy") or os.environ.get("NANSCOPE_POLICY") or "raise"
         if policy not in POLICIES:
@@ -120,26 +209,34 @@ class Monitor:
             **dict(meta or {}),
         }
         self.trace = Trace(meta=self.meta)
-        self._writer: TraceWriter | None = None
+        if writer is not None and not callable(getattr(writer, "write", None)):
+            raise UsageError(f"writer needs a write(record) method; got {type(writer).__name__}")
+        self._writer: Any = writer
         self._write = write
         self._params = ParamTracker()
         self._inputs = BatchChecker("inputs")
         self._targets = BatchChecker("targets")
-        self._detectors = default_detectors()
+        self._detector: Detector = _as_detector(detectors)
         self._recent: deque[tuple[int, Any, Any, Any]] = deque(maxlen=3)
         self._count = 0
-        self._disabled = False
+        #: nanscope's own faults: one warning per part, the measures off after theirs
+        self.guard = FaultGuard("check")
         self._warned: set[str] = set()
         self.alarm: Alarm | None = None
         self.diagnosis: Diagnosis | None = None
         self.evidence: dict[str, Any] = {}
         self.probes: list[Probe] = []
+        from nanscope.probes import fperrors  # numpy's fp errors name the producer op and line
+
+        self.probes.append(fperrors.watch(self))
         self.rollback_handler: Callable[[Monitor, Alarm], bool] | None = None
         #: what the rollback policy did: ``{"step", "kind", "why", "action"}`` per rollback
         self.rollbacks: list[dict[str, Any]] = []
         self.on_stop: list[Callable[[Monitor, Alarm], None]] = []
         self._last_good: dict[str, np.ndarray] = {}
         self._closed = False
+        #: run events (``{"event": "interrupted", "signal": ..., "step": ...}``), see record_event
+        self.events: list[dict[str, Any]] = []
         _LIVE.add(self)
         _CREATED.append(weakref.ref(self))
         if _DEFAULTS.get("keep"):
@@ -192,7 +289,7 @@ class Monitor:
         record: dict[str, Any] = {"step": step, "loss": loss_value, "nf_loss": nf_loss}
         if lr is not None:
             record["lr"] = float(lr)
-        if self._disabled:
+        if self.guard.is_off("measure"):
             return record
         try:
             if named_params or named_grads:
@@ -226,10 +323,7 @@ class Monitor:
                 self._recent.append((step, batch, None, None))
         alarm: Alarm | None = None
         try:
-            for detector in self._detectors:
-                fired = detector.step(rec)
-                if fired is not None and alarm is None:
-                    alarm = fired
+            alarm = self._detector.step(rec)
             events = rec.get("events")
             if events and alarm is None and ("loss_spike" in events or "grad_jump" in events):
                 # a finite spike the run may survive: look at its batches now, while we have them
@@ -243,17 +337,96 @@ class Monitor:
                         alarm = Alarm("spike", step, text, {"rows": len(spotted)})
             if alarm is not None and self._try_rollback(alarm, rec):
                 alarm = None
-            if self._write:
-                if self._writer is None:
-                    self.run_dir.mkdir(parents=True, exist_ok=True)
-                    self._writer = TraceWriter(self.run_dir / "trace.jsonl", self.meta)
-                self._writer.write(rec)
+            self.write(rec)
         except Exception as exc:
             self._internal_fault("observe", exc)
         self.trace.append(rec, copy=False)  # rec is already this Monitor's own copy
-        if alarm is not None:
-            self._fire(alarm)
+        try:
+            if alarm is not None:
+                self._fire(alarm)
+        finally:
+            for observer in list(observers):
+                observer(self, rec)
         return rec
+
+    # ------------------------------------------------------------------ extension points
+
+    @property
+    def writes(self) -> bool:
+        """Whether this Monitor writes files (``write=True``, the default)."""
+        return self._write
+
+    @property
+    def writing(self) -> bool:
+        """Whether the trace file is open (something was written, or a writer was given)."""
+        return self._writer is not None
+
+    def write(self, record: Mapping[str, Any]) -> None:
+        """Write one line to the trace (opening ``run_dir/trace.jsonl`` first if needed).
+
+        :meth:`observe` writes each record it takes; call this only for a line that is not an
+        update (the record is not added to ``trace`` nor seen by the detectors).
+        """
+        writer = self._open_writer()
+        if writer is not None:
+            writer.write(record)
+
+    def _open_writer(self) -> Any:
+        """The trace writer, opened on first use; None when this Monitor writes no files."""
+        if not self._write:
+            return None
+        if self._writer is None:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            self._writer = TraceWriter(self.run_dir / "trace.jsonl", self.meta)
+        return self._writer
+
+    def move_run_dir(self, run_dir: str | os.PathLike[str]) -> bool:
+        """Put this run's files under ``run_dir`` instead; only before any was written.
+
+        Returns False (and moves nothing) once the trace file is open.
+        """
+        if self._writer is not None:
+            return False
+        self.run_dir = Path(run_dir)
+        return True
+
+    @property
+    def detectors(self) -> Detector:
+        """The detector this Monitor runs on every update (by default a :class:`DetectorChain`)."""
+        return self._detector
+
+    def wrap_detectors(self, wrapper: Callable[[Detector], Detector]) -> Detector:
+        """Replace the detectors by ``wrapper(current)`` (a combinator); returns the new one.
+
+        The wrapper runs the detectors it was given and decides what their alarms mean (the
+        cross-rank agreement is one: :func:`nanscope.torch.distributed.agree`). Its ``reset()``,
+        if any, is what :meth:`reset_detectors` calls from then on.
+        """
+        wrapped = wrapper(self._detector)
+        if not callable(getattr(wrapped, "step", None)):
+            raise UsageError(
+                f"a detector wrapper must return a detector; got {type(wrapped).__name__}"
+            )
+        self._detector = wrapped
+        return wrapped
+
+    def reset_detectors(self) -> None:
+        """Forget the detectors' history (the rollback policy calls it after restoring)."""
+        reset = getattr(self._detector, "reset", None)
+        if callable(reset):
+            reset()
+
+    def record_event(self, name: str, **fields: Any) -> None:
+        """Record a run event (``"interrupted"``, ...): one ``{"event": name, **fields}`` line in
+        the trace file (flushed) and an entry in ``self.events``. Never raises."""
+        event = {"event": str(name), **fields}
+        self.events.append(event)
+        try:
+            self.write(event)
+        except Exception as exc:
+            self._internal_fault("record_event", exc)
+        # after the header is written: the rules read the events from the trace's meta
+        self.trace.meta.setdefault("events", []).append(event)
 
     @property
     def last_good(self) -> dict[str, np.ndarray]:
@@ -282,7 +455,7 @@ class Monitor:
         rec.setdefault("extra", {})["rollback"] = entry
         print(f"nanscope: rolled back update {alarm.step} ({alarm.text}); lr x 0.1, batch "
               f"skipped [{len(self.rollbacks)} rollback(s)]", file=sys.stderr)  # fmt: skip
-        self._reset_detectors()
+        self.reset_detectors()
         return True
 
     def _fire(self, alarm: Alarm) -> None:
@@ -294,7 +467,7 @@ class Monitor:
         self.alarm = alarm
         self._freeze_last_good(alarm)
         diagnosis = self.diagnose()
-        self._save_diagnosis(diagnosis)
+        self.save_diagnosis(diagnosis)
         for callback in self.on_stop:
             try:
                 callback(self, alarm)
@@ -321,9 +494,6 @@ class Monitor:
                 self.meta["last_good"] = str(self.run_dir / "last_good.npz")
             except Exception as exc:
                 self._internal_fault("save last good weights", exc)
-
-    def _reset_detectors(self) -> None:
-        self._detectors = default_detectors()
 
     # ------------------------------------------------------------------ diagnosis
 
@@ -382,7 +552,8 @@ class Monitor:
                 found.extend(bad)
         return found
 
-    def _save_diagnosis(self, diagnosis: Diagnosis) -> None:
+    def save_diagnosis(self, diagnosis: Diagnosis) -> None:
+        """Write ``diagnosis`` as ``run_dir/diagnosis.json`` (``nanscope run``: once enriched)."""
         if not self._write:
             return
         try:
@@ -399,7 +570,7 @@ class Monitor:
         diagnosis = self.diagnosis if self.alarm is not None and self.diagnosis else None
         if diagnosis is None:
             diagnosis = self.diagnose()
-        self._save_diagnosis(diagnosis)
+        self.save_diagnosis(diagnosis)
         if self._writer is not None:
             self._writer.close()
         _LIVE.discard(self)
@@ -414,16 +585,8 @@ class Monitor:
     # ------------------------------------------------------------------ faults
 
     def _internal_fault(self, where: str, exc: BaseException) -> None:
-        if where not in self._warned:
-            self._warned.add(where)
-            warnings.warn(
-                f"nanscope: internal error in {where} ({type(exc).__name__}: {exc}); "
-                "that check is now off and your fit goes on. Please report this.",
-                RuntimeWarning,
-                stacklevel=3,
-            )
-        if where in ("measure",):
-            self._disabled = True
+        # only the measures turn off: the detectors, writes and probes run again next update
+        self.guard.fault(where, exc, disable=where == "measure", stacklevel=4)
 
 
 def _loss_value(loss: Any) -> tuple[float, int]:

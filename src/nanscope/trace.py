@@ -42,7 +42,12 @@ On disk a trace is JSONL: a header line ``{"schema": "nanscope.trace/1", ...meta
 record per line. Non-finite floats are written as the strings ``"nan"``, ``"inf"``, ``"-inf"`` so
 that every line is strict JSON; :func:`read_trace` turns them back into floats. The writer flushes
 after every record, so a killed process leaves a readable trace (a truncated last line is skipped
-with a warning).
+with a warning, and ``trace.meta["truncated"]`` says so).
+
+Besides records, a trace may hold *event* lines, ``{"event": "<name>", ...fields}``, written by
+:meth:`TraceWriter.event` (for example ``{"event": "interrupted", "signal": "SIGINT", "step": 41}``
+when the run was stopped from outside). :func:`read_trace` puts them in ``trace.meta["events"]``,
+never among the records.
 """
 
 from __future__ import annotations
@@ -60,11 +65,13 @@ from nanscope.errors import TraceError
 
 __all__ = [
     "NUMERIC_KEYS",
+    "RECORD_KEYS",
     "TRACE_SCHEMA",
     "Trace",
     "TraceWriter",
     "decode_record",
     "encode_record",
+    "is_event",
     "read_trace",
 ]
 
@@ -89,6 +96,14 @@ NUMERIC_KEYS: frozenset[str] = frozenset(
         "row_z",
     }
 )
+
+#: Every record key of the table above (the one definition; the log sniffer uses it too).
+RECORD_KEYS: frozenset[str] = NUMERIC_KEYS | frozenset(
+    {
+        "step", "epoch", "grad_norms", "nf_loss", "nf_grads", "nf_params", "nf_inputs",
+        "nf_targets", "input_scale_column", "rows", "events", "extra",
+    }
+)  # fmt: skip
 
 _NONFINITE_TEXT = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf, "+inf": math.inf}
 
@@ -248,14 +263,19 @@ class Trace:
 
 
 class TraceWriter:
-    """Appends records to a JSONL file, flushing after each so a killed run leaves a trace."""
+    """Appends records to a JSONL file, flushing after each so a killed run leaves a trace.
+
+    The header line is written when the file is new or empty; opening an existing trace again
+    appends to it (an event after the run, a resumed run) without a second header.
+    """
 
     def __init__(self, path: str | Path, meta: Mapping[str, Any] | None = None) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._file: IO[str] | None = self.path.open("a", encoding="utf-8")
-        header = {"schema": TRACE_SCHEMA, **dict(meta or {})}
-        self._write_line(encode_record(header))
+        if self._file.tell() == 0:
+            header = {"schema": TRACE_SCHEMA, **dict(meta or {})}
+            self._write_line(encode_record(header))
 
     def _write_line(self, line: str) -> None:
         if self._file is None:
@@ -266,17 +286,34 @@ class TraceWriter:
     def write(self, record: Mapping[str, Any]) -> None:
         self._write_line(encode_record(record))
 
+    def event(self, name: str, **fields: Any) -> None:
+        """Write one event line ``{"event": name, ...fields}`` (not an update record).
+
+        :func:`read_trace` collects these into ``trace.meta["events"]``. The event
+        ``interrupted`` carries ``signal`` (``"SIGINT"``, ``"SIGTERM"``, ``"KeyboardInterrupt"``)
+        and ``step`` (the last update seen).
+        """
+        self._write_line(encode_record({**fields, "event": str(name)}))
+
     def close(self) -> None:
         if self._file is not None:
             self._file.close()
             self._file = None
 
 
-def read_trace(path: str | Path) -> Trace:
-    """Read a nanscope JSONL trace; a truncated last line (a killed run) is skipped with a warning.
+def is_event(obj: Mapping[str, Any]) -> bool:
+    """True for an event line (``{"event": "<name>", ...}``), which is not an update record."""
+    return isinstance(obj.get("event"), str)
 
-    Raises :class:`nanscope.errors.TraceError` when the file is missing, empty, binary, or holds no
-    valid record.
+
+def read_trace(path: str | Path) -> Trace:
+    """Read a nanscope JSONL trace; a truncated last line (a killed run) is skipped with a warning
+    and ``meta["truncated"]`` is set. Event lines go to ``meta["events"]`` (a list of dicts), not
+    into the records.
+
+    A file with a nanscope header and no record is a run that saw no update: it reads as an empty
+    trace (the engine calls it ``unobserved``). Raises :class:`nanscope.errors.TraceError` when
+    the file is missing, empty, binary, or holds neither a header nor a valid record.
     """
     path = Path(path)
     if not path.exists():
@@ -298,6 +335,7 @@ def read_trace(path: str | Path) -> Trace:
     lines = text.splitlines()
     meta: dict[str, Any] = {}
     records: list[dict[str, Any]] = []
+    events: list[dict[str, Any]] = []
     bad: list[int] = []
     for number, line in enumerate(lines, start=1):
         if not line.strip():
@@ -314,17 +352,23 @@ def read_trace(path: str | Path) -> Trace:
             meta = {k: v for k, v in obj.items() if k != "schema"}
             meta["schema"] = obj["schema"]
             continue
+        if is_event(obj):
+            events.append(decode_record(obj))
+            continue
         records.append(decode_record(obj))
     if bad:
         last = len([ln for ln in lines if ln.strip()])
         if bad == [last]:
+            meta["truncated"] = True
             warnings.warn(
                 f"{path}: skipped a truncated last line ({last}); the run was probably killed",
                 stacklevel=2,
             )
         else:
             warnings.warn(f"{path}: skipped {len(bad)} unreadable line(s): {bad[:5]}", stacklevel=2)
-    if not records:
+    if events:
+        meta["events"] = events
+    if not records and meta.get("schema") != TRACE_SCHEMA:
         raise TraceError(f"{path}: holds no trace records")
     for i, record in enumerate(records):
         record.setdefault("step", i + 1)

@@ -53,7 +53,7 @@ def test_run_stops_a_diverging_script_with_exit_3_and_json(tmp_path):
     assert data["schema"] == "nanscope.diagnosis/1"
     assert data["cause"] == "step_size_too_large" and data["verdict"] == "diverging"
     assert data["contributing"], "the unscaled column should be named"
-    assert "step_size_too_large" in proc.stderr
+    assert "step_size_too_large" in proc.stdout  # the report is a result: stdout
     # the trace it left is diagnosable after the fact, with the same cause
     trace = Path(data["run"]["trace"])
     proc2 = _nanscope("diagnose", str(trace), "--json", "-", cwd=tmp_path)
@@ -140,12 +140,13 @@ def test_demo_tells_the_story_and_remembers(tmp_path, monkeypatch):
     monkeypatch.setenv("NANSCOPE_LEDGER", str(tmp_path / "ledger.db"))
     proc = _nanscope("demo", "--no-color", "--run-dir", str(tmp_path / "runs"), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
-    assert "diverging: step_size_too_large" in proc.stderr
-    assert "Cut the learning rate tenfold" in proc.stderr
-    assert "use 0.1" in proc.stderr  # the tenfold cut decided it
-    assert "healthy" in proc.stderr
+    # the story is the result: stdout (`nanscope demo > story.txt` keeps it)
+    assert "diverging: step_size_too_large" in proc.stdout
+    assert "Cut the learning rate tenfold" in proc.stdout
+    assert "use 0.1" in proc.stdout  # the tenfold cut decided it
+    assert "healthy" in proc.stdout
     again = _nanscope("demo", "--no-color", "--run-dir", str(tmp_path / "runs2"), cwd=tmp_path)
-    assert "nanscope remembers" in again.stderr and "lr 0.1 worked" in again.stderr
+    assert "nanscope remembers" in again.stdout and "lr 0.1 worked" in again.stdout
 
 
 def test_run_links_the_data_scan_to_the_bad_rows(tmp_path):

@@ -184,4 +184,171 @@ def test_torch_tensors_are_read_without_the_adapter():
 
 def test_an_empty_run_closes_cleanly():
     diagnosis = nanscope.Monitor(write=False).close()
-    assert diagnosis.verdict == "healthy" and diagnosis.summary["updates"] == 0
+    # nothing was watched: never "healthy" (DESIGN.md verdicts)
+    assert diagnosis.verdict == "unobserved" and diagnosis.summary["updates"] == 0
+
+
+# ---------------------------------------------------------------------- extension points
+
+
+def test_detectors_are_an_argument_and_only_those_run():
+    from nanscope.detectors import NonFinite
+
+    # lr 1.0 on this data overshoots: the default detectors stop on the divergence fingerprint
+    with pytest.raises(nanscope.DivergenceError) as info:
+        _gd(nanscope.Monitor(write=False), lr=1.0, steps=60)
+    assert info.value.diagnosis.verdict == "diverging"
+    # with only NonFinite the same fit runs on until the loss itself overflows to inf
+    mon = nanscope.Monitor(write=False, detectors=[NonFinite()])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # numpy's own overflow warnings
+        with pytest.raises(nanscope.DivergenceError) as info:
+            _gd(mon, lr=1.0, steps=2000)
+    assert info.value.diagnosis.verdict == "nonfinite"
+    assert len(mon.trace) > 20
+
+
+def test_a_detector_factory_is_called_again_on_reset():
+    made = []
+
+    class Counting:
+        def __init__(self):
+            self.seen = 0
+            made.append(self)
+
+        def step(self, record):
+            self.seen += 1
+            return None
+
+    mon = nanscope.Monitor(write=False, detectors=lambda: [Counting()])
+    _gd(mon, steps=5)
+    assert len(made) == 1 and made[0].seen == 5
+    mon.reset_detectors()
+    _gd(mon, steps=3)
+    assert len(made) == 2 and made[1].seen == 3
+
+
+def test_a_detector_list_is_reset_through_each_reset_method():
+    class Resettable:
+        def __init__(self):
+            self.resets = 0
+
+        def step(self, record):
+            return None
+
+        def reset(self):
+            self.resets += 1
+
+    detector = Resettable()
+    mon = nanscope.Monitor(write=False, detectors=[detector])
+    mon.reset_detectors()
+    assert detector.resets == 1
+    with pytest.raises(ValueError, match="step"):
+        nanscope.Monitor(write=False, detectors=[object()])
+    with pytest.raises(ValueError, match="detectors"):
+        nanscope.Monitor(write=False, detectors=42)
+
+
+def test_wrap_detectors_is_a_combinator_around_the_current_ones():
+    from nanscope.detectors import Alarm
+
+    class StopAfter:
+        """Stops the fit at update ``n``; otherwise defers to the detectors it wraps."""
+
+        def __init__(self, inner, n):
+            self.inner, self.n = inner, n
+
+        def step(self, record):
+            alarm = self.inner.step(record)
+            if alarm is None and record["step"] >= self.n:
+                return Alarm("diverging", record["step"], f"stopped at {self.n}")
+            return alarm
+
+    mon = nanscope.Monitor(write=False)
+    inner = mon.detectors
+    wrapper = mon.wrap_detectors(lambda d: StopAfter(d, 7))
+    assert wrapper.inner is inner and mon.detectors is wrapper
+    with pytest.raises(nanscope.DivergenceError):
+        _gd(mon, steps=30)
+    assert len(mon.trace) == 7
+    with pytest.raises(ValueError, match="wrapper"):
+        mon.wrap_detectors(lambda d: None)
+
+
+def test_writer_is_an_argument(tmp_path):
+    class Lines:
+        def __init__(self):
+            self.records, self.closed = [], False
+
+        def write(self, record):
+            self.records.append(dict(record))
+
+        def close(self):
+            self.closed = True
+
+    writer = Lines()
+    mon = nanscope.Monitor(run_dir=tmp_path / "run", writer=writer)
+    assert mon.writing and not mon.move_run_dir(tmp_path / "elsewhere")
+    _gd(mon, steps=4)
+    mon.write({"event": "note", "text": "not an update"})
+    mon.close()
+    assert [r.get("step") for r in writer.records] == [1, 2, 3, 4, None]
+    assert writer.closed and len(mon.trace) == 4
+    assert not (tmp_path / "run" / "trace.jsonl").exists()
+    with pytest.raises(ValueError, match="writer"):
+        nanscope.Monitor(writer=object())
+
+
+def test_move_run_dir_only_before_the_first_write(tmp_path):
+    mon = nanscope.Monitor(run_dir=tmp_path / "a")
+    assert mon.writes and not mon.writing
+    assert mon.move_run_dir(tmp_path / "b")
+    _gd(mon, steps=2)
+    assert mon.writing and not mon.move_run_dir(tmp_path / "c")
+    mon.close()
+    assert len(read_trace(tmp_path / "b" / "trace.jsonl")) == 2
+
+
+def test_observers_see_every_update_even_the_one_that_stops():
+    from nanscope import monitor as monitor_mod
+
+    seen = []
+
+    def observer(mon, record):
+        seen.append(record["step"])
+
+    monitor_mod.observers.append(observer)
+    try:
+        mon = nanscope.Monitor(write=False)
+        with pytest.raises(nanscope.DivergenceError):
+            for loss in (1.0, 0.9, math.nan, 0.5):
+                mon.update(loss)
+    finally:
+        monitor_mod.observers.remove(observer)
+    assert seen == [1, 2, 3]
+
+
+def test_an_internal_fault_warns_once_and_turns_the_measures_off(monkeypatch):
+    mon = nanscope.Monitor(write=False)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(mon._params, "measure", broken)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _gd(mon, steps=5)
+    texts = [str(w.message) for w in caught if "internal error" in str(w.message)]
+    assert len(texts) == 1 and "measure" in texts[0] and "boom" in texts[0]
+    assert mon.guard.is_off("measure") and "measure" in mon.guard.faults
+    assert len(mon.trace) == 5 and "grad_norm" not in mon.trace.records[-1]
+
+
+def test_every_record_key_is_in_the_one_trace_key_set():
+    from nanscope.trace import RECORD_KEYS
+
+    mon = nanscope.Monitor(write=False)
+    _gd(mon, steps=5)
+    keys = set().union(*(set(r) for r in mon.trace.records))
+    assert {"loss", "grad_norm", "update_cos", "input_absmax", "input_scale_column"} <= keys
+    assert keys <= set(RECORD_KEYS), keys - set(RECORD_KEYS)

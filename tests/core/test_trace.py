@@ -60,3 +60,104 @@ def test_columns_and_nonfinite_counts():
     trace = Trace([{"step": 1, "loss": 1.0}, {"step": 2, "loss": math.nan, "grad_norm": 2.0}])
     assert trace.nonfinite("loss").tolist() == [0.0, 1.0]
     assert trace.present("grad_norm").tolist() == [False, True]
+
+
+def _least_squares(steps: int, lr: float = 0.01, seed: int = 0):
+    """A real mini-batch least-squares fit: yields (loss, params, grads, X, y) per update."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(256, 4))
+    y = X @ np.array([1.0, -2.0, 0.5, 3.0]) + 0.1 * rng.normal(size=256)
+    w = np.zeros(4)
+    for _ in range(steps):
+        batch = rng.integers(0, 256, 32)
+        residual = X[batch] @ w - y[batch]
+        grad = 2 * X[batch].T @ residual / len(batch)
+        yield float(np.mean(residual**2)), {"w": w}, {"w": grad}, X[batch], y[batch]
+        w = w - lr * grad
+
+
+def test_events_are_kept_apart_from_the_records(tmp_path):
+    import signal
+
+    import nanscope
+
+    run = tmp_path / "run"
+    mon = nanscope.Monitor(run_dir=run)
+    seen = 0
+    try:
+        for loss, params, grads, xb, yb in _least_squares(200):
+            if seen == 25:
+                signal.raise_signal(signal.SIGINT)  # the user presses Ctrl-C
+            mon.update(loss, params=params, grads=grads, lr=0.01, inputs=xb, targets=yb)
+            seen += 1
+    except KeyboardInterrupt:
+        mon.close()
+        TraceWriter(run / "trace.jsonl").event("interrupted", signal="SIGINT", step=seen)
+    trace = read_trace(run / "trace.jsonl")
+    assert len(trace) == 25 and all("event" not in r for r in trace.records)
+    assert trace.meta["events"] == [{"event": "interrupted", "signal": "SIGINT", "step": 25}]
+    # reopening the trace appended the event without a second header
+    lines = (run / "trace.jsonl").read_text().splitlines()
+    assert sum('"schema"' in line for line in lines) == 1
+    assert json.loads(lines[-1])["event"] == "interrupted"
+
+
+def test_a_header_without_updates_reads_as_an_empty_trace(tmp_path):
+    path = tmp_path / "t.jsonl"
+    TraceWriter(path, {"run_id": "x"}).event("interrupted", signal="SIGTERM", step=0)
+    trace = read_trace(path)
+    assert len(trace) == 0 and trace.meta["run_id"] == "x"
+    assert trace.meta["events"][0]["signal"] == "SIGTERM"
+
+
+def test_a_cut_last_line_marks_the_trace_truncated(tmp_path):
+    import nanscope
+
+    run = tmp_path / "run"
+    mon = nanscope.Monitor(run_dir=run)
+    for loss, params, grads, xb, yb in _least_squares(30):
+        mon.update(loss, params=params, grads=grads, lr=0.01, inputs=xb, targets=yb)
+    mon.close()
+    path = run / "trace.jsonl"
+    whole = path.read_bytes()
+    assert "truncated" not in read_trace(path).meta
+    path.write_bytes(whole[: whole.rstrip(b"\n").rfind(b"\n") + 20])  # killed mid-record
+    with pytest.warns(UserWarning, match="truncated"):
+        trace = read_trace(path)
+    assert trace.meta["truncated"] is True and len(trace) == 29
+
+
+def test_the_record_keys_are_the_documented_table():
+    import re
+
+    import nanscope.trace as trace_module
+    from nanscope.trace import NUMERIC_KEYS, RECORD_KEYS
+
+    doc = trace_module.__doc__ or ""
+    table = doc.split("=================  ======", 2)[2].split("=================  ======")[0]
+    documented = {m.group(1) for m in re.finditer(r"^(\w+)\s+(?:int|float|dict|list)\s", table,
+                                                   re.M)}  # fmt: skip
+    assert documented == set(RECORD_KEYS)
+    assert NUMERIC_KEYS <= RECORD_KEYS
+
+
+def test_the_streaming_reader_keeps_events_apart_too(tmp_path, monkeypatch):
+    # traces too big to read at once are streamed line by line: the same events, the same records
+    import nanscope.logs.nanscope_trace as streamed
+    from nanscope.loading import load
+
+    path = tmp_path / "t.jsonl"
+    writer = TraceWriter(path, {"run_id": "x"})
+    for i, (loss, *_rest) in enumerate(_least_squares(12)):
+        writer.write({"step": i + 1, "loss": loss})
+    writer.event("interrupted", signal="SIGTERM", step=12)
+    writer.close()
+    whole = load(path)
+    monkeypatch.setattr(streamed, "STREAM_ABOVE_BYTES", 0)
+    stream = load(path)
+    assert len(stream) == len(whole) == 12
+    assert stream.meta["events"] == whole.meta["events"] == [
+        {"event": "interrupted", "signal": "SIGTERM", "step": 12}
+    ]

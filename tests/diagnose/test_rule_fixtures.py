@@ -81,6 +81,11 @@ def test_the_fixed_fit_is_healthy(fx) -> None:
     )
 
 
+#: fits whose losses depend on the CPU's BLAS kernels after a couple of updates (D006: a saturated
+#: tanh RNN with recurrent gain 3 is chaotic, another CPU's rounding changes update 3 onwards)
+CHAOTIC = {"D006"}
+
+
 @pytest.mark.parametrize("fx", [fx for fx in FIXTURES if not fx.uses_torch],
                          ids=[fx.code for fx in FIXTURES if not fx.uses_torch])  # fmt: skip
 def test_recording_again_gives_the_committed_fixture(fx, tmp_path: Path) -> None:
@@ -89,8 +94,12 @@ def test_recording_again_gives_the_committed_fixture(fx, tmp_path: Path) -> None
     assert cause == fx.cause and confidence >= fx.min_confidence
     again, committed = read_trace(fx.trace(tmp_path)), read_trace(fx.trace())
     assert len(again) == len(committed)
-    # the same fit up to the last bits a different BLAS may round differently
-    assert np.allclose(again.column("loss"), committed.column("loss"), rtol=1e-5, equal_nan=True)
+    # the same fit up to the last bits a different BLAS may round differently; a chaotic fit
+    # amplifies those bits within a few updates, so there only its start must agree
+    upto = 2 if fx.code in CHAOTIC else len(committed)
+    assert np.allclose(
+        again.column("loss")[:upto], committed.column("loss")[:upto], rtol=1e-5, equal_nan=True
+    )
     assert (
         json.loads(fx.evidence(tmp_path).read_text()).keys()
         == json.loads(fx.evidence().read_text()).keys()

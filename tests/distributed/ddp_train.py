@@ -2,8 +2,8 @@
 
 Options (environment): DDP_NAN_RANK / DDP_NAN_STEP put a NaN in row DDP_NAN_ROW of that rank's
 batch at that update; DDP_DIE_RANK / DDP_DIE_STEP make that rank exit at once (os._exit(1));
-DDP_STEPS the number of updates; DDP_WATCH=1 watches explicitly with
-nanscope.torch.distributed.watch (otherwise the script has no nanscope code: `nanscope run`).
+DDP_STEPS the number of updates; DDP_WATCH=1 watches explicitly with nanscope.watch, which agrees
+across ranks by itself (otherwise the script has no nanscope code: `nanscope run`).
 """
 
 import os
@@ -27,9 +27,9 @@ def main():
     model = DDP(nn.Linear(4, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     if os.environ.get("DDP_WATCH") == "1":
-        from nanscope.torch.distributed import watch
+        import nanscope
 
-        watch(model, opt)
+        nanscope.watch(model, opt)
     gen = torch.Generator().manual_seed(100 + rank)
     w_true = torch.tensor([[1.0], [-2.0], [0.5], [3.0]])
     nan_rank, nan_step = env("DDP_NAN_RANK", -1), env("DDP_NAN_STEP", -1)

@@ -54,7 +54,7 @@ def _trace_steps(path: Path) -> list[int]:
     return steps
 
 
-RUN = ["-m", "nanscope.torch.distributed", "run"]
+RUN = ["-m", "nanscope", "run"]
 
 
 def _integrated() -> bool:

@@ -242,12 +242,6 @@ def group(tmp_path):
         dist.destroy_process_group()
 
 
-def _measure_of(watcher):
-    """The watcher's parameter measure (kept by its record builder, or by the watcher itself)."""
-    builder = getattr(watcher, "records", None)
-    return getattr(builder, "measure", None) or getattr(watcher, "_measure", None)
-
-
 def _fit(tmp_path, steps: int = 4):
     import nanscope
 
@@ -276,6 +270,9 @@ def test_a_failing_step_hook_is_in_the_run_meta(group, tmp_path, monkeypatch):
     assert len(watcher.monitor.trace) == 0  # nothing observed ...
     faults = watcher.monitor.meta["hook_faults"]  # ... and the run says why
     assert "measure broke" in faults["step"]
+    diagnosis = watcher.monitor.close()
+    assert diagnosis.verdict == "unobserved"  # never healthy
+    assert "step hook failed (RuntimeError: measure broke)" in diagnosis.evidence[0].text
 
 
 def test_a_rank_whose_measures_fail_switches_them_off_and_keeps_the_loss(group, tmp_path,
@@ -290,7 +287,7 @@ def test_a_rank_whose_measures_fail_switches_them_off_and_keeps_the_loss(group, 
     records = watcher.monitor.trace.records
     assert [r["step"] for r in records] == [1, 2, 3, 4]
     assert all(r.get("grad_norm") is None and r["loss"] > 0 for r in records)
-    measure = _measure_of(watcher)
+    measure = watcher.records.measure
     assert measure is not None and measure.off and "pack broke" in (measure.fault or "")
     assert "pack broke" in records[0]["extra"]["shards"]["measures_off"]  # the trace says why
 
@@ -354,7 +351,7 @@ def test_a_measure_that_cannot_be_set_up_is_off_not_a_crash(group, tmp_path, mon
         _, watcher = _fit(tmp_path)
     assert not watcher.guard.faults  # the step hook stayed on ...
     assert [r["step"] for r in watcher.monitor.trace.records] == [1, 2, 3, 4]  # ... losses kept
-    measure = _measure_of(watcher)
+    measure = watcher.records.measure
     assert measure is not None and "setup broke" in (measure.fault or "")
 
 

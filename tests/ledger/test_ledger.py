@@ -87,9 +87,15 @@ def test_record_and_read_back(tmp_path: Path, script: Path) -> None:
         again = {r["id"]: r for r in ledger.runs()}
         assert again[first]["sweep_lr"] == 0.1 and again[first]["sweep_text"] == "use 0.1"
         assert len(ledger.runs(limit=2)) == 2
-    # a moved script is still found by its content
+    # a copy is another script (two train.py files are two scripts), even with the same bytes
+    copy = tmp_path / "copy" / script.name
+    copy.parent.mkdir()
+    copy.write_text(script.read_text())
+    with Ledger(tmp_path / "l.db") as ledger:
+        assert ledger.runs(copy) == []
+    # a moved script (its old path gone) is still found by its content
     moved = tmp_path / "moved.py"
-    moved.write_text(script.read_text())
+    script.rename(moved)
     with Ledger(tmp_path / "l.db") as ledger:
         assert len(ledger.runs(moved)) == 2
 
@@ -294,3 +300,26 @@ def test_history_command(
     (tmp_path / "l.db-shm").unlink(missing_ok=True)
     assert main(["history"]) == 2
     assert "cannot be used" in capsys.readouterr().err
+
+
+def test_a_warm_up_schedule_records_its_peak_lr(tmp_path: Path, script: Path) -> None:
+    # a real least-squares fit whose lr warms up from 1e-5 to 0.05 over 20 updates, then decays
+    rng = np.random.default_rng(3)
+    X = rng.normal(size=(128, 4))
+    y = X @ np.array([1.0, -0.5, 2.0, 0.3])
+    w = np.zeros(4)
+    mon = nanscope.Monitor(run_dir=tmp_path / "run")
+    for step in range(60):
+        lr = 0.05 * min(1.0, max(step, 0.0002) / 20) * 0.98 ** max(0, step - 20)
+        r = X @ w - y
+        g = 2 * X.T @ r / len(y)
+        mon.update(float(np.mean(r**2)), params={"w": w}, grads={"w": g}, lr=lr)
+        w = w - lr * g
+    diagnosis = mon.close()
+    assert diagnosis.verdict == "healthy"
+    lrs = [r["lr"] for r in mon.trace.records]
+    assert lrs[0] < 1e-4 and lrs[-1] < 0.05  # neither the first nor the last is the peak
+    ledger = Ledger(tmp_path / "l.db")
+    assert record_diagnosis(diagnosis, mon, script, ledger=ledger) is not None
+    row = ledger.last_for(script)
+    assert row is not None and row["lr"] == pytest.approx(0.05)

@@ -11,6 +11,7 @@ import pytest
 
 import nanscope
 from nanscope.diagnose.diagnosis import Diagnosis, Evidence
+from nanscope.loading import load
 from nanscope.report.html import diagnosis_fragment, render_report, write_report
 from nanscope.trace import Trace
 
@@ -51,14 +52,17 @@ def test_diverging_run_page_order_and_numbers(diverging_run: Path) -> None:
                                          'id="plots"', 'id="run"')]  # fmt: skip
     assert positions == sorted(positions)
     # the evidence numbers and the first action are on the page
-    assert "growth</span>=" in page and "D001" in page
+    assert '<span class="key">growth</span> 2.49e+15' in page and "D001" in page
     assert "<ol class=\"actions\"><li>Cut the learning rate tenfold" in page
-    for key in ("loss", "grad_norm", "update_ratio", "flip_frac", "lr"):
+    for key in ("loss", "grad_norm", "update_ratio", "flip_frac"):
         tag = _figure(page, key)
         assert _attr(tag, "data-detect-step") == str(diagnosis.step)
+    # the learning rate was constant: a note, no panel
+    assert 'id="plot-lr"' not in page
+    assert "learning rate 0.5 at every update" in page
     # every panel shares one x range, so the plots line up update for update
     xlims = {json.dumps(json.loads(_attr(_figure(page, k), "data-plot").replace("&quot;", '"'))
-                        ["xlim"]) for k in ("loss", "grad_norm", "lr")}  # fmt: skip
+                        ["xlim"]) for k in ("loss", "grad_norm", "flip_frac")}  # fmt: skip
     assert len(xlims) == 1
 
 
@@ -168,11 +172,15 @@ def test_located_source_not_readable_still_renders() -> None:
 
 
 def test_write_report_and_pngs(diverging_run: Path, tmp_path: Path) -> None:
-    out = write_report(diverging_run / "trace.jsonl", None, tmp_path / "sub" / "r.html",
+    trace = load(diverging_run / "trace.jsonl")
+    out = write_report(trace, nanscope.diagnose(trace), tmp_path / "sub" / "r.html",
                        png_dir=tmp_path / "png")  # fmt: skip
     assert out == tmp_path / "sub" / "r.html" and out.read_text().startswith("<!DOCTYPE html>")
     names = sorted(p.name for p in (tmp_path / "png").iterdir())
-    assert names == ["flip_frac.png", "grad_norm.png", "loss.png", "lr.png", "update_ratio.png"]
+    assert names == ["flip_frac.png", "grad_norm.png", "loss.png", "update_ratio.png"]
+    # the page renders what it is given: a path is refused, not read
+    with pytest.raises(TypeError, match=r"loading\.load"):
+        write_report(diverging_run / "trace.jsonl", None, tmp_path / "x.html")  # type: ignore[arg-type]
     assert all((tmp_path / "png" / n).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for n in names)
 
 
@@ -190,4 +198,4 @@ def test_numbers_are_readable(value: object) -> None:
     from nanscope.report.html import fmt_number
 
     text = fmt_number(value)
-    assert text in ("nan", "inf", "1.000e+300", "0", "12", "x")
+    assert text in ("nan", "inf", "1e+300", "0", "12", "x")

@@ -43,8 +43,11 @@ def test_nan_marker_is_drawn_at_the_failing_update(nan_run: Path) -> None:
 
 
 def test_every_panel_shares_the_x_axis_and_the_marks(nan_run: Path) -> None:
-    panels = plots.build_panels(nanscope.read_trace(nan_run))
-    assert [p.key for p in panels] == ["loss", "grad_norm", "update_ratio", "flip_frac", "lr"]
+    flat: list[tuple[str, float]] = []
+    panels = plots.build_panels(nanscope.read_trace(nan_run), flat=flat)
+    # the learning rate was 0.05 throughout: a flat line says nothing, so no panel, a note
+    assert [p.key for p in panels] == ["loss", "grad_norm", "update_ratio", "flip_frac"]
+    assert flat == [("learning rate", 0.05)]
     assert len({p.xlim for p in panels}) == 1
     assert all([m.step for m in p.marks] == [31] for p in panels)
     sizes = {Image.open(io.BytesIO(plots.render(p, "png"))).size for p in panels[:2]}
@@ -65,7 +68,7 @@ def test_labels_for_inf_and_gradients_and_log_scale() -> None:
 
 
 def test_small_range_and_negative_loss_stay_linear() -> None:
-    flat = Trace([{"step": i, "loss": 1.0 + 0.01 * i, "lr": 0.1} for i in range(1, 30)])
+    flat = Trace([{"step": i, "loss": 1.0 + 0.01 * i, "lr": 0.1 - 0.001 * i} for i in range(1, 30)])
     assert not _panel(plots.build_panels(flat), "loss").log
     assert not _panel(plots.build_panels(flat), "lr").log
     negative = Trace([{"step": i, "loss": -(10.0**i)} for i in range(1, 6)])
@@ -89,3 +92,31 @@ def test_svg_is_an_image_not_markup_with_text() -> None:
 
 def test_empty_trace_has_no_panels() -> None:
     assert plots.build_panels(Trace([])) == []
+
+
+def test_one_update_makes_no_empty_axes() -> None:
+    # one point says nothing over time: no axes with ticks at fractions of an update
+    one = Trace([{"step": 1, "loss": 0.7, "grad_norm": 2.0, "lr": 0.1}])
+    assert plots.build_panels(one) == []
+    two = Trace([{"step": 1, "loss": 0.7, "lr": 0.1}, {"step": 2, "loss": 0.5, "lr": 0.1}])
+    assert [p.key for p in plots.build_panels(two)] == ["loss"]
+
+
+def test_a_schedule_is_plotted_a_constant_is_not() -> None:
+    warmup = [{"step": i, "loss": 1.0 / i, "lr": 1e-3 * min(1.0, i / 10)} for i in range(1, 40)]
+    assert "lr" in [p.key for p in plots.build_panels(Trace(warmup))]
+    same = [{"step": i, "loss": 1.0 / i, "lr": 1e-3, "flip_frac": 0.0} for i in range(1, 40)]
+    flat: list[tuple[str, float]] = []
+    assert [p.key for p in plots.build_panels(Trace(same), flat=flat)] == ["loss"]
+    assert dict(flat) == {"learning rate": 1e-3, "fraction of weights that flipped sign": 0.0}
+
+
+def test_plots_use_the_page_width() -> None:
+    # the axes take most of the picture, and the page shows the picture as wide as its column
+    left, _, right, _ = plots.AXES_BOX
+    assert right - left > 0.75
+    from nanscope.report.html import _css
+
+    css = _css()
+    rule = css[css.index(".plots img") :].split("}", 1)[0]
+    assert "width: 100%" in rule and "max-width" not in rule

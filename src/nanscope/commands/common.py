@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from nanscope.commands.base import warn
 from nanscope.diagnose.diagnosis import Diagnosis
 from nanscope.errors import UsageError
 from nanscope.trace import Trace
@@ -41,7 +42,7 @@ def write_html(diagnosis: Diagnosis, trace: Trace | None, path: str | None) -> N
     try:
         from nanscope.report.html import write_report
     except ImportError as exc:
-        print(f"nanscope: HTML report unavailable ({exc})", file=sys.stderr)
+        warn(f"HTML report unavailable ({exc})")
         return
     if trace is None:
         trace = Trace()
@@ -49,7 +50,12 @@ def write_html(diagnosis: Diagnosis, trace: Trace | None, path: str | None) -> N
     print(f"nanscope: report written to {path}", file=sys.stderr)
 
 
-def show(diagnosis: Diagnosis, trace: Trace | None, *, no_color: bool) -> None:
+def show(
+    diagnosis: Diagnosis, trace: Trace | None, *, no_color: bool, to_stderr: bool = False
+) -> None:
+    """The terminal report: a result, so stdout (stderr when stdout carries ``--json -``)."""
     from nanscope.report.terminal import print_report
 
-    print_report(diagnosis, trace, file=sys.stderr, color=False if no_color else None)
+    stream = sys.stderr if to_stderr else sys.stdout
+    color = False if no_color else (None if stream.isatty() else False)
+    print_report(diagnosis, trace, file=stream, color=color)

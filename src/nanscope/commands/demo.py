@@ -10,13 +10,13 @@ saying what the ledger remembers.
 
 from __future__ import annotations
 
-import argparse
 import math
 import sys
 from pathlib import Path
 
 import numpy as np
 
+from nanscope.commands.base import CommandParser, check_folder
 from nanscope.diagnose.diagnosis import Diagnosis
 from nanscope.errors import DivergenceError
 from nanscope.experiment import sweep
@@ -60,14 +60,16 @@ def fit_value_model(
 
 
 def _say(text: str = "") -> None:
-    print(text, file=sys.stderr)
+    """The demo's story is its result: stdout (``nanscope demo > story.txt`` keeps it)."""
+    print(text, file=sys.stdout)
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="nanscope demo", description=__doc__)
+    parser = CommandParser(prog="nanscope demo", description=__doc__)
     parser.add_argument("--no-color", action="store_true")
     parser.add_argument("--run-dir", metavar="DIR", help="where the demo's runs go")
     args = parser.parse_args(argv)
+    check_folder(args.run_dir, "--run-dir")
     root = Path(args.run_dir) if args.run_dir else None
     color = False if args.no_color else None
     remembered = _remembered()
@@ -91,7 +93,7 @@ def main(argv: list[str]) -> int:
         _say(f"   stopped: DivergenceError at update {step}"
              " (before any weight became inf)")  # fmt: skip
     assert diagnosis is not None
-    print_report(diagnosis, monitor.trace, color=color)
+    print_report(diagnosis, monitor.trace, file=sys.stdout, color=color)
     _say()
     _say("2) the decisive experiment: standardise spend_usd as the report says, then cut the")
     _say("   learning rate tenfold and tenfold again (50 updates each)")

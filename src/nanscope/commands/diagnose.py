@@ -6,11 +6,11 @@ file cannot be read.
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 from typing import Any
 
+from nanscope.commands.base import CommandParser
 from nanscope.commands.common import add_output_options, show, write_html, write_json
 from nanscope.diagnose import diagnose
 from nanscope.errors import TraceError
@@ -21,10 +21,9 @@ __all__ = ["load", "main"]
 
 def load(path: str) -> Trace:
     """A trace from a nanscope run (file or run directory) or from any log format we read."""
-    from nanscope.logs import load_trace
+    from nanscope.loading import load as load_any
 
-    # a very long log keeps full detail around the first NaN and every k-th record elsewhere
-    return load_trace(path, max_records=1_000_000)
+    return load_any(path)  # bounded: a very long log is thinned away from the first NaN
 
 
 def _probe_evidence(path: Path) -> dict[str, Any]:
@@ -48,7 +47,7 @@ def _probe_evidence(path: Path) -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="nanscope diagnose",
         description="Diagnose a nanscope trace, a run directory, or a training log.",
     )

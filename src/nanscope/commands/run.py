@@ -11,15 +11,22 @@ Exit codes: 3 when nanscope stopped the run; otherwise the script's own exit cod
 from __future__ import annotations
 
 import argparse
+import builtins
+import contextlib
 import os
 import runpy
+import shutil
+import signal
+import subprocess
 import sys
+import threading
 import time
 import traceback
-import warnings
+import types
 from pathlib import Path
 from typing import Any
 
+from nanscope.commands.base import CommandParser, check_folder, clean, progress, warn
 from nanscope.commands.common import add_output_options, show, write_html, write_json
 from nanscope.diagnose.diagnosis import Diagnosis
 from nanscope.errors import DivergenceError, UsageError
@@ -29,52 +36,146 @@ __all__ = ["Target", "main", "split_command"]
 
 EXIT_STOPPED = 3
 EXPERIMENT_CAUSES = ("step_size_too_large", "exploding_gradients", "update_sign_error")
+#: what a killed run exits with, as a shell reports it (128 + signal number)
+_SIGNAL_EXIT = {"SIGINT": 130, "KeyboardInterrupt": 130, "SIGTERM": 143}
+_OURS = str(Path(__file__).resolve().parent.parent)
 
 
 class Target:
-    """What to run: a script path or a module, with its arguments."""
+    """What to run: a script path, a module, ``-c`` code, or a program that is not Python."""
 
-    def __init__(self, script: str | None, module: str | None, args: list[str]) -> None:
+    def __init__(
+        self,
+        script: str | None,
+        module: str | None,
+        args: list[str],
+        *,
+        code: str | None = None,
+        program: list[str] | None = None,
+    ) -> None:
         self.script = script
+        #: the script's absolute path, taken before it runs (a script may chdir): the ledger's key
+        self.path = str(Path(script).resolve()) if script else None
         self.module = module
         self.args = args
+        self.code = code
+        #: a command that is not Python (``/bin/false``, ``bash x.sh``): run as a subprocess
+        self.program = program
+
+    @property
+    def kind(self) -> str:
+        if self.program is not None:
+            return "program"
+        if self.module:
+            return "module"
+        if self.code is not None:
+            return "code"
+        return "script"
 
     @property
     def name(self) -> str:
-        return self.script or f"-m {self.module}"
+        if self.program is not None:
+            return clean(" ".join(self.program), 80)
+        if self.module:
+            return f"-m {self.module}"
+        if self.code is not None:
+            return "python -c"
+        return self.script or "?"
 
     @property
     def argv(self) -> list[str]:
         """The command line as the user gave it (for reruns: sweep, experiment)."""
+        if self.program is not None:
+            return list(self.program)
         if self.module:
             return [sys.executable, "-m", self.module, *self.args]
+        if self.code is not None:
+            return [sys.executable, "-c", self.code, *self.args]
         assert self.script is not None
         return [sys.executable, self.script, *self.args]
 
 
+def _looks_python(path: Path) -> bool:
+    """A file Python would run: ``.py``, or a text file with no NUL byte whose shebang (if it has
+    one) names python."""
+    if path.suffix in (".py", ".pyw"):
+        return True
+    try:
+        with path.open("rb") as fh:
+            head = fh.read(4096)
+    except OSError:
+        return False
+    if b"\x00" in head:
+        return False
+    if head.startswith(b"#!"):
+        return b"python" in head.split(b"\n", 1)[0]
+    return not os.access(path, os.X_OK)
+
+
+def _check_module(module: str) -> None:
+    """Raise UsageError when ``python -m module`` would fail before running any of its code."""
+    import importlib.util
+
+    sys.path.insert(0, os.getcwd())
+    try:
+        spec = importlib.util.find_spec(module)
+        package = spec is not None and spec.submodule_search_locations is not None
+        if package and importlib.util.find_spec(f"{module}.__main__") is None:
+            raise UsageError(f"-m {module}: is a package with no __main__.py, so it cannot be run")
+    except UsageError:
+        raise
+    except Exception as exc:  # ModuleNotFoundError of a parent, an error importing a parent
+        raise UsageError(f"-m {module}: cannot be found ({clean(exc, 200)})") from None
+    finally:
+        sys.path.pop(0)
+    if spec is None:
+        raise UsageError(f"-m {module}: no module named {module!r} (from {os.getcwd()})")
+
+
 def split_command(command: list[str]) -> Target:
-    """Parse ``python SCRIPT ARGS``, ``SCRIPT ARGS`` or ``python -m MODULE ARGS``."""
+    """Parse ``python SCRIPT ARGS``, ``python -m MODULE ARGS``, ``python -c CODE ARGS``,
+    ``SCRIPT ARGS``, or any other program (run unwatched as a subprocess)."""
     if not command:
         raise UsageError("give the script to run after --, e.g. nanscope run -- python train.py")
     first = Path(command[0]).name
     if first.startswith("python") or command[0] == sys.executable:
         command = command[1:]
-        while (command and command[0] in ("-u", "-B", "-O", "-X")) or (
+        while (command and command[0] in ("-u", "-B", "-O", "-X", "-E", "-s", "-I")) or (
             command and command[0].startswith("-W")
         ):
-            command = command[2:] if command[0] == "-X" else command[1:]
-    if not command:
-        raise UsageError("no script given after python")
-    if command[0] == "-m":
-        if len(command) < 2:
-            raise UsageError("-m needs a module name")
-        return Target(None, command[1], command[2:])
-    if command[0] == "-c":
-        raise UsageError("python -c is not supported; put the code in a file")
+            takes = command[0] == "-X" or command[0] == "-W"
+            command = command[2:] if takes else command[1:]
+        if not command:
+            raise UsageError("no script given after python")
+        if command[0] == "-m":
+            if len(command) < 2:
+                raise UsageError("-m needs a module name")
+            _check_module(command[1])
+            return Target(None, command[1], command[2:])
+        if command[0] == "-c":
+            if len(command) < 2:
+                raise UsageError("-c needs the code to run")
+            return Target(None, None, command[2:], code=command[1])
+        script = command[0]
+        path = Path(script)
+        if not path.is_file():
+            raise UsageError(f"{clean(script)}: no such script")
+        if not _looks_python(path) and path.suffix not in (".py", ".pyw"):
+            with path.open("rb") as fh:
+                if b"\x00" in fh.read(4096):
+                    raise UsageError(f"{clean(script)}: is a binary file, not a Python script")
+        return Target(script, None, command[1:])
     script = command[0]
-    if not Path(script).is_file():
-        raise UsageError(f"{script}: no such script")
-    return Target(script, None, command[1:])
+    path = Path(script)
+    if path.is_file():
+        if _looks_python(path):
+            return Target(script, None, command[1:])
+        return Target(None, None, command[1:], program=list(command))
+    if path.is_dir():
+        raise UsageError(f"{clean(script)}: is a directory, not a script")
+    if shutil.which(script) is not None:
+        return Target(None, None, command[1:], program=list(command))
+    raise UsageError(f"{clean(script)}: no such script or program")
 
 
 def _find_divergence(exc: BaseException | None) -> DivergenceError | None:
@@ -87,14 +188,108 @@ def _find_divergence(exc: BaseException | None) -> DivergenceError | None:
     return None
 
 
-def _execute(target: Target) -> tuple[int, DivergenceError | None]:
+class _Terminated(BaseException):
+    """SIGTERM, raised in the script's main thread so the run is reported like a Ctrl-C."""
+
+
+class _Signals:
+    """While the script runs: SIGINT and SIGTERM noted (so an interrupt the script swallows is
+    still known), SIGTERM turned into an exception that unwinds the script."""
+
+    def __init__(self) -> None:
+        self.caught: str | None = None
+        self._saved: dict[int, Any] = {}
+
+    def __enter__(self) -> _Signals:
+        if threading.current_thread() is not threading.main_thread():
+            return self
+        try:
+            if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+                self._saved[signal.SIGINT] = signal.signal(signal.SIGINT, self._on_int)
+            if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
+                self._saved[signal.SIGTERM] = signal.signal(signal.SIGTERM, self._on_term)
+        except (ValueError, OSError):
+            pass
+        return self
+
+    def _on_int(self, signum: int, frame: Any) -> None:
+        self.caught = self.caught or "SIGINT"
+        raise KeyboardInterrupt
+
+    def _on_term(self, signum: int, frame: Any) -> None:
+        self.caught = self.caught or "SIGTERM"
+        raise _Terminated
+
+    def __exit__(self, *exc: object) -> None:
+        for signum, handler in self._saved.items():
+            with contextlib.suppress(ValueError, OSError):
+                signal.signal(signum, handler)
+
+
+def _user_traceback(exc: BaseException) -> None:
+    """Print the script's traceback as ``python train.py`` would: no nanscope or runpy frames."""
+    tb = exc.__traceback__
+    while tb is not None and _is_ours(tb.tb_frame.f_code.co_filename):
+        tb = tb.tb_next
+    if tb is not None:
+        exc.__traceback__ = tb
+    traceback.print_exception(exc)
+
+
+def _is_ours(filename: str) -> bool:
+    """nanscope's own frames and runpy's, which ``python train.py`` would not show."""
+    return (
+        filename.startswith(_OURS)
+        or filename == "<frozen runpy>"
+        or filename.endswith(f"{os.sep}runpy.py")
+    )
+
+
+def _run_code(code: str) -> None:
+    """``python -c code``: run in a fresh ``__main__`` module, the current folder on sys.path."""
+    module = types.ModuleType("__main__")
+    module.__dict__["__builtins__"] = builtins
+    saved = sys.modules.get("__main__")
+    sys.modules["__main__"] = module
+    try:
+        exec(compile(code, "<string>", "exec"), module.__dict__)
+    finally:
+        if saved is not None:
+            sys.modules["__main__"] = saved
+
+
+def _run_program(target: Target, signals: _Signals) -> int:
+    """A program that is not Python: run it, wait, pass its exit code through."""
+    assert target.program is not None
+    try:
+        proc = subprocess.Popen(target.program)
+    except OSError as exc:
+        raise UsageError(f"{target.name}: cannot be run ({exc.strerror or exc})") from None
+    while True:
+        try:
+            code = proc.wait()
+            # killed by a signal: report it as a shell would (128 + the signal's number)
+            return 128 - code if code < 0 else code
+        except (KeyboardInterrupt, _Terminated):
+            signals.caught = signals.caught or "SIGINT"
+            with contextlib.suppress(OSError):
+                proc.terminate()
+
+
+def _execute(target: Target, signals: _Signals) -> tuple[int, DivergenceError | None]:
     """Run the target in this process; return (exit code, the stop if nanscope stopped it)."""
+    if target.program is not None:
+        return _run_program(target, signals), None
     saved_argv, saved_path = sys.argv[:], sys.path[:]
     try:
         if target.module:
             sys.argv = [target.module, *target.args]
             sys.path.insert(0, os.getcwd())
             runpy.run_module(target.module, run_name="__main__", alter_sys=True)
+        elif target.code is not None:
+            sys.argv = ["-c", *target.args]
+            sys.path.insert(0, "")
+            _run_code(target.code)
         else:
             assert target.script is not None
             sys.argv = [target.script, *target.args]
@@ -113,12 +308,16 @@ def _execute(target: Target) -> tuple[int, DivergenceError | None]:
         print(code, file=sys.stderr)
         return 1, None
     except KeyboardInterrupt:
-        return 130, None
+        signals.caught = signals.caught or "KeyboardInterrupt"
+        return _SIGNAL_EXIT[signals.caught], None
+    except _Terminated:
+        signals.caught = signals.caught or "SIGTERM"
+        return _SIGNAL_EXIT["SIGTERM"], None
     except BaseException as exc:
         stop = _find_divergence(exc)
         if stop is not None:
             return EXIT_STOPPED, stop
-        traceback.print_exc()
+        _user_traceback(exc)
         return 1, None
     finally:
         sys.argv, sys.path[:] = saved_argv, saved_path
@@ -131,7 +330,8 @@ def _pick(
     if stop is not None and stop.diagnosis is not None:
         owner = next((m for m in monitors if m.diagnosis is stop.diagnosis), None)
         return stop.diagnosis, owner
-    order = {"nonfinite": 0, "diverging": 1, "suspect": 2, "healthy": 3}
+    order = {"nonfinite": 0, "diverging": 1, "suspect": 2, "interrupted": 3, "healthy": 4,
+             "unobserved": 5}  # fmt: skip
     best: tuple[Diagnosis | None, Monitor | None] = (None, None)
     for monitor in monitors:
         diagnosis = monitor.close()
@@ -148,8 +348,7 @@ def _arm_torch() -> None:
     try:
         autowatch.arm()
     except Exception as exc:  # watching must never stop the script from running
-        warnings.warn(f"nanscope: could not arm the PyTorch hooks ({exc})", RuntimeWarning,
-                      stacklevel=2)  # fmt: skip
+        warn(f"could not arm the PyTorch hooks ({exc}); the script runs unwatched by them")
 
 
 def _distributed() -> Any:
@@ -164,18 +363,19 @@ def _distributed() -> Any:
 
 
 def _remembered(target: Target) -> None:
-    if not target.script:
+    key = target.path or target.module
+    if not key:
         return
     try:
         from nanscope.ledger import remembered_line
     except ImportError:
         return
     try:
-        line = remembered_line(target.script)
+        line = remembered_line(key)
     except Exception:
         return
     if line:
-        print(f"nanscope: {line}", file=sys.stderr)
+        progress(f"nanscope: {line}")
 
 
 def _record(diagnosis: Diagnosis, monitor: Monitor | None, target: Target, started: float) -> None:
@@ -185,15 +385,17 @@ def _record(diagnosis: Diagnosis, monitor: Monitor | None, target: Target, start
         return
     try:
         rollbacks = len(monitor.rollbacks) if monitor is not None else 0
+        extra: dict[str, Any] = {"module": target.module} if target.module else {}
         record_diagnosis(
             diagnosis,
             monitor,
-            script=target.script,
+            script=target.path,
             duration=time.time() - started,
             rollbacks=rollbacks,
+            **extra,
         )
     except Exception as exc:
-        warnings.warn(f"nanscope: ledger not updated ({exc})", RuntimeWarning, stacklevel=2)
+        warn(f"ledger not updated ({exc})")
 
 
 def _enrich(diagnosis: Diagnosis, args: argparse.Namespace, target: Target) -> None:
@@ -202,15 +404,15 @@ def _enrich(diagnosis: Diagnosis, args: argparse.Namespace, target: Target) -> N
         try:
             from nanscope.experiment import run_experiment
 
-            print("nanscope: running the tenfold learning-rate cut...", file=sys.stderr)
+            progress("nanscope: running the tenfold learning-rate cut...")
             diagnosis.extra["experiment"] = run_experiment(diagnosis, target.argv)
         except Exception as exc:
-            print(f"nanscope: the experiment could not run ({exc})", file=sys.stderr)
+            warn(f"the experiment could not run ({exc})")
     if args.data and diagnosis.cause in ("nonfinite_input", "extreme_batch", "step_size_too_large"):
         try:
             diagnosis.extra["scan"] = link_scan(args.data, diagnosis)
         except Exception as exc:
-            print(f"nanscope: the data scan could not run ({exc})", file=sys.stderr)
+            warn(f"the data scan could not run ({exc})")
     source = (diagnosis.located or {}).get("source") or {}
     if source.get("file") and source.get("line"):
         try:
@@ -236,18 +438,67 @@ def link_scan(path: str, diagnosis: Diagnosis) -> dict[str, object]:
     }
 
 
-def main(argv: list[str]) -> int:
+def _unobserved(reason: str) -> Diagnosis:
+    """The diagnosis of a run nanscope could not watch: never healthy, the reason said."""
+    from nanscope.diagnose.diagnosis import Evidence
+
+    return Diagnosis(
+        verdict="unobserved",
+        cause="unknown",
+        confidence=0.0,
+        evidence=[Evidence("run", reason, {"updates": 0})],
+        actions=[
+            "watch the fit: run a Python script that uses torch.optim or creates a "
+            "nanscope.Monitor (nanscope run -- python train.py)",
+        ],
+    )
+
+
+def _last_step(monitor: Monitor) -> int | None:
+    records = monitor.trace.records
+    if not records:
+        return None
+    step = records[-1].get("step")
+    return int(step) if isinstance(step, (int, float)) else len(records)
+
+
+def _interrupted(diagnosis: Diagnosis, signal_name: str, step: int | None) -> None:
+    """An interrupted run with no failure found is ``interrupted``, never ``healthy``."""
+    from nanscope.diagnose.diagnosis import Evidence
+
+    if diagnosis.verdict not in ("healthy", "unobserved", "interrupted"):
+        diagnosis.extra.setdefault("interrupted", {"signal": signal_name, "step": step})
+        return
+    where = f" after update {step}" if step is not None else " before any update"
+    text = f"the run was interrupted ({signal_name}){where}; no failure was seen up to there"
+    if diagnosis.verdict != "interrupted":
+        # the engine of this version did not read the event: say it here, as the engine would
+        diagnosis.verdict = "interrupted"
+        if diagnosis.cause == "healthy":
+            diagnosis.cause = "unknown"
+            diagnosis.confidence = 0.0
+        diagnosis.step = step
+    if not any("interrupted" in e.text for e in diagnosis.evidence):
+        diagnosis.evidence.insert(0, Evidence("run", text, {"signal": signal_name, "step": step}))
+    diagnosis.extra.setdefault("interrupted", {"signal": signal_name, "step": step})
+
+
+def _split_options(argv: list[str]) -> tuple[list[str], list[str]]:
     if "--" in argv:
         cut = argv.index("--")
-        options, command = argv[:cut], argv[cut + 1 :]
-    else:
-        options, command = [], argv
-        # allow `nanscope run --policy warn train.py`: options first, then the script
-        while command and command[0].startswith("-"):
-            takes_value = command[0] in ("--json", "--policy", "--html", "--data", "--run-dir")
-            options.extend(command[: 2 if takes_value else 1])
-            command = command[2 if takes_value else 1 :]
-    parser = argparse.ArgumentParser(
+        return argv[:cut], argv[cut + 1 :]
+    options, command = [], list(argv)
+    # allow `nanscope run --policy warn train.py`: options first, then the script
+    while command and command[0].startswith("-"):
+        takes_value = command[0] in ("--json", "--policy", "--html", "--data", "--run-dir")
+        options.extend(command[: 2 if takes_value else 1])
+        command = command[2 if takes_value else 1 :]
+    return options, command
+
+
+def main(argv: list[str]) -> int:
+    options, command = _split_options(argv)
+    parser = CommandParser(
         prog="nanscope run",
         description="Run a training script under watch: nanscope run [options] -- python train.py",
     )
@@ -259,45 +510,67 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--data", metavar="PATH", help="the data file, to link scan findings")
     parser.add_argument("--run-dir", metavar="DIR", help="root folder for run directories")
     args = parser.parse_args(options)
+    check_folder(args.run_dir, "--run-dir")
+    if args.data and not Path(args.data).exists():
+        raise UsageError(f"--data {clean(args.data)}: no such file or directory")
     target = split_command(command)
     set_defaults(policy=args.policy, root=args.run_dir, keep=True)
     if args.policy:
         os.environ["NANSCOPE_POLICY"] = args.policy
-    ranks = _distributed()
+    ranks = _distributed() if target.program is None else None
     rank = int(os.environ.get("RANK", "0") or 0) if ranks else 0
     if rank:
         # one report per job: rank 0 writes the merged one, the others keep theirs beside it
         args.json = None if args.json == "-" else (args.json and f"{args.json}.rank{rank}")
         args.html = args.html and f"{args.html}.rank{rank}"
     if ranks and args.experiment:
-        print("nanscope: --experiment is skipped under torchrun (the sweep reruns single-process)",
-              file=sys.stderr)  # fmt: skip
+        progress("nanscope: --experiment is skipped under torchrun (the sweep reruns "
+                 "single-process)")  # fmt: skip
         args.experiment = False
     if rank == 0:
         _remembered(target)
-    _arm_torch()
+    if target.program is None:
+        _arm_torch()
     if ranks:
         ranks.arm()
     started = time.time()
     before = set(id(m) for m in active_monitors())
-    code, stop = _execute(target)
+    with _Signals() as signals:
+        code, stop = _execute(target, signals)
     monitors = [m for m in active_monitors() if id(m) not in before]
+    if signals.caught and stop is None:
+        for monitor in monitors:
+            monitor.record_event("interrupted", signal=signals.caught, step=_last_step(monitor))
     diagnosis, owner = _pick(monitors, stop)
     if ranks and diagnosis is not None:
         diagnosis = ranks.finish(diagnosis, code=code)
-    if diagnosis is None:
-        print(
-            f"nanscope: {target.name} created no Monitor and no watched optimizer stepped; "
-            "nothing to diagnose",
-            file=sys.stderr,
+    watched_nothing = owner is not None and not owner.trace.records and stop is None
+    if diagnosis is not None and watched_nothing and diagnosis.verdict == "healthy":
+        diagnosis = _unobserved(
+            f"{target.name} created a Monitor but it saw no update; nothing was watched"
         )
+    if diagnosis is None:
+        if target.program is not None:
+            reason = (f"{target.name} is not a Python program; it ran unwatched (nanscope "
+                      "watches Python: nanscope run -- python train.py)")  # fmt: skip
+        else:
+            reason = f"{target.name} created no Monitor and no watched optimizer stepped"
+        progress(f"nanscope: {reason}; nothing to diagnose")
+        if args.json or args.html:
+            diagnosis = _unobserved(reason)
+            if signals.caught:
+                diagnosis.extra["interrupted"] = {"signal": signals.caught, "step": None}
+            write_json(diagnosis, args.json)
+            write_html(diagnosis, None, args.html)
         return code
+    if signals.caught and stop is None:
+        _interrupted(diagnosis, signals.caught, _last_step(owner) if owner else None)
     trace = owner.trace if owner is not None else None
     _enrich(diagnosis, args, target)
     if owner is not None:
-        owner._save_diagnosis(diagnosis)
+        owner.save_diagnosis(diagnosis)
     if args.json != "-" or diagnosis.verdict != "healthy":
-        show(diagnosis, trace, no_color=args.no_color)
+        show(diagnosis, trace, no_color=args.no_color, to_stderr=args.json == "-")
     write_json(diagnosis, args.json)
     write_html(diagnosis, trace, args.html)
     if rank == 0:

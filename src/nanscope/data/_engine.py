@@ -32,6 +32,7 @@ from typing import Any, TypeVar
 import numpy as np
 import polars as pl
 
+from nanscope._messages import clean
 from nanscope.data._model import ColumnStats, Finding, ScanReport
 from nanscope.data._sources import Source, resolve
 from nanscope.data.checks import CHECKS
@@ -111,9 +112,10 @@ def _run(
             columns[tname].is_target = True
         numeric = [c for c in columns.values() if c.numeric]
         if not numeric:
+            listed = [f"{clean(c.name, 40)}: {c.dtype}" for c in list(columns.values())[:8]]
+            more = f", ... {len(columns) - 8} more" if len(columns) > 8 else ""
             raise InputError(
-                f"{src.name}: no numeric columns to scan "
-                f"({', '.join(f'{c.name}: {c.dtype}' for c in columns.values())})"
+                f"{src.name}: no numeric columns to scan ({', '.join(listed)}{more})"
             )
         return columns, numeric, _pass1(src, numeric, stride)
 
@@ -149,6 +151,7 @@ def _run(
         passes=1 + (1 if probes else 0),
         seconds=time.perf_counter() - t0,
         files=list(src.files),
+        notes=list(src.notes),
         _row_reader=_row_reader(src, columns),
     )
 
@@ -215,7 +218,7 @@ def _explain(src: Source, exc: BaseException) -> str:
         )
     if isinstance(exc, pl.exceptions.NoDataError) or "empty" in low:
         return f"{src.name}: the file is empty"
-    return f"{src.name}: cannot be read ({first})"
+    return f"{src.name}: cannot be read ({clean(first, 200)})"
 
 
 def _progress(name: str, show: bool) -> AbstractContextManager[Callable[[str], None]]:

@@ -142,6 +142,8 @@ class ScanReport:
     passes: int = 0
     seconds: float = 0.0
     files: list[str] = field(default_factory=list)
+    #: what was skipped or changed while reading (cells that are not UTF-8, ...), also warned
+    notes: list[str] = field(default_factory=list)
     #: re-reads given rows of the source as {column: [values]} (None when the source is gone).
     _row_reader: Callable[[Sequence[int], Sequence[str]], dict[str, list[Any]]] | None = field(
         default=None, repr=False, compare=False
@@ -209,6 +211,7 @@ class ScanReport:
             "schema": SCHEMA,
             "source": self.source,
             "files": list(self.files),
+            "notes": list(self.notes),
             "n_rows": self.n_rows,
             "target": self.target,
             "ok": self.ok,

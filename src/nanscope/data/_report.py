@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import math
 
+from nanscope._messages import clean
 from nanscope.data._model import ColumnStats, Finding, ScanReport
 
 __all__ = ["render"]
@@ -46,9 +47,9 @@ def _summary(report: ScanReport) -> str:
 
 def _col_cells(c: ColumnStats) -> list[str]:
     if not c.numeric:
-        return [c.name, c.dtype, "skipped", "", "", "", "", "", "", ""]
+        return [clean(c.name, 60), c.dtype, "skipped", "", "", "", "", "", "", ""]
     return [
-        c.name + (" (target)" if c.is_target else ""),
+        clean(c.name, 60) + (" (target)" if c.is_target else ""),
         c.dtype,
         f"{c.n_null:,}" if c.n_null else "0",
         f"{c.n_nan:,}" if c.n_nan else "0",
@@ -72,6 +73,8 @@ def render(report: ScanReport, *, color: bool | None = None, width: int | None =
 
 def _render_plain(report: ScanReport) -> str:
     lines = [_summary(report), ""]
+    for note in report.notes:
+        lines.extend([f"note: {note}", ""])
     if report.findings:
         lines.append("findings:")
         for f in report.findings:
@@ -95,6 +98,8 @@ def _render_rich(report: ScanReport, width: int) -> str:
     buf = io.StringIO()
     console = Console(file=buf, width=width, force_terminal=True, color_system="standard")
     console.print(_summary(report), style="bold", highlight=False)
+    for note in report.notes:
+        console.print(f"note: {note}", markup=False, highlight=False)
     if report.findings:
         ft = Table(title="findings", title_justify="left", show_lines=False)
         for h in ("severity", "code", "column", "message", "rows", "fix"):

@@ -7,8 +7,11 @@ objects are wrapped without copying where Polars allows it.
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import os
 import re
+import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,6 +49,8 @@ class Source:
     in_memory: bool = False
     #: given a read error, adjust the scan (e.g. read a column as text) and return True to retry.
     retry: Callable[[Exception], bool] | None = None
+    #: what was skipped or changed while reading (also warned), kept in the report
+    notes: list[str] = field(default_factory=list)
 
 
 def resolve(obj: Any) -> Source:
@@ -124,6 +129,7 @@ def _from_path(path: Path) -> Source:
             make,
             files=[str(p) for p in files],
             default_target=targets.pop() if len(targets) == 1 else None,
+            notes=[note for s in parts for note in s.notes],
         )
     _check_readable(path)
     return _from_file(path)
@@ -169,28 +175,193 @@ def _from_file(path: Path) -> Source:
 
 
 _PARSE_COL = re.compile(r"at column '([^']+)'")
+#: the longest header line scanned: a longer first line is not a CSV header (a binary file, a
+#: JSON blob, a file with no line breaks); reading it whole would cost its size many times over
+MAX_HEADER_BYTES = 1 << 20
+#: how much of the file is looked at to tell text from binary
+_SNIFF_BYTES = 1 << 16
+_CHUNK = 1 << 24
+#: words a float cell may hold that Polars' type inference takes for text (np.savetxt, str(float))
+_FLOAT_WORDS = ("nan", "-nan", "+nan", "inf", "-inf", "+inf", "infinity", "-infinity", "+infinity")
+_TEXT_CONTROL = re.compile(rb"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+
+
+def _sniff_csv(path: Path) -> None:
+    """Refuse, with one line, a file that is not CSV text: NUL bytes or mostly non-text lines in
+    its first 64 KiB, or a first line longer than :data:`MAX_HEADER_BYTES`."""
+    with path.open("rb") as fh:
+        head = fh.read(MAX_HEADER_BYTES + 1)
+    sample = head[:_SNIFF_BYTES]
+    if b"\x00" in sample:
+        raise InputError(f"{path}: looks binary (it holds NUL bytes), not CSV text")
+    newline = head.find(b"\n")
+    if newline == -1 and len(head) > MAX_HEADER_BYTES:
+        raise InputError(
+            f"{path}: the first line is longer than {MAX_HEADER_BYTES >> 20} MiB with no line "
+            "break; that is no CSV header nanscope can scan (is the file CSV text?)"
+        )
+    lines = sample.split(b"\n")
+    if len(lines) > 1 and len(sample) == _SNIFF_BYTES:
+        lines = lines[:-1]  # the last one is cut by the sample
+    bad = sum(1 for line in lines if not _text_line(line))
+    header_binary = bool(lines) and _TEXT_CONTROL.search(lines[0]) is not None
+    if header_binary or bad > max(2, len(lines) // 4):
+        raise InputError(
+            f"{path}: does not look like CSV text ({bad} of the first {len(lines)} lines are not "
+            "UTF-8 text); is it a binary file with a .csv name?"
+        )
+
+
+def _text_line(line: bytes) -> bool:
+    try:
+        line.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return not _TEXT_CONTROL.search(line)
+
+
+def _invalid_utf8_lines(path: Path) -> list[int]:
+    """0-based line numbers (header = line 0) that are not valid UTF-8; one streaming pass that
+    decodes 16 MiB at a time and looks at single lines only where a chunk does not decode."""
+    bad: list[int] = []
+    line_no = 0
+    rest = b""
+    with path.open("rb") as fh:
+        while True:
+            block = fh.read(_CHUNK)
+            data = rest + block
+            if not block:
+                chunk, rest = data, b""
+            else:
+                cut = data.rfind(b"\n")
+                if cut == -1:
+                    rest = data
+                    continue
+                chunk, rest = data[: cut + 1], data[cut + 1 :]
+            if chunk:
+                try:
+                    chunk.decode("utf-8")
+                except UnicodeDecodeError:
+                    for i, line in enumerate(chunk.split(b"\n")):
+                        try:
+                            line.decode("utf-8")
+                        except UnicodeDecodeError:
+                            bad.append(line_no + i)
+                line_no += chunk.count(b"\n")
+            if not block:
+                return bad
+
+
+_CLEANED: list[str] = []
+
+
+def _remove_cleaned() -> None:  # pragma: no cover - runs at interpreter exit
+    for name in _CLEANED:
+        with contextlib.suppress(OSError):
+            os.unlink(name)
+
+
+def _without_invalid_cells(path: Path, sep: str, bad: list[int]) -> Path:
+    """A temporary copy of the CSV whose cells holding bytes that are not UTF-8 are empty: every
+    other cell and every row (so every row number) stays as it was."""
+    import csv
+    import io
+
+    wanted = set(bad)
+    fd, name = tempfile.mkstemp(prefix="nanscope-scan-", suffix=path.suffix)
+    _CLEANED.append(name)
+    if len(_CLEANED) == 1:
+        atexit.register(_remove_cleaned)
+    with path.open("rb") as src, os.fdopen(fd, "wb") as out:
+        for number, line in enumerate(src):
+            if number in wanted:
+                text = line.decode("utf-8", errors="replace").rstrip("\r\n")
+                cells = next(csv.reader([text], delimiter=sep), [])
+                cells = ["" if "\ufffd" in c else c for c in cells]
+                buffer = io.StringIO()
+                csv.writer(buffer, delimiter=sep, lineterminator="\n").writerow(cells)
+                line = buffer.getvalue().encode("utf-8")
+            out.write(line)
+    return Path(name)
 
 
 def _csv(path: Path, sep: str) -> Source:
-    """A CSV scan; a column whose text cannot be parsed as its inferred type is read as text."""
-    overrides: dict[str, Any] = {}
+    """A CSV scan; a column whose text cannot be parsed as its inferred type is read as text.
 
-    def make() -> pl.LazyFrame:
+    Before: a file that is not CSV text is refused (:func:`_sniff_csv`); cells that are not UTF-8
+    are read as empty, with a warning that counts them and names their lines; a column whose
+    cells are numbers or ``nan``/``inf`` words (what ``np.savetxt`` writes) is read as floats.
+    """
+    _sniff_csv(path)
+    bad = _invalid_utf8_lines(path)
+    notes: list[str] = []
+    read_path = path
+    if 0 in bad:
+        raise InputError(f"{path}: the header line is not UTF-8 text (save the file as UTF-8)")
+    if bad:
+        read_path = _without_invalid_cells(path, sep, bad)
+        shown = ", ".join(str(n + 1) for n in bad[:5]) + (", ..." if len(bad) > 5 else "")
+        rows = "row holds" if len(bad) == 1 else "rows hold"
+        notes.append(
+            f"{path}: {len(bad)} {rows} bytes that are not UTF-8 (file line {shown}); "
+            "those cells were read as empty (null), the rest of each row was scanned"
+        )
+        _warn(notes[-1])
+    overrides: dict[str, Any] = {}
+    floats_checked = False
+
+    def scan() -> pl.LazyFrame:
         return pl.scan_csv(
-            path,
+            read_path,
             separator=sep,
             infer_schema_length=10_000,
             schema_overrides=dict(overrides) or None,
         )
 
+    def make() -> pl.LazyFrame:
+        nonlocal floats_checked
+        if not floats_checked:
+            floats_checked = True
+            overrides.update(_float_word_columns(scan()))
+        return scan()
+
     def retry(exc: Exception) -> bool:
         m = _PARSE_COL.search(str(exc))
-        if m and m.group(1) not in overrides and "could not parse" in str(exc):
+        if m and overrides.get(m.group(1)) is not pl.String and "could not parse" in str(exc):
             overrides[m.group(1)] = pl.String
             return True
         return False
 
-    return Source(str(path), make, files=[str(path)], retry=retry)
+    return Source(str(path), make, files=[str(path)], retry=retry, notes=notes)
+
+
+def _float_word_columns(lf: pl.LazyFrame) -> dict[str, Any]:
+    """Text columns whose first 10,000 cells are all numbers or nan/inf words: read as Float64
+    (a later cell that is really text sends the column back to text through ``retry``)."""
+    try:
+        schema = lf.collect_schema()
+        text = [name for name, dt in schema.items() if dt == pl.String]
+        if not text:
+            return {}
+        head = lf.select(text).head(10_000).collect()
+    except Exception:
+        return {}
+    out: dict[str, Any] = {}
+    for name in text:
+        col = head.get_column(name)
+        words = col.str.strip_chars().str.to_lowercase()
+        is_word = words.is_in(list(_FLOAT_WORDS))
+        parses = col.cast(pl.Float64, strict=False).is_not_null()
+        filled = col.is_not_null()
+        if bool(is_word.any()) and bool((is_word | parses | ~filled).all()):
+            out[name] = pl.Float64
+    return out
+
+
+def _warn(message: str) -> None:
+    from nanscope._messages import warn
+
+    warn(message)
 
 
 # --- arrays --------------------------------------------------------------------------------------

@@ -9,18 +9,15 @@ import argparse
 import json
 import sys
 
+from nanscope.commands.base import CommandParser
 from nanscope.errors import UsageError
 
 __all__ = ["main"]
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # type: ignore[override]
-        raise UsageError(message)
-
 
 def _parser() -> argparse.ArgumentParser:
-    p = _Parser(
+    p = CommandParser(
         prog="nanscope scan",
         description="Scan a data file (CSV, Parquet, Arrow/Feather, NPY/NPZ or a directory) for "
         "what makes a fit go NaN: NaN/inf/null values, unscaled or constant columns, extreme "

@@ -2,12 +2,22 @@
 
 ``Diagnosis.to_dict()`` follows the schema ``nanscope.diagnosis/1`` of DESIGN.md. Fields are only
 ever added, never renamed.
+
+Verdicts: ``healthy`` (watched, nothing wrong seen), ``diverging``, ``nonfinite``, ``suspect``, and
+two that are never healthy: ``unobserved`` (no update was recorded; cause ``unknown``, the
+evidence says why) and ``interrupted`` (stopped from outside with no failure found; cause
+``unknown``).
+
+The diagnosis knows no page: ``Diagnosis._repr_html_`` (Jupyter) calls the renderer registered
+with :func:`set_html_renderer`, which the report layer (``nanscope.report.html``) registers when it
+is imported and the top-level ``nanscope`` package wires up lazily.
 """
 
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,9 +25,11 @@ __all__ = [
     "CAUSES",
     "SCHEMA",
     "VERDICTS",
+    "VERDICT_RANK",
     "Diagnosis",
     "Evidence",
     "Finding",
+    "set_html_renderer",
 ]
 
 SCHEMA = "nanscope.diagnosis/1"
@@ -37,7 +49,33 @@ CAUSES: tuple[str, ...] = (
     "unknown",
 )
 
-VERDICTS: tuple[str, ...] = ("healthy", "diverging", "nonfinite", "suspect")
+VERDICTS: tuple[str, ...] = (
+    "healthy",
+    "diverging",
+    "nonfinite",
+    "suspect",
+    "unobserved",
+    "interrupted",
+)
+
+#: which diagnosis to report when several monitors (or ranks) have one: lowest first. A run
+#: stopped from outside outranks a healthy one; one that saw nothing never hides one that did.
+VERDICT_RANK: dict[str, int] = {
+    "nonfinite": 0,
+    "diverging": 1,
+    "suspect": 2,
+    "interrupted": 3,
+    "healthy": 4,
+    "unobserved": 5,
+}
+
+_html_renderer: Callable[[Diagnosis], str] | None = None
+
+
+def set_html_renderer(renderer: Callable[[Diagnosis], str] | None) -> None:
+    """Register what ``Diagnosis._repr_html_`` shows in Jupyter (``None``: plain repr only)."""
+    global _html_renderer
+    _html_renderer = renderer
 
 
 @dataclass
@@ -104,6 +142,8 @@ class Diagnosis:
     granularity: str = "update"
     rule: str | None = None
     summary: dict[str, Any] = field(default_factory=dict)
+    #: the failing update rerun changed one way at a time (probes/confirm.py), where it ran
+    confirmation: list[dict[str, Any]] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -129,6 +169,8 @@ class Diagnosis:
             "rule": self.rule,
             "summary": self.summary,
         }
+        if self.confirmation:
+            out["confirmation"] = self.confirmation
         out.update(self.extra)
         return _jsonable(out)
 
@@ -140,7 +182,7 @@ class Diagnosis:
         known = {
             "verdict", "cause", "confidence", "step", "first_nonfinite", "actions",
             "alternatives", "contributing", "located", "rows", "run", "granularity", "rule",
-            "summary",
+            "summary", "confirmation",
         }  # fmt: skip
         kwargs = {k: data[k] for k in known if k in data}
         kwargs["evidence"] = [
@@ -156,6 +198,11 @@ class Diagnosis:
         """One line: the verdict, the cause and where."""
         if self.verdict == "healthy":
             return "healthy: no non-finite value and no sign of divergence"
+        if self.verdict == "unobserved":
+            return "unobserved: no update was recorded, so nothing could be watched"
+        if self.verdict == "interrupted":
+            last = f" after update {self.step}" if self.step is not None else ""
+            return f"interrupted{last}: stopped from outside, no failure found before"
         where = f" at update {self.step}" if self.step is not None else ""
         unit = "epoch" if self.granularity == "epoch" else "update"
         if self.granularity == "epoch" and self.step is not None:
@@ -180,10 +227,10 @@ class Diagnosis:
     def __str__(self) -> str:
         return self.message()
 
-    def _repr_html_(self) -> str:
-        from nanscope.report.html import diagnosis_fragment
-
-        return diagnosis_fragment(self)
+    def _repr_html_(self) -> str | None:
+        if _html_renderer is None:
+            return None
+        return _html_renderer(self)
 
 
 def _located_text(located: dict[str, Any]) -> str:

@@ -1,4 +1,16 @@
-"""The triage engine: run every rule on a trace, rank the findings into one diagnosis."""
+"""The triage engine: run every rule on a trace, rank the findings into one diagnosis.
+
+The engine takes a :class:`~nanscope.trace.Trace` (or a list of records) and knows no file or log
+format: paths are read by :mod:`nanscope.loading`. Besides the rules' verdicts it gives two that
+are never ``healthy``:
+
+* ``unobserved``: the trace holds no update, so nothing was watched (the evidence says why);
+* ``interrupted``: the run was stopped from outside (an ``interrupted`` event, see
+  :func:`interruption`) and no failure was found in the updates seen.
+
+A trace read from a file that was cut short (``trace.meta["truncated"]``) says so in the
+evidence, and a healthy verdict from it gets a lower confidence.
+"""
 
 from __future__ import annotations
 
@@ -12,15 +24,32 @@ import numpy as np
 from nanscope.diagnose.context import Context
 from nanscope.diagnose.diagnosis import Diagnosis, Evidence, Finding
 from nanscope.diagnose.rules import load_rules
-from nanscope.diagnose.rules._common import num
+from nanscope.formatting import number as num
 from nanscope.trace import Trace
 
-__all__ = ["diagnose", "run_rules"]
+__all__ = ["diagnose", "interruption", "run_rules"]
 
 #: a finding must be at least this sure to call a finite run "suspect"
 SUSPECT = 0.6
 #: below this, a broken run is "unknown" rather than a guess
 CONFIDENT = 0.3
+#: the most a healthy verdict can claim from a file that was cut short
+TRUNCATED_CONFIDENCE = 0.5
+
+
+def interruption(trace: Trace) -> dict[str, Any] | None:
+    """The last ``interrupted`` event of a trace (``{"event", "signal", "step", ...}``), or None.
+
+    Events are what :meth:`~nanscope.trace.TraceWriter.event` wrote and
+    :func:`~nanscope.trace.read_trace` collected into ``trace.meta["events"]``.
+    """
+    events = trace.meta.get("events") or []
+    found = None
+    if isinstance(events, list):
+        for event in events:
+            if isinstance(event, Mapping) and event.get("event") == "interrupted":
+                found = dict(event)
+    return found
 
 
 def run_rules(ctx: Context) -> list[Finding]:
@@ -44,14 +73,21 @@ def run_rules(ctx: Context) -> list[Finding]:
 
 
 def diagnose(trace: Trace | Any, evidence: Mapping[str, Any] | None = None) -> Diagnosis:
-    """Diagnose a trace (a :class:`~nanscope.trace.Trace`, a path, or a list of records)."""
+    """Diagnose a trace (a :class:`~nanscope.trace.Trace` or a list of records).
+
+    A path is not read here: use :func:`nanscope.diagnose` or :func:`nanscope.loading.load`.
+    """
     if not isinstance(trace, Trace):
         if isinstance(trace, (str, bytes)) or hasattr(trace, "__fspath__"):
-            from nanscope.logs import load_trace
-
-            trace = load_trace(trace)
-        else:
-            trace = Trace(list(trace))
+            raise TypeError(
+                "nanscope.diagnose.engine.diagnose takes a Trace or a list of records; to read "
+                f"the file {trace!r} use nanscope.diagnose(path) or nanscope.loading.load(path)"
+            )
+        trace = Trace(list(trace))
+    run = dict((evidence or {}).get("run") or {})
+    stopped = interruption(trace)
+    if len(trace) == 0:
+        return _unobserved(trace, evidence, stopped, run)
     ctx = Context(trace, evidence)
     findings = run_rules(ctx)
     if ctx.fail is not None:
@@ -60,17 +96,22 @@ def diagnose(trace: Trace | Any, evidence: Mapping[str, Any] | None = None) -> D
         verdict = "diverging"
     elif findings and findings[0].confidence >= SUSPECT:
         verdict = "suspect"
+    elif stopped is not None:
+        return _interrupted(ctx, findings, stopped, run)
     else:
         verdict = "healthy"
     summary = _summary(ctx)
-    run = dict((evidence or {}).get("run") or {})
+    notes = _notes(ctx, stopped)
     if verdict == "healthy":
+        confidence = 1.0 - (findings[0].confidence if findings else 0.0) / 2
+        if trace.meta.get("truncated"):
+            confidence = min(confidence, TRUNCATED_CONFIDENCE)
         return Diagnosis(
             verdict="healthy",
             cause="healthy",
-            confidence=round(1.0 - (findings[0].confidence if findings else 0.0) / 2, 3),
+            confidence=round(confidence, 3),
             step=ctx.step_at(ctx.n - 1),
-            evidence=[Evidence("engine", _healthy_text(ctx), summary)],
+            evidence=[Evidence("engine", _healthy_text(ctx), summary), *notes],
             actions=[],
             alternatives=[
                 {"cause": f.cause, "confidence": round(f.confidence, 3)} for f in findings[:3]
@@ -81,7 +122,7 @@ def diagnose(trace: Trace | Any, evidence: Mapping[str, Any] | None = None) -> D
         )
     top = findings[0] if findings and findings[0].confidence >= CONFIDENT else None
     if top is None:
-        return _unknown(ctx, verdict, findings, summary, run)
+        return _unknown(ctx, verdict, findings, summary, run, notes)
     alternatives: dict[str, float] = {}
     for f in findings[1:]:
         if f.cause != top.cause:
@@ -106,7 +147,7 @@ def diagnose(trace: Trace | Any, evidence: Mapping[str, Any] | None = None) -> D
         confidence=round(top.confidence, 3),
         step=top.step if top.step is not None else _break_step(ctx),
         first_nonfinite=ctx.first_nonfinite,
-        evidence=list(top.evidence),
+        evidence=[*top.evidence, *notes],
         actions=actions,
         alternatives=[
             {"cause": c, "confidence": round(v, 3)}
@@ -119,6 +160,7 @@ def diagnose(trace: Trace | Any, evidence: Mapping[str, Any] | None = None) -> D
         granularity=ctx.granularity,
         rule=top.rule,
         summary=summary,
+        confirmation=_confirmation(ctx),
         extra=_extra(ctx),
     )
 
@@ -137,6 +179,7 @@ def _unknown(
     findings: list[Finding],
     summary: dict[str, Any],
     run: dict[str, Any],
+    notes: list[Evidence],
 ) -> Diagnosis:
     seen = []
     if ctx.first_nonfinite:
@@ -169,15 +212,127 @@ def _unknown(
         confidence=0.0,
         step=_break_step(ctx),
         first_nonfinite=ctx.first_nonfinite,
-        evidence=[Evidence("engine", text, {})],
+        evidence=[Evidence("engine", text, {}), *notes],
         actions=actions,
         alternatives=[{"cause": f.cause, "confidence": round(f.confidence, 3)} for f in findings],
         located=ctx.located,
         run=run,
         granularity=ctx.granularity,
         summary=summary,
+        confirmation=_confirmation(ctx),
         extra=_extra(ctx),
     )
+
+
+def _notes(ctx: Context, stopped: Mapping[str, Any] | None) -> list[Evidence]:
+    """Evidence about the trace itself: cut short, stopped from outside."""
+    notes = []
+    meta = ctx.trace.meta
+    if meta.get("truncated"):
+        unit = "epochs" if ctx.granularity == "epoch" else "updates"
+        notes.append(
+            Evidence(
+                "engine",
+                f"the file was cut short (its last line is unfinished): only the first {ctx.n} "
+                f"{unit} were read, and the run was probably killed while writing",
+                {"truncated": True, "updates": ctx.n},
+            )
+        )
+    if stopped is not None:
+        notes.append(Evidence("engine", _stopped_text(stopped), _event_data(stopped)))
+    return notes
+
+
+def _stopped_text(event: Mapping[str, Any]) -> str:
+    how = event.get("signal") or "from outside"
+    text = f"the run was interrupted ({how})"
+    if event.get("step") is not None:
+        text += f" after update {event['step']}"
+    return text
+
+
+def _event_data(event: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in event.items() if k != "event"}
+
+
+def _unobserved(
+    trace: Trace,
+    evidence: Mapping[str, Any] | None,
+    stopped: Mapping[str, Any] | None,
+    run: dict[str, Any],
+) -> Diagnosis:
+    """No update was recorded: nothing was watched, so nothing can be said about the fit."""
+    reason = (evidence or {}).get("unobserved") or trace.meta.get("unobserved")
+    faults = trace.meta.get("hook_faults")  # the torch adapter's hooks that failed, and why
+    if not reason and isinstance(faults, dict) and faults:
+        reason = "nanscope's " + "; ".join(f"{name} hook failed ({error})"
+                                           for name, error in faults.items())  # fmt: skip
+        reason += " and was switched off: no update could be recorded"
+    if not reason:
+        if stopped is not None:
+            reason = _stopped_text(stopped) + " before nanscope saw its first update"
+        else:
+            reason = (
+                "the trace holds no update: no loss was recorded (nothing called "
+                "Monitor.update, or no optimizer stepped under watch)"
+            )
+    data: dict[str, Any] = {"updates": 0}
+    if stopped is not None:
+        data.update(_event_data(stopped))
+    actions = [
+        "Check that the training loop ran: nanscope records an update each time "
+        "Monitor.update is called or a watched optimizer steps.",
+        "Under `nanscope run`, every torch optimizer the script creates is watched; a loop "
+        "without one (numpy, JAX) needs a Monitor.update call per update.",
+    ]
+    return Diagnosis(
+        verdict="unobserved",
+        cause="unknown",
+        confidence=0.0,
+        step=None,
+        evidence=[Evidence("engine", str(reason), data)],
+        actions=actions,
+        run=run,
+        granularity=trace.granularity,
+        summary={"updates": 0, "nonfinite_updates": 0},
+    )
+
+
+def _interrupted(
+    ctx: Context, findings: list[Finding], stopped: Mapping[str, Any], run: dict[str, Any]
+) -> Diagnosis:
+    """Stopped from outside with no failure in the updates seen: not healthy, not a failure."""
+    summary = _summary(ctx)
+    seen = _healthy_text(ctx)
+    evidence = [
+        Evidence("engine", _stopped_text(stopped), _event_data(stopped)),
+        Evidence("engine", f"no failure in the updates seen: {seen}", summary),
+    ]
+    if ctx.trace.meta.get("truncated"):
+        evidence.extend(n for n in _notes(ctx, None))
+    return Diagnosis(
+        verdict="interrupted",
+        cause="unknown",
+        confidence=0.0,
+        step=ctx.step_at(ctx.n - 1),
+        evidence=evidence,
+        actions=[
+            "Nothing went wrong before the interruption; rerun to the end (or resume from a "
+            "checkpoint) for a verdict on the whole fit."
+        ],
+        alternatives=[
+            {"cause": f.cause, "confidence": round(f.confidence, 3)} for f in findings[:3]
+        ],
+        run=run,
+        granularity=ctx.granularity,
+        summary=summary,
+        extra=_extra(ctx),
+    )
+
+
+def _confirmation(ctx: Context) -> list[dict[str, Any]]:
+    found = ctx.evidence.get("confirmation")
+    return [dict(c) for c in found if isinstance(c, Mapping)] if isinstance(found, list) else []
 
 
 def _public_row(row: Mapping[str, Any]) -> dict[str, Any]:

@@ -61,12 +61,39 @@ class _Child:
 
 
 def _check_target(target: Target) -> None:
+    """Refuse, before any child starts, a target that cannot be a Python training script."""
     if target.kind == "path":
         path = Path(target.value)
         if not path.exists():
             raise InputError(f"script not found: {target.value}")
         if path.is_dir():
             raise InputError(f"{target.value} is a directory, not a script")
+        try:
+            with path.open("rb") as fh:
+                head = fh.read(4096)
+        except OSError as exc:
+            raise InputError(f"{target.value}: cannot be read ({exc.strerror or exc})") from None
+        if b"\x00" in head:
+            raise InputError(
+                f"{target.value} is not a Python script (a binary file); the sweep reruns Python "
+                "training scripts"
+            )
+    elif target.kind == "module":
+        _check_module(target.value)
+
+
+def _check_module(module: str) -> None:
+    import importlib.util
+
+    sys.path.insert(0, os.getcwd())
+    try:
+        spec = importlib.util.find_spec(module)
+    except Exception as exc:  # a parent package that is missing or fails to import
+        raise InputError(f"-m {module}: cannot be found ({type(exc).__name__}: {exc})") from None
+    finally:
+        sys.path.pop(0)
+    if spec is None:
+        raise InputError(f"-m {module}: no module named {module!r} (from {os.getcwd()})")
 
 
 def _child_env(factor: float, jobs: int, root: Path) -> dict[str, str]:

@@ -149,17 +149,9 @@ class _Harness:
 
 
 def _wrap_monitor(harness: _Harness) -> None:
-    from nanscope.monitor import Monitor
+    from nanscope import monitor
 
-    original = Monitor.observe
-
-    def observe(self: Monitor, record: Any, *, batch: Any = None) -> dict[str, Any]:
-        try:
-            return original(self, record, batch=batch)
-        finally:
-            harness.on_observe(record)
-
-    Monitor.observe = observe  # type: ignore[method-assign]
+    monitor.observers.append(lambda _monitor, record: harness.on_observe(record))
 
 
 def _seed(seed: int) -> None:

@@ -13,6 +13,7 @@ import os
 import sys
 from typing import Any
 
+from nanscope.commands.base import CommandParser
 from nanscope.errors import UsageError
 from nanscope.experiment.sweep import FactorResult, SweepResult, _fmt
 
@@ -20,10 +21,6 @@ __all__ = ["main", "parse_factors", "render"]
 
 _BARS = "▁▂▃▄▅▆▇█"
 
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # type: ignore[override]
-        raise UsageError(message)
 
 
 def parse_factors(text: str) -> list[float]:
@@ -38,7 +35,10 @@ def parse_factors(text: str) -> list[float]:
                 f"--factors: {word!r} is not a number (e.g. --factors 1,0.1,0.01)"
             ) from None
         if not (math.isfinite(value) and value > 0):
-            raise UsageError(f"--factors: {word} is not a positive number")
+            raise UsageError(
+                f"--factors: {word} is not allowed; factors must be finite numbers > 0 "
+                "(e.g. --factors 1,0.1,0.01)"
+            )
         if value not in out:
             out.append(value)
     return out
@@ -55,7 +55,7 @@ def _positive_int(name: str, text: str) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = _Parser(
+    p = CommandParser(
         prog="nanscope sweep",
         description="Rerun the first N updates of a training script with every optimizer's "
         "learning rate multiplied by each factor (same seeds, one process per factor), and "

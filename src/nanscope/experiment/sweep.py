@@ -30,6 +30,7 @@ from statistics import median
 from typing import Any
 
 from nanscope.errors import DivergenceError, UsageError
+from nanscope.formatting import lr as format_lr
 from nanscope.monitor import Monitor
 
 __all__ = [
@@ -120,12 +121,7 @@ def classify(
 
 
 def _fmt(value: float) -> str:
-    if value == 0 or not math.isfinite(value):
-        return str(value)
-    if abs(value) >= 1e-4 and abs(value) < 1e6:
-        text = f"{value:.6g}"
-        return text if ("." in text or "e" in text) else text + ".0"
-    return f"{value:.3g}"
+    return format_lr(value)
 
 
 @dataclass

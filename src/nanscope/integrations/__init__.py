@@ -16,9 +16,10 @@ loaded lazily too). See ``docs/integrations/``.
 from __future__ import annotations
 
 import importlib
-import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
+
+from nanscope.capture import keys
 
 if TYPE_CHECKING:
     from nanscope.integrations.keras import NanscopeCallback as KerasCallback
@@ -34,9 +35,10 @@ _LAZY = {
     "KerasCallback": "nanscope.integrations.keras",
 }
 
-#: batch keys (a dict batch) read as inputs and as targets, first match wins
-INPUT_KEYS = ("x", "input", "inputs", "input_ids", "pixel_values", "inputs_embeds", "features")
-TARGET_KEYS = ("y", "labels", "label", "target", "targets")
+#: batch keys (a dict batch) read as inputs and as targets, first match wins (the same tuples as
+#: the torch adapter's: :mod:`nanscope.capture.keys`)
+INPUT_KEYS = keys.INPUT_KEYS
+TARGET_KEYS = keys.TARGET_KEYS
 
 
 def __getattr__(name: str) -> Any:
@@ -61,93 +63,67 @@ def split_batch(batch: Any) -> tuple[Any, Any]:
 
 
 class TorchSteps:
-    """The glue the torch-based callbacks share: one record per optimizer step, checked before it.
+    """The glue the torch-based callbacks share: the same Watcher as ``nanscope.watch``.
 
-    Gradient and weight norms come from :class:`nanscope.torch.measure.ParamMeasure` (per-parameter
-    norms fused with ``torch._foreach_norm``, plus a fixed sample for the update cosine and sign
-    flips); the batch goes through the Monitor's own :class:`~nanscope.capture.arrays.BatchChecker`.
-    When a detector fires, the model's weights (untouched by the failing step) are saved to
-    ``run_dir/last_good.pt``.
+    Each optimizer the trainer steps gets a :class:`nanscope.torch.watch.Watcher` on the callback's
+    Monitor (:meth:`watch`), hooked on the optimizer's own step, so every record is built by the
+    one torch record builder (:mod:`nanscope.torch.records`): the same measures, the same
+    GradScaler handling (skipped steps, loss-scale collapse), the same last good weights
+    (``run_dir/last_good.pt``) and the same localisation replay as a plain loop under
+    ``nanscope.watch``. The callback only names the model and the batch (:meth:`batch`) and adds
+    the trainer's own logged values (:meth:`add_extra`).
     """
 
-    def __init__(self, monitor: Monitor) -> None:
-        from nanscope.capture.arrays import BatchChecker
-
+    def __init__(self, monitor: Monitor, *, hook_model: bool = True) -> None:
         self.monitor = monitor
         self.model: Any = None
-        self._measures: dict[int, Any] = {}
-        self._inputs = BatchChecker("inputs")
-        self._targets = BatchChecker("targets")
-        monitor.probes.append(self._save_last_good)
+        self.hook_model = hook_model
+        self.watchers: dict[int, Any] = {}
 
-    def record(
-        self,
-        optimizer: Any,
-        *,
-        loss: Any,
-        inputs: Any = None,
-        targets: Any = None,
-        scaler: Any = None,
-        extra: Mapping[str, Any] | None = None,
-    ) -> dict[str, Any]:
-        """Measure this step and hand it to the Monitor (raises DivergenceError to stop it).
+    def watch(self, optimizer: Any) -> Any:
+        """The Watcher of ``optimizer`` (a trainer's wrapper is unwrapped), made on first use.
 
-        scaler: an enabled ``torch.amp.GradScaler``. It skips a step whose (unscaled) gradients
-        overflow and lowers its scale, so such a step is recorded as skipped, not as a failure.
+        Made before the trainer's first step, it checks every step from the optimizer's step
+        hooks (inside ``step(closure)`` right after the closure's backward, as for any loop).
         """
-        from nanscope.torch.measure import ParamMeasure, param_names
+        from nanscope.torch.watch import Watcher
 
-        record: dict[str, Any] = {}
-        if loss is not None:
-            value = float(loss.detach().float().mean()) if hasattr(loss, "detach") else float(loss)
-            record["loss"] = value
-            record["nf_loss"] = 0 if math.isfinite(value) else 1
-        groups = list(getattr(optimizer, "param_groups", None) or ())
-        if groups and groups[0].get("lr") is not None:
-            record["lr"] = float(groups[0]["lr"])
-        params = [p for g in groups for p in g["params"] if p.requires_grad]
-        if params:
-            key = (len(params), sum(id(p) for p in params))
-            measure = self._measures.get(id(optimizer))
-            if measure is None or measure.key != key:
-                measure = ParamMeasure(params, param_names(self.model))
-                self._measures[id(optimizer)] = measure
-            vec, layout = measure.device_vector(True)
-            if vec is not None:
-                record.update(measure.record(vec.tolist(), layout))
-        for checker, batch in ((self._inputs, inputs), (self._targets, targets)):
-            if batch is None or not hasattr(batch, "shape"):
-                continue
-            try:
-                found = checker.check(batch, None)
-            except Exception:  # a batch nanscope cannot read never stops the fit
-                continue
-            for k, v in found.items():
-                if k == "rows":
-                    record.setdefault("rows", []).extend(v)
-                else:
-                    record[k] = v
-        info = dict(extra or {})
-        if scaler is not None and getattr(scaler, "is_enabled", lambda: False)():
-            info["loss_scale"] = float(scaler.get_scale())
-            if record.get("nf_grads") and record.get("nf_loss") == 0:
-                record["events"] = ["skipped_step"]
-                info["skipped_step"] = True
-                info["nonfinite_grads"] = record.pop("nf_grads")
-                record.pop("grad_norm", None)
-                record.pop("grad_norms", None)
-        if info:
-            record["extra"] = info
-        return self.monitor.observe(record, batch=(inputs, targets, None))
+        inner = _torch_optimizer(optimizer)
+        if inner is None:
+            return None
+        watcher = self.watchers.get(id(inner))
+        if watcher is None:
+            watcher = Watcher(self.model, inner, monitor=self.monitor, hook_model=self.hook_model)
+            self.watchers[id(inner)] = watcher
+        elif self.model is not None and watcher.model is None:
+            watcher.bind_model(self.model, hook=self.hook_model)
+        return watcher
 
-    def _save_last_good(self, monitor: Monitor, alarm: Any) -> dict[str, Any]:
-        last = monitor.trace.records[-1] if monitor.trace.records else {}
-        if self.model is None or last.get("nf_params") or not getattr(monitor, "_write", True):
-            return {}
-        import torch
+    def batch(self, inputs: Any, targets: Any) -> None:
+        """This step's batch as the trainer hands it (used where the forward's arguments fail)."""
+        for watcher in self.watchers.values():
+            watcher.on_batch(inputs, targets)
 
-        path = monitor.run_dir / "last_good.pt"
-        monitor.run_dir.mkdir(parents=True, exist_ok=True)
-        torch.save({k: v.detach().cpu() for k, v in self.model.state_dict().items()}, path)
-        monitor.meta["last_good"] = str(path)
-        return {}
+    def add_extra(self, optimizer: Any, extra: Mapping[str, Any]) -> None:
+        """Fields for the ``extra`` of this optimizer's next record."""
+        watcher = self.watch(optimizer)
+        if watcher is not None and extra:
+            watcher.add_extra(extra)
+
+    def close(self) -> None:
+        for watcher in list(self.watchers.values()):
+            watcher.close()
+        self.watchers.clear()
+
+
+def _torch_optimizer(optimizer: Any) -> Any:
+    """The ``torch.optim.Optimizer`` inside a trainer's optimizer wrapper (or the optimizer)."""
+    seen = 0
+    while optimizer is not None and seen < 4:
+        inner = getattr(optimizer, "optimizer", None)
+        if inner is None or inner is optimizer or not hasattr(inner, "param_groups"):
+            break
+        optimizer, seen = inner, seen + 1
+    if optimizer is None or not hasattr(optimizer, "register_step_pre_hook"):
+        return None
+    return optimizer

@@ -7,21 +7,17 @@
     trainer = lightning.Trainer(callbacks=[NanscopeCallback()])
     trainer.fit(model, loader)      # raises nanscope.DivergenceError with the diagnosis
 
-Hooks used:
+The callback puts the same :class:`nanscope.torch.watch.Watcher` as ``nanscope.watch`` on each of
+the trainer's optimizers (``on_fit_start``/``on_train_start``), so a Lightning fit is diagnosed from
+the same records as a plain loop (:mod:`nanscope.torch.records`): the watcher's step hook runs
+inside Lightning's ``optimizer.step(closure)``, right after the closure's backward (and after
+``on_before_optimizer_step`` and gradient clipping, whose pre-clip norm it records) and before the
+optimizer uses the gradient, so a NaN never reaches the weights. With 16-bit mixed precision the
+GradScaler's skipped steps and a collapsing loss scale are recorded as for any loop.
+``on_train_batch_start`` names the batch (inputs and targets are read only when a step is checked).
 
-* ``on_train_batch_start`` keeps a reference to the batch (inputs and targets are read only when
-  a step is checked);
-* ``on_before_backward`` keeps the loss Lightning is about to backpropagate (under gradient
-  accumulation each micro-batch's loss is already divided by ``accumulate_grad_batches``, so their
-  sum is the step's mean loss);
-* ``on_before_optimizer_step`` measures the gradients and weights (per-parameter norms fused with
-  ``torch._foreach_norm``), reads the learning rate from the optimizer's param groups and hands the
-  record to the :class:`nanscope.Monitor`. Lightning calls it after the closure's backward and
-  before gradient clipping and ``optimizer.step``, so the check sees the raw gradient and a NaN
-  never reaches the weights.
-
-How it stops: under the ``raise`` policy the hook raises :class:`nanscope.DivergenceError`.
-Lightning handles an exception from a callback by running every callback's ``on_exception``,
+How it stops: under the ``raise`` policy the step raises :class:`nanscope.DivergenceError`.
+Lightning handles an exception raised during the fit by running every callback's ``on_exception``,
 tearing the trainer down and re-raising the same exception from ``trainer.fit``, so the caller
 gets the error with its ``.diagnosis``. ``trainer.should_stop`` is set too, for code that looks at
 the trainer afterwards. Under ``warn`` the fit goes on. The trace, ``diagnosis.json`` and the last
@@ -59,44 +55,46 @@ class NanscopeCallback(pl.Callback):
         self.monitor = monitor or Monitor(policy=policy, run_dir=run_dir, name="lightning",
                                           meta={"source": "lightning"})  # fmt: skip
         self.steps = TorchSteps(self.monitor)
-        self._batch: Any = None
-        self._losses: list[Any] = []
+        self._trainer: Any = None
+        self.monitor.on_stop.append(self._on_stop)
 
     @property
     def diagnosis(self) -> Any:
         return self.monitor.diagnosis
 
-    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+    def _on_stop(self, monitor: Monitor, alarm: Any) -> None:
+        if monitor.policy != "warn" and self._trainer is not None:
+            self._trainer.should_stop = True
+
+    def _watch(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._trainer = trainer
         self.steps.model = pl_module
+        for optimizer in getattr(trainer, "optimizers", None) or ():
+            self.steps.watch(optimizer)
+
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.monitor.meta.setdefault("framework", f"lightning {pl.__version__}")
+        self._watch(trainer, pl_module)
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._watch(trainer, pl_module)
 
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
-        self._batch = batch
-
-    def on_before_backward(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: Any
-    ) -> None:
-        self._losses.append(loss.detach())
+        self.steps.batch(*split_batch(batch))
 
     def on_before_optimizer_step(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any
     ) -> None:
-        loss = sum(self._losses) if self._losses else None
-        self._losses = []
-        inputs, targets = split_batch(self._batch)
-        scaler = getattr(trainer.precision_plugin, "scaler", None)
-        try:
-            self.steps.record(optimizer, loss=loss, inputs=inputs, targets=targets, scaler=scaler)
-        except BaseException:
-            trainer.should_stop = True
-            raise
+        self.steps.watch(optimizer)  # an optimizer the trainer did not list at the start
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.steps.close()
         self.monitor.close()
 
     def on_exception(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
     ) -> None:
+        self.steps.close()
         self.monitor.close()

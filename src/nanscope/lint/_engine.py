@@ -103,9 +103,20 @@ def lint_source(
     A source that does not parse gives one finding with code ``L000`` (when ``check_syntax``).
     """
     rule_classes = list(RULES.values()) if rules is None else list(rules)
+    size = len(source.encode("utf-8", errors="replace"))
+    if size > MAX_SOURCE_BYTES:
+        if not check_syntax:
+            return []
+        return [_too_large(path, size)]
     lines = source.splitlines()
     try:
         tree = ast.parse(source, filename=path)
+    except (RecursionError, MemoryError):
+        if not check_syntax:
+            return []
+        return [_not_linted(path, "could not parse: an expression is nested too deeply for "
+                            "Python's parser; the rules did not run on it",
+                            "split the deeply nested expression")]  # fmt: skip
     except (SyntaxError, ValueError) as exc:
         if not check_syntax:
             return []
@@ -123,6 +134,13 @@ def lint_source(
             fix="fix the syntax error so the file can be linted",
         )
         return [finding]
+    depth = _depth(tree, MAX_DEPTH)
+    if depth > MAX_DEPTH:
+        if not check_syntax:
+            return []
+        return [_not_linted(path, f"could not analyse: the syntax tree is nested more than "
+                            f"{MAX_DEPTH} levels deep; the rules did not run on it",
+                            "split the deeply nested expression")]  # fmt: skip
     instances = [cls() for cls in rule_classes]
     by_type: dict[type[ast.AST], list[Rule]] = {}
     for rule in instances:
@@ -153,6 +171,41 @@ def lint_source(
         sys.setrecursionlimit(limit)
         if gc_was_enabled:
             gc.enable()
+
+
+#: the largest source linted: bigger files (generated code, a data blob saved as .py) get one
+#: finding instead of minutes and gigabytes
+MAX_SOURCE_BYTES = 1 << 20
+#: the deepest syntax tree the (recursive) rules walk
+MAX_DEPTH = 1000
+
+
+def _too_large(path: str, size: int) -> LintFinding:
+    return _not_linted(
+        path,
+        f"file is {size / 2**20:.1f} MiB, over the {MAX_SOURCE_BYTES / 2**20:g} MiB limit; "
+        "the rules did not run on it",
+        "lint the training code itself, not generated code or data saved as .py",
+    )
+
+
+def _not_linted(path: str, message: str, fix: str) -> LintFinding:
+    return LintFinding(SYNTAX_ERROR_CODE, "syntax-error", path, 1, 1, message, fix)
+
+
+def _depth(tree: ast.AST, limit: int) -> int:
+    """The nesting depth of ``tree`` without recursion; stops counting past ``limit``."""
+    deepest = 0
+    stack: list[tuple[ast.AST, int]] = [(tree, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > deepest:
+            deepest = depth
+            if deepest > limit:
+                return deepest
+        for child in ast.iter_child_nodes(node):
+            stack.append((child, depth + 1))
+    return deepest
 
 
 def _lint_tree(
@@ -266,6 +319,12 @@ def lint_paths(
             raise InputError(f"{given}: no such file or directory")
     for path, shown in targets:
         try:
+            size = path.stat().st_size
+            if size > MAX_SOURCE_BYTES:
+                report.files.append(shown)
+                if check_syntax:
+                    report.findings.append(_too_large(shown, size))
+                continue
             source = read_source(path)
         except OSError as exc:
             raise InputError(f"{shown}: cannot read ({exc.strerror or exc})") from exc

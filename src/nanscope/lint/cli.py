@@ -10,23 +10,19 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import NoReturn
 
-from nanscope.errors import InputError, UsageError
+from nanscope.commands.base import CommandParser
+from nanscope.errors import InputError
 from nanscope.lint._engine import lint_paths
 from nanscope.lint.registry import RULES, SYNTAX_ERROR_CODE
 
 __all__ = ["main"]
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        raise UsageError(message)
 
-
-def _parser() -> _Parser:
+def _parser() -> CommandParser:
     codes = "\n".join(f"  {code}  {rule.name}" for code, rule in RULES.items())
-    parser = _Parser(
+    parser = CommandParser(
         prog="nanscope lint",
         description="Lint training code for the numerical hazards that make a loss go NaN.",
         epilog=f"rules:\n  {SYNTAX_ERROR_CODE}  syntax-error (file does not parse)\n{codes}\n\n"

@@ -20,6 +20,7 @@ import importlib
 import json
 import struct
 from collections.abc import Iterator, Mapping
+from itertools import chain
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -35,7 +36,7 @@ from nanscope.logs._common import (
     text_encoding,
 )
 from nanscope.logs._thin import thin
-from nanscope.trace import TRACE_SCHEMA, Trace
+from nanscope.trace import RECORD_KEYS, TRACE_SCHEMA, Trace
 
 __all__ = ["FORMATS", "LogWarning", "iter_records", "load_trace", "sniff"]
 
@@ -60,14 +61,7 @@ FORMATS: Mapping[str, str] = MappingProxyType(
     }
 )
 
-_TRACE_KEYS = frozenset(
-    {
-        "step", "epoch", "loss", "val_loss", "lr", "grad_norm", "grad_norms", "weight_norm",
-        "update_norm", "update_cos", "update_cos_same", "grad_cos", "flip_frac", "nf_loss",
-        "nf_grads", "nf_params", "nf_inputs", "nf_targets", "input_absmax", "target_absmax",
-        "input_scale_ratio", "row_z", "rows", "events", "extra",
-    }
-)  # fmt: skip
+_TRACE_KEYS = RECORD_KEYS
 
 
 def _known() -> str:
@@ -246,18 +240,23 @@ def iter_records(
 
     ``format`` forces a reader (a key of :data:`FORMATS`) instead of sniffing.
     """
-    source = Path(path)
+    # a chain, not a generator: records pass through without resuming a Python frame each;
+    # the file is still only opened (and errors raised) on the first next()
+    return chain.from_iterable(_open_records(Path(path), {} if meta is None else meta, format))
+
+
+def _open_records(
+    source: Path, meta: dict[str, Any], format: str | None
+) -> Iterator[Iterator[Record]]:
     if format is None:
         fmt, target = _resolve(source)
     else:
         check_file(source)
         fmt, target = format, source
     module = _reader(fmt)
-    if meta is None:
-        meta = {}
     meta.setdefault("format", fmt)
     meta.setdefault("source", str(source))
-    yield from module.iter_records(target, meta)
+    yield module.iter_records(target, meta)
 
 
 def _load(path: str | Path, format: str | None = None, max_records: int | None = None) -> Trace:

@@ -507,6 +507,9 @@ def mark_nonfinite(record: Record) -> Record:
 def make_records(keys: list[str], columns: list[list[Any]]) -> list[Record]:
     """One dict per row from columns of values, built with dict displays (the fastest way
     CPython makes dicts); ``keys[i]`` names ``columns[i]``."""
+    if len(columns) == 1:
+        (k1,) = keys
+        return [{k1: a} for a in columns[0]]
     if len(columns) == 2:
         k1, k2 = keys
         return [{k1: a, k2: b} for a, b in zip(*columns)]
@@ -519,6 +522,9 @@ def make_records(keys: list[str], columns: list[list[Any]]) -> list[Record]:
     if len(columns) == 5:
         k1, k2, k3, k4, k5 = keys
         return [{k1: a, k2: b, k3: c, k4: d, k5: e} for a, b, c, d, e in zip(*columns)]
+    if len(columns) == 6:
+        k1, k2, k3, k4, k5, k6 = keys
+        return [{k1: a, k2: b, k3: c, k4: d, k5: e, k6: f} for a, b, c, d, e, f in zip(*columns)]
     return [dict(zip(keys, row)) for row in zip(*columns)]
 
 
@@ -529,6 +535,11 @@ def flag_nonfinite(records: list[Record], keys: list[str], columns: list[list[An
             flag = "nf_loss" if key == "loss" else "nf_grads"
             for i in np.flatnonzero(~np.isfinite(np.asarray(values, dtype=float))).tolist():
                 records[i][flag] = 1
+
+
+def _unmark(record: Record) -> None:
+    record.pop("nf_loss", None)
+    record.pop("nf_grads", None)
 
 
 def has_values(record: Mapping[str, Any]) -> bool:
@@ -578,21 +589,32 @@ class Merger:
         self.count += 1
         return None if pending is None else mark_nonfinite(pending)
 
-    def extend(self, records: list[Record], marked: bool = False) -> list[Record]:
+    def extend(
+        self,
+        records: list[Record],
+        marked: bool = False,
+        steps: list[int] | None = None,
+        valued: bool = False,
+    ) -> list[Record]:
         """:meth:`push` for many records at once: the completed ones, in order. Records with
         strictly increasing steps after the pending one take a fast path (no merge possible);
-        ``marked``: their ``nf_*`` flags are already set."""
+        ``marked``: their ``nf_*`` flags are already set; ``steps``: their steps (each below
+        1e15), when the caller has them as a column; ``valued``: every record has a value."""
         pending = self.pending
-        if records and all("step" in r for r in (records[0], records[-1])):
-            steps = np.fromiter((r["step"] for r in records), np.int64, len(records))
+        if records and (steps is not None or all("step" in r for r in (records[0], records[-1]))):
+            if steps is None:
+                steps = [r["step"] for r in records]
+            array = np.array(steps, dtype=np.int64)
             last = -(1 << 62) if pending is None else pending["step"]
             if (
-                steps[0] > last
-                and bool((steps[1:] > steps[:-1]).all())
-                and all(map(has_values, records))
+                array[0] > last
+                and bool((array[1:] > array[:-1]).all())
+                and (valued or all(map(has_values, records)))
             ):
                 out = [] if pending is None else [mark_nonfinite(pending)]
                 self.pending = records[-1]
+                if marked:
+                    _unmark(records[-1])  # flagged when emitted, after any merge, as push does
                 self.count += len(records)
                 self.steps_seen = True
                 self.epochs_only = False
@@ -603,6 +625,8 @@ class Merger:
                 return out
         out = []
         for record in records:
+            if marked:
+                _unmark(record)
             done = self.push(record)
             if done is not None:
                 out.append(done)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import csv
 from collections.abc import Iterator
-from itertools import repeat
+from itertools import chain, repeat
 from pathlib import Path
 from typing import Any
 
@@ -66,7 +66,7 @@ def header_roles(names: list[str]) -> dict[int, str]:
     return {index: key for key, (_, index) in best.items()}
 
 
-def iter_records(path: Path, meta: dict[str, Any]) -> Iterator[Record]:
+def _record_lists(path: Path, meta: dict[str, Any]) -> Iterator[list[Record]]:
     blocks = iter_blocks(path, meta)
     header: list[str] | None = None
     delimiter = ","
@@ -91,10 +91,15 @@ def iter_records(path: Path, meta: dict[str, Any]) -> Iterator[Record]:
         )
     reader = _Reader(path, meta, names, roles, delimiter)
     if pending_lines:
-        yield from reader.block("\n".join(pending_lines) + "\n")
+        yield reader.block("\n".join(pending_lines) + "\n")
     for block in blocks:
-        yield from reader.block(block)
-    yield from reader.close()
+        yield reader.block(block)
+    yield reader.close()
+
+
+def iter_records(path: Path, meta: dict[str, Any]) -> Iterator[Record]:
+    # a chain over lists of records: no Python frame is resumed per record
+    return chain.from_iterable(_record_lists(path, meta))
 
 
 class _Reader:
@@ -129,31 +134,39 @@ class _Reader:
         tokens = block.replace("\n", delimiter).split(delimiter)
         n = len(lines)
         try:
-            columns: list[tuple[str, list[Any]]] = []
+            keys: list[str] = []
+            values: list[list[Any]] = []
             for index, key in self.cols:
                 cells = tokens[index::width][:n]
-                if cells.count("") == n:
+                if not cells[0] and not cells[-1] and cells.count("") == n:
                     continue  # a column this block leaves empty (Lightning's val rows)
-                convert = int if key in ("step", "epoch") else float
-                columns.append((key, list(map(convert, cells))))
-            extra: list[tuple[str, list[float]]] = []
+                if key in ("step", "epoch"):
+                    numbers: list[Any] = list(map(int, cells))
+                    if max(numbers) >= 10**15 or min(numbers) <= -(10**15):
+                        return self.rows(lines)  # not a step to_step would read
+                else:
+                    numbers = list(map(float, cells))
+                keys.append(key)
+                values.append(numbers)
+            names: list[str] = []
+            extra: list[list[float]] = []
             for index, name in self.extra_cols:
                 cells = tokens[index::width][:n]
-                if cells.count("") != n:
-                    extra.append((name, list(map(float, cells))))
+                if cells[0] or cells[-1] or cells.count("") != n:
+                    names.append(name)
+                    extra.append(list(map(float, cells)))
         except ValueError:
             return self.rows(lines)  # an empty or non-number cell somewhere: row by row
-        keys = [key for key, _ in columns]
         if "step" not in keys:
             return self.rows(lines)
-        values = [column for _, column in columns]
+        steps = values[keys.index("step")]
+        valued = any(key not in ("step", "epoch") for key in keys)
+        if extra:
+            keys.append("extra")
+            values.append(make_records(names, extra))
         records = make_records(keys, values)
         flag_nonfinite(records, keys, values)
-        if extra:
-            names = [name for name, _ in extra]
-            for record, row in zip(records, zip(*(column for _, column in extra))):
-                record["extra"] = dict(zip(names, row))
-        return self.merger.extend(records, marked=True)
+        return self.merger.extend(records, marked=True, steps=steps, valued=valued)
 
     def rows(self, lines: list[str]) -> list[Record]:
         out: list[Record] = []

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from itertools import chain
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +58,11 @@ def _objects(block: str) -> list[Any] | None:
 
 
 def iter_records(path: Path, meta: dict[str, Any]) -> Iterator[Record]:
+    # a chain over lists of records: no Python frame is resumed per record
+    return chain.from_iterable(_record_lists(path, meta))
+
+
+def _record_lists(path: Path, meta: dict[str, Any]) -> Iterator[list[Record]]:
     merger = Merger(meta)
     fast = FlatRecords()
     bad = 0
@@ -90,10 +96,10 @@ def iter_records(path: Path, meta: dict[str, Any]) -> Iterator[Record]:
             done = merger.push(record)
             if done is not None:
                 out.append(done)
-        yield from out
+        yield out
     last = merger.close()
     if last is not None:
-        yield last
+        yield [last]
     if cut and not _ends_with_newline(path):
         # the last line was cut mid-record (a run killed while writing, a copy cut short)
         bad -= 1

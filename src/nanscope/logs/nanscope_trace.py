@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from nanscope.logs._common import Record, iter_lines, warn
-from nanscope.trace import TRACE_SCHEMA, decode_record, read_trace
+from nanscope.trace import TRACE_SCHEMA, decode_record, is_event, read_trace
 
 NAME = "nanscope"
 DESCRIPTION = 'nanscope JSONL trace (header {"schema": "nanscope.trace/1"})'
@@ -65,6 +65,9 @@ def _stream(path: Path, meta: dict[str, Any]) -> Iterator[Record]:
             continue
         if "schema" in obj and count == 0:
             meta.update({k: v for k, v in obj.items() if k not in ("format", "source")})
+            continue
+        if is_event(obj):  # an event line, not an update record
+            meta.setdefault("events", []).append(decode_record(obj))
             continue
         record = {k: v for k, v in decode_record(obj).items() if v is not None}
         step = record.get("step")

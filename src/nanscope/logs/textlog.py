@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Iterator, Sequence
-from itertools import repeat
+from itertools import chain, compress
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,7 @@ from nanscope.logs._common import (
     MAX_MESSAGES,
     Merger,
     Record,
+    flag_nonfinite,
     iter_blocks,
     make_records,
     mark_nonfinite,
@@ -288,6 +289,8 @@ class _State:
         step: int | None = None
         tqdm = _TQDM.search(segment) if "<" in segment else None
         hit = found.get("step")
+        printed: int | None = None
+        total: int | None = None
         if hit is not None:
             number = float(segment[hit[1] : hit[2]])
             if number == number and abs(number) < 1e15:
@@ -309,9 +312,9 @@ class _State:
                 self.fractional_epochs = True
                 self.epoch = None
             else:
-                number = float(text)
-                if abs(number) < 1e15:
-                    self.epoch = int(number)
+                epoch = float(text)
+                if abs(epoch) < 1e15:
+                    self.epoch = int(epoch)
         record: Record = {}
         for key in _ROLES:
             hit = found.get(key)
@@ -319,7 +322,7 @@ class _State:
                 record[key] = float(segment[hit[1] : hit[2]])
         if not record:
             return None
-        if step is None and "step" in found and number == number and abs(number) < 1e15:
+        if step is None and printed is not None:
             step = self.map_step(printed, total)
         if step is not None:
             record["step"] = step
@@ -347,254 +350,233 @@ class _State:
                 yield done
 
 
-class _Layout:
-    """One line shape found in a sample of the log, compiled into a regex for whole blocks.
+#: A number as the fast path reads it: ASCII digits only, the exact forms the general reader
+#: reads as the same number. ``_INT`` is a whole number (a step, an epoch, a count); ``_REAL`` any
+#: other finite number; ``_WORD`` nan/inf, allowed only where a value follows a separator.
+_INT = r"\d{1,15}+"
+_INT_ANY = r"\d++"
+_REAL = r"[-+]?+(?>\d++\.\d*+|\.\d++)(?:[eE][-+]?+\d++)?+|[-+]?+\d++[eE][-+]?+\d++|[-+]\d++"
+_WORD = r"[-+]?+(?:[nN][aA][nN]|[iI][nN][fF](?:[iI][nN][iI][tT][yY])?+)"
+_LOOSE = r"[-+.\deE]++"
+_PLAIN = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?", re.ASCII)
+_TOKEN = re.compile(r"(?<![\w.])" + _NUM + r"(?![\w.])", re.IGNORECASE)
+#: characters a key may hold that do not stop a number token (``loss/2``, ``5-10``)
+_KEY_JOINERS = "/-"
+_KEY_WORDS = ("loss", "lr", "norm", "learning", "epoch")
 
-    Lines of that shape (``step 120 | loss 0.52 | lr 1e-3 | 9.8 it/s``) are read straight from
-    the regex groups; every other line goes through the general per-line reader. A shape is only
-    used when it gives exactly what the general reader gives on every sampled line it matches.
+
+def _piece(text: str, after_token: bool, before_token: bool) -> str:
+    """The regex for fixed text between two numbers: exact, except that a run of spaces or
+    tabs touching a number may have any length (it never joins two words of a key)."""
+    if not text:
+        return ""
+    if text.strip(" \t") == "" and (after_token or before_token):
+        return r"[ \t]++"
+    lead = len(text) - len(text.lstrip(" \t")) if after_token else 0
+    trail = len(text) - len(text.rstrip(" \t")) if before_token else 0
+    core = re.escape(text[lead : len(text) - trail])
+    return (r"[ \t]++" if lead else "") + core + (r"[ \t]++" if trail else "")
+
+
+class _Layout:
+    """One line shape found in a sample of the log, compiled into one regex for whole blocks.
+
+    The shape is the sample line with each number replaced by a number of the same kind
+    (whole / other finite / nan-inf where that cannot change how the line reads) and runs of
+    spaces next to numbers of any length. ``regex.split`` over a block then gives the numbers
+    of every line of this shape, a column at a time, and the other lines whole, in order; the
+    other lines go through the general per-line reader. The shape is built so that every line
+    it matches reads exactly as the general reader reads it (same keys, same roles, no
+    framework message, no traceback end); ``tests/logs/test_fast_path.py`` checks that.
     """
 
-    def __init__(self, pattern: str, roles: list[str]) -> None:
+    def __init__(self, pattern: str, loose: str, roles: list[str], exception_safe: bool) -> None:
         self.roles = roles
-        # the catch-all alternative hands every other line to the general reader, in order
-        self.regex = re.compile(r"(?:" + pattern + r")\r?\n|([^\n]*)\n")
+        #: the exact shape; ``loose`` also lets through value fields that are not numbers
+        #: (``float`` then says so, and the block is split again with ``regex``)
+        self.regex = re.compile(pattern, re.MULTILINE | re.ASCII)
+        self.loose = re.compile(loose, re.MULTILINE | re.ASCII)
         self.step = roles.index("step")
         self.total = roles.index("total") if "total" in roles else -1
         self.epoch = roles.index("epoch") if "epoch" in roles else -1
         self.values = [(key, roles.index(key)) for key in _ROLES if key in roles]
+        #: False when a line of this shape could end a pending traceback (then blocks read
+        #: while one is pending go through the general reader)
+        self.exception_safe = exception_safe
         self.fast_lines = 0
-        self.pieces: list[str] | None = None
-        self.n_fields = 0
-        self.field_of: list[int] = []
 
     @staticmethod
     def of(segment: str, found: dict[str, _Hit]) -> _Layout | None:
         """The layout of a line read with a printed step (None for shapes we keep general)."""
-        if "step" not in found or "\r" in segment or "\x08" in segment or "<" in segment:
+        # ("<" of a tqdm bar is fine: a printed step wins over the bar's count)
+        if "step" not in found or "\r" in segment or "\x08" in segment:
             return None
-        spans: list[tuple[int, int, str]] = []
+        captured: dict[tuple[int, int], str] = {}
         for key, hit in found.items():
-            if key not in ("step", "epoch", *_ROLES):
-                continue
-            spans.append((hit[1], hit[2], key))
-            if key == "step" and hit[3] >= 0:
-                spans.append((hit[3], hit[4], "total"))
-        spans.sort()
-        parts: list[str] = []
+            if key in ("step", "epoch", *_ROLES):
+                captured[(hit[1], hit[2])] = key
+                if key == "step" and hit[3] >= 0:
+                    captured[(hit[3], hit[4])] = "total"
+        tokens = [m.span() for m in _TOKEN.finditer(segment)]
+        if not set(captured) <= set(tokens):
+            return None
+        pieces: list[str] = []
+        parts = ["^"]
+        loose = ["^"]
         roles: list[str] = []
         at = 0
-        for start, end, key in spans:
-            if start < at:
-                return None
+        for number, (start, end) in enumerate(tokens):
             text = segment[start:end]
-            if key in ("step", "total", "epoch"):
-                if not text.isdigit():
-                    return None
-                parts.append(_literal(segment[at:start]) + r"(\d+)")
+            if not text.isascii() or _PLAIN.fullmatch(text) is None:
+                return None  # nan/inf or non-ASCII digits in the sample: not a template line
+            whole = text.isdigit()
+            if (
+                start
+                and segment[start - 1] in _KEY_JOINERS
+                and (number == 0 or at != start - 1 or not whole)
+            ):
+                return None  # "loss/2": a key could run into the number
+            role = captured.get((start, end))
+            if role in ("step", "total", "epoch") and not whole:
+                return None
+            piece = segment[at:start]
+            pieces.append(piece)
+            parts.append(_piece(piece, number > 0, True))
+            loose.append(parts[-1])
+            if whole:
+                token = _INT if role in ("step", "epoch", "total") else _INT_ANY
             else:
-                parts.append(_literal(segment[at:start]) + "(" + _FAST_NUM + ")")
-            roles.append(key)
-            at = end
-        parts.append(_literal(segment[at:]))
-        layout = _Layout("".join(parts), roles)
-        layout.plan_tokens(segment, [(start, end) for start, end, _ in spans])
-        return layout
-
-    def plan_tokens(self, segment: str, captured: list[tuple[int, int]]) -> None:
-        """The exact text between the numbers of the sample line, for the str-method path:
-        every number (captured or not) is a field, the text between them a fixed piece."""
-        spans = sorted(
-            {*captured}
-            | {
-                m.span()
-                for m in _LITERAL_TOKEN.finditer(segment)
-                if m.group()[0] not in " \t"
-                and not any(a <= m.start() < b or m.start() <= a < m.end() for a, b in captured)
-            }
-        )
-        pieces = []
-        at = 0
-        for start, end in spans:
-            pieces.append(segment[at:start])
+                token = _REAL
+            word = role in _ROLES and not whole and _word_allowed(segment, start, end)
+            if word:
+                token += "|" + _WORD
+            if role is None:
+                parts.append("(?:" + token + ")")
+                loose.append(parts[-1])
+            else:
+                parts.append("(" + token + ")")
+                roles.append(role)
+                if role in _ROLES and _loose_ok(segment, start, end):
+                    # any run of number characters; float() then checks it
+                    loose.append("(" + _LOOSE + ("|" + _WORD if word else "") + ")")
+                else:
+                    loose.append(parts[-1])
             at = end
         pieces.append(segment[at:])
-        mids = pieces[1:-1]
-        if (
-            any(not piece for piece in mids)
-            or _SEP in segment
-            or any(piece in pieces[0] or piece in pieces[-1] for piece in mids)
-        ):
-            return  # a piece hiding in the line's ends: the regex path is safer
-        where = {span: index for index, span in enumerate(spans)}
-        self.pieces = pieces
-        self.n_fields = len(spans)
-        self.field_of = [where[span] for span in captured]  # role index -> field index
+        parts.append(_piece(segment[at:], bool(tokens), False))
+        parts.append(r"\r?\n")
+        loose.extend(parts[-2:])
+        lowered = [piece.lower() for piece in pieces]
+        if any(_has_message(piece) for piece in lowered):
+            return None
+        if not any(word in piece for piece in lowered for word in _KEY_WORDS):
+            return None  # the general reader's key-word filter must pass on every such line
+        return _Layout("".join(parts), "".join(loose), roles, _exception_safe(pieces[0]))
 
     def read(self, state: _State, block: str) -> list[Record]:
         """Records of one block of whole lines: runs of lines of this layout are converted a
         column at a time; every other line goes through the general reader, in order."""
         out: list[Record] = []
-        plan = self._token_plan(block)
-        if plan is not None:
-            self._read_tokens(state, out, *plan)
+        if state.traceback is not None and not self.exception_safe:
+            self.fast_lines = 0
+            _general(state, out, block)
             return out
-        rows = self.regex.findall(block)
-        if not rows:
-            return out
-        cols = list(zip(*rows))
-        steps = cols[self.step]
-        lineno = state.lineno
-        others = [i for i, text in enumerate(steps) if not text] if "" in steps else []
-        self.fast_lines = len(rows) - len(others)
+        width = len(self.roles) + 1
+        parts = self.loose.split(block)
+        cols = self._convert(parts, width)
+        if cols is None:
+            # a value the loose pattern let through is not a number: the exact pattern
+            # leaves such lines to the general reader
+            parts = self.regex.split(block)
+            cols = self._convert(parts, width)
+            assert cols is not None
+        seps = parts[::width]
+        matched = len(seps) - 1
+        self.fast_lines = matched
+        line_at = state.lineno
         start = 0
-        for index in (*others, len(rows)):
+        for index in compress(range(matched + 1), seps):
             if index > start:
                 self._run(state, out, cols, start, index)
-            if index < len(rows):
-                line = rows[index][-1]
-                if line:
-                    state.lineno = lineno + index + 1
-                    out.extend(state.line(line))
-            start = index + 1
-        state.lineno = lineno + len(rows)
+                line_at += index - start
+            state.lineno = line_at
+            line_at += _general(state, out, seps[index])
+            start = index
+        if matched > start:
+            self._run(state, out, cols, start, matched)
+            line_at += matched - start
+        state.lineno = line_at
         return out
 
-    def _token_plan(self, block: str) -> tuple[list[str], list[str], list[int]] | None:
-        """Lines of ``block`` (as read, and with the fixed pieces marked) and the indices of
-        those not of this layout, found with str methods only (C loops, no regex per line);
-        None where that cannot be done safely."""
-        pieces = self.pieces
-        if pieces is None or "\r" in block or _SEP in block:
+    def _convert(self, parts: list[str], width: int) -> list[list[Any]] | None:
+        """The numbers of every matched line, a column per role; None when one is not a
+        number (only possible with the loose pattern)."""
+        try:
+            return [
+                list(map(int if role in ("step", "epoch", "total") else float, parts[i::width]))
+                for i, role in enumerate(self.roles, 1)
+            ]
+        except ValueError:
             return None
-        lines = block.split("\n")
-        lines.pop()
-        first, mids, last = pieces[0], pieces[1:-1], pieces[-1]
-        text = block
-        for piece in sorted(mids, key=len, reverse=True):
-            text = text.replace(piece, _SEP)
-        marked = text.split("\n")
-        marked.pop()
-        ok = np.array(list(map(str.count, marked, repeat(_SEP)))) == len(mids)
-        if first:
-            ok &= np.array(list(map(str.startswith, lines, repeat(first))), dtype=bool)
-        if last:
-            ok &= np.array(list(map(str.endswith, lines, repeat(last))), dtype=bool)
-        low = block.lower()
-        hits: list[int] = []
-        for word in _MESSAGE_WORDS:
-            at = low.find(word)
-            while at >= 0:
-                hits.append(at)
-                if len(hits) > 256:
-                    return None
-                at = low.find(word, at + 1)
-        line_at, upto = 0, 0
-        for at in sorted(hits):
-            line_at += block.count("\n", upto, at)
-            upto = at
-            ok[line_at] = False
-        return lines, marked, np.flatnonzero(~ok).tolist()
-
-    def _read_tokens(
-        self, state: _State, out: list[Record], lines: list[str], marked: list[str],
-        others: list[int],
-    ) -> None:  # fmt: skip
-        assert self.pieces is not None
-        first, last = self.pieces[0], self.pieces[-1]
-        boundary = last + _SEP + first
-        lineno = state.lineno
-        width = self.n_fields
-        start = 0
-        self.fast_lines = len(lines) - len(others)
-        for index in (*others, len(lines)):
-            if index > start:
-                joined = _SEP.join(marked[start:index])
-                if first or last:
-                    joined = joined.replace(boundary, _SEP)[
-                        len(first) : len(joined) - len(last) if last else None
-                    ]
-                tokens = joined.split(_SEP)
-                done = False
-                if len(tokens) == (index - start) * width:
-                    cols = [tokens[field::width] for field in self.field_of]
-                    try:
-                        self._run(state, out, cols, 0, index - start)
-                        done = True
-                    except ValueError:
-                        pass  # a field that is not a number: read these lines one by one
-                if not done:
-                    for line_index in range(start, index):
-                        state.lineno = lineno + line_index + 1
-                        out.extend(state.line(lines[line_index]))
-            if index < len(lines):
-                state.lineno = lineno + index + 1
-                out.extend(state.line(lines[index]))
-            start = index + 1
-        state.lineno = lineno + len(lines)
 
     def _run(
-        self, state: _State, out: list[Record], cols: Sequence[Sequence[str]], start: int,
-        end: int,
-    ) -> None:  # fmt: skip
-        """Convert lines ``start:end`` (all of this layout) a column at a time. Raises
-        ValueError (before changing any state) when a field is not a number."""
+        self, state: _State, out: list[Record], cols: Sequence[list[Any]], start: int, end: int
+    ) -> None:
+        """Records of lines ``start:end`` (all of this layout) a column at a time, as the
+        general reader would read them one by one."""
         merger = state.merger
-        printed = list(map(int, cols[self.step][start:end]))
-        totals = list(map(int, cols[self.total][start:end])) if self.total >= 0 else None
-        epochs = None
-        if self.epoch >= 0:
-            epochs = list(map(int, cols[self.epoch][start:end]))
-        columns = [(key, list(map(float, cols[i][start:end]))) for key, i in self.values]
-        array = np.array(printed)
+        printed: list[int] = cols[self.step][start:end]
         pending = merger.pending
         last = state.last_printed
         if (
             (self.epoch >= 0 and state.fractional_epochs)
-            or (len(printed) > 1 and not bool((array[1:] > array[:-1]).all()))
             or (last is not None and printed[0] < last)
             or (pending is not None and pending["step"] >= printed[0] + state.step_base)
+            or (len(printed) > 1 and not _increasing(printed))
         ):
             self._one_by_one(state, out, cols, start, end)
             return
+        keys = [key for key, _ in self.values]
+        columns: list[list[Any]] = [cols[i][start:end] for _, i in self.values]
         base = state.step_base
-        steps = printed if base == 0 else [p + base for p in printed]
-        records = _records(steps, columns)
-        for key, values in columns:
-            if key == "loss" or key == "grad_norm":
-                flag = "nf_loss" if key == "loss" else "nf_grads"
-                for i in np.flatnonzero(~np.isfinite(np.array(values))).tolist():
-                    records[i][flag] = 1
-        if epochs is not None:
-            for record, epoch in zip(records, epochs):
-                record["epoch"] = epoch
+        keys.append("step")
+        columns.append(printed if base == 0 else [p + base for p in printed])
+        if self.epoch >= 0:
+            epochs = cols[self.epoch][start:end]
             state.epoch = epochs[-1]
+            keys.append("epoch")
+            columns.append(epochs)
         elif state.epoch is not None:
-            epoch = state.epoch
-            for record in records:
-                record["epoch"] = epoch
+            keys.append("epoch")
+            columns.append([state.epoch] * len(printed))
+        records = make_records(keys, columns)
+        flag_nonfinite(records, keys, columns)
         state.last_printed = printed[-1]
-        state.last_total = totals[-1] if totals is not None else None
+        state.last_total = cols[self.total][end - 1] if self.total >= 0 else None
         state.last_epoch = state.epoch
         if pending is not None:
             out.append(mark_nonfinite(pending))
-        merger.pending = records.pop()
+        last_record = records.pop()
+        # the new pending record is flagged when it is emitted (after any merge), as push does
+        last_record.pop("nf_loss", None)
+        last_record.pop("nf_grads", None)
+        merger.pending = last_record
         merger.count += len(records) + 1
         merger.steps_seen = True
         merger.epochs_only = False
         out.extend(records)
 
     def _one_by_one(
-        self, state: _State, out: list[Record], cols: Sequence[Sequence[str]], start: int,
-        end: int,
-    ) -> None:  # fmt: skip
+        self, state: _State, out: list[Record], cols: Sequence[list[Any]], start: int, end: int
+    ) -> None:
+        """What :meth:`_State.interpret` does with each line (counters that restart, merges)."""
         push = state.merger.push
         for i in range(start, end):
             if self.epoch >= 0 and not state.fractional_epochs:
-                state.epoch = int(cols[self.epoch][i])
-            record: Record = {key: float(cols[index][i]) for key, index in self.values}
-            total = int(cols[self.total][i]) if self.total >= 0 else None
-            record["step"] = state.map_step(int(cols[self.step][i]), total)
+                state.epoch = cols[self.epoch][i]
+            record: Record = {key: cols[index][i] for key, index in self.values}
+            total = cols[self.total][i] if self.total >= 0 else None
+            record["step"] = state.map_step(cols[self.step][i], total)
             if state.epoch is not None:
                 record["epoch"] = state.epoch
             done = push(record)
@@ -602,37 +584,69 @@ class _Layout:
                 out.append(done)
 
 
-def _records(steps: list[int], columns: list[tuple[str, list[float]]]) -> list[Record]:
-    return make_records(["step", *(key for key, _ in columns)], [steps, *(c for _, c in columns)])
+def _increasing(values: list[int]) -> bool:
+    array = np.array(values)
+    return bool((array[1:] > array[:-1]).all())
 
 
-_SEP = "\x1f"  # ASCII unit separator: never in a training log line we read this way
-
-#: a number as the general reader's pattern reads it, spelled without IGNORECASE (faster)
-_FAST_NUM = (
-    r"[-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?|[nN][aA][nN]"
-    r"|[iI][nN][fF](?:[iI][nN][iI][tT][yY])?)"
-)
-
-
-_LITERAL_TOKEN = re.compile(r"(?<![\w.])" + _NUM + r"(?![\w.])|[ \t]+", re.IGNORECASE)
+def _general(state: _State, out: list[Record], text: str) -> int:
+    """Read the whole lines of ``text`` with the general reader; the number of lines."""
+    lines = text.split("\n")
+    lines.pop()
+    for number, line in enumerate(lines, state.lineno + 1):
+        state.lineno = number
+        out.extend(state.line(line))
+    return len(lines)
 
 
-def _literal(text: str) -> str:
-    """The regex for the text between two values: other numbers and space runs may vary."""
-    out: list[str] = []
-    at = 0
-    for match in _LITERAL_TOKEN.finditer(text):
-        out.append(re.escape(text[at : match.start()]))
-        out.append(r"[ \t]+" if match.group()[0] in " \t" else "(?:" + _FAST_NUM + ")")
-        at = match.end()
-    out.append(re.escape(text[at:]))
-    return "".join(out)
+def _word_allowed(segment: str, start: int, end: int) -> bool:
+    """Whether a value printed at ``start:end`` may be nan/inf in other lines of the shape:
+    only after a separator (``loss: nan``, ``loss=inf``), never as a word the general reader
+    could join to a key (``loss nan``) or to a framework message (``returned nan``)."""
+    before = segment[:start].rstrip(" \t")
+    if not before or before[-1].isalnum() or before[-1] in "_/.-'\"":
+        return False
+    after = segment[end:]
+    for word in ("nan", "inf", "infinity"):
+        text = before + " " + word + (" " + after.lstrip(" \t") if after[:1] in " \t" else after)
+        if _has_message(text.lower()):
+            return False
+    return True
 
 
-#: Lines looked at to find a layout; a layout must cover this share of the sample's records.
+def _loose_ok(segment: str, start: int, end: int) -> bool:
+    """Whether the value at ``start:end`` may be matched as any run of number characters
+    (then checked by ``float``): any number, whole or not, reads the same there, as it is not
+    in a count (``[5/10]``, ``5/10``) and nothing after it could be taken into the run."""
+    before = segment[:start].rstrip(" \t")[-1:]
+    after = segment[end:].lstrip(" \t")[:1]
+    return (
+        before not in ("[", "/")
+        and after not in ("]", "/")
+        and segment[end : end + 1]
+        not in (
+            "+",
+            "-",
+        )
+    )
+
+
+def _exception_safe(first: str) -> bool:
+    """True when no line starting with ``first`` (then a number) can be the exception line
+    that ends a traceback (:data:`_EXCEPTION_LINE`)."""
+    if not first or first[0] in " \t":
+        return True
+    for index in range(1, len(first)):
+        char = first[index]
+        if not (char.isalnum() or char in "_."):
+            return _EXCEPTION_LINE.match(first[: index + 1]) is None
+    return False
+
+
+#: Lines looked at to find a layout; the commonest shape must cover this share of the first
+#: lines with values (lines of other shapes cost one regex pass, then the general reader).
 _SAMPLE_LINES = 2000
-_COVERAGE = 0.5
+_COVERAGE = 0.25
 
 
 def _find_layout(block: str) -> _Layout | None:
@@ -664,25 +678,28 @@ def _find_layout(block: str) -> _Layout | None:
         return None
     matched = 0
     for line, found in parsed:
-        groups = layout.regex.fullmatch(line + "\n")
-        if groups is None or groups.group(layout.step + 1) is None:
+        groups = layout.regex.match(line + "\n")
+        if groups is None:
             continue
         matched += 1
-        checks = [*layout.values, ("step", layout.step)]
-        if layout.epoch >= 0:
-            checks.append(("epoch", layout.epoch))
-        for key, index in checks:
-            hit = found.get(key)
-            if hit is None or line[hit[1] : hit[2]] != groups.group(index + 1):
+        for key, index in zip(layout.roles, range(1, len(layout.roles) + 1)):
+            hit = found.get("step" if key == "total" else key)
+            if hit is None:
+                return None
+            span = (hit[3], hit[4]) if key == "total" else (hit[1], hit[2])
+            if groups.span(index) != span:
                 return None
         if len(layout.values) != sum(1 for key in _ROLES if key in found):
             return None
-    if matched < _COVERAGE * len(parsed):
-        return None
-    return layout
+    return layout if matched else None
 
 
 def iter_records(path: Path, meta: dict[str, Any]) -> Iterator[Record]:
+    # a chain over lists of records: no Python frame is resumed per record
+    return chain.from_iterable(_record_lists(path, meta))
+
+
+def _record_lists(path: Path, meta: dict[str, Any]) -> Iterator[list[Record]]:
     state = _State(meta)
     layout: _Layout | None = None
     tries = 0
@@ -690,19 +707,17 @@ def iter_records(path: Path, meta: dict[str, Any]) -> Iterator[Record]:
         if layout is None and tries < 8:
             tries += 1
             layout = _find_layout(block)
+        out: list[Record] = []
         if layout is not None:
-            yield from layout.read(state, block)
+            out = layout.read(state, block)
             if layout.fast_lines * 4 < block.count("\n"):
                 layout, tries = None, 0  # the log changed shape: look again
-            continue
-        lines = block.split("\n")
-        lines.pop()
-        for line in lines:
-            state.lineno += 1
-            yield from state.line(line)
+        else:
+            _general(state, out, block)
+        yield out
     last = state.merger.close()
     if last is not None:
-        yield last
+        yield [last]
     total = state.merger.count
     for entry in state.messages:
         if "_at" in entry:

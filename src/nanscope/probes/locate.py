@@ -77,8 +77,16 @@ def locate(failure: TorchFailure) -> dict[str, Any]:
     Returns ``{"located": {...}, "rows": [...], ...}`` with whatever could be found, or ``{}``
     (and one warning) when the probe itself failed.
     """
+    live: dict[str, Any] | None = None
     try:
-        return _Locator(failure).run()
+        from nanscope.probes import producer
+
+        producer.LIVE.stop()
+        live = producer.LIVE.result()
+    except Exception:
+        live = None
+    try:
+        result = _with_producer(_Locator(failure).run(), live, failure)
     except Exception as exc:  # a probe bug must never kill the user's run
         warnings.warn(
             f"nanscope: the localisation replay failed ({type(exc).__name__}: {exc}); the "
@@ -87,6 +95,64 @@ def locate(failure: TorchFailure) -> dict[str, Any]:
             stacklevel=2,
         )
         return {}
+    if failure.extra.get("alarm", "nonfinite") != "nonfinite":
+        return result
+    try:
+        from nanscope.probes.confirm import confirm
+
+        result["confirmation"] = confirm(failure, result)
+    except Exception as exc:  # a probe bug must never kill the user's run
+        warnings.warn(
+            f"nanscope: the confirming experiment failed ({type(exc).__name__}: {exc}). Please "
+            "report this.",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+    return result
+
+
+def _with_producer(result: dict[str, Any], live: dict[str, Any] | None,
+                   failure: TorchFailure) -> dict[str, Any]:  # fmt: skip
+    """The live first-update producer when it belongs to this failure; else the replay's, marked."""
+    replay = result.get("located")
+    step = failure.step or 1
+    if live and (step <= 1 or (step == 2 and live.get("phase") == "optimizer")):
+        located = dict(live)
+        located["step"] = failure.step
+        located["detected"] = failure.what
+        if replay and replay.get("op") and replay.get("op") != located.get("op"):
+            located["replay"] = {k: replay.get(k) for k in ("phase", "op", "module", "note")
+                                 if replay.get(k) is not None}  # fmt: skip
+        result["located"] = {k: v for k, v in located.items() if v is not None}
+        return result
+    if failure.what == "weight" or _weights_nonfinite(failure.model):
+        located = {
+            "phase": "optimizer", "op": None, "observed": False, "step": failure.step,
+            "how": "inferred", "detected": failure.what,
+            "note": "the weights became non-finite in the optimizer step of the update before, "
+                    "whose gradients were finite; that step's arithmetic was not replayed",
+        }  # fmt: skip
+        if replay:
+            located["replay"] = {k: replay.get(k) for k in ("phase", "op", "module", "note")
+                                 if replay.get(k) is not None}  # fmt: skip
+        result["located"] = located
+    elif replay:
+        observed = not replay.get("guessed") and not replay.get("note") and bool(replay.get("op"))
+        replay.setdefault("observed", observed)
+        replay.setdefault("how", "replay of the failing update")
+        replay.setdefault("detected", failure.what)
+        result["located"] = replay
+    return result
+
+
+def _weights_nonfinite(model: Any) -> bool:
+    import torch
+
+    try:
+        return any(not bool(torch.isfinite(p.detach()).all()) for p in model.parameters()
+                   if p.is_floating_point() and not p.is_meta)  # fmt: skip
+    except Exception:
+        return False
 
 
 def inspect_graph(loss: Any, *, output: Any = None, site: Any = None) -> dict[str, Any]:
@@ -96,6 +162,15 @@ def inspect_graph(loss: Any, *, output: Any = None, site: Any = None) -> dict[st
     division by exactly zero, a log of zero ...) is named from its inputs, not guessed. Returns
     the ``located`` dict, or ``{}``.
     """
+    try:
+        from nanscope.probes.producer import graph_producer
+
+        produced = graph_producer(loss, site)
+        if produced and produced.get("observed"):
+            produced["from"] = "live graph"
+            return produced
+    except Exception:
+        pass
     try:
         failure = TorchFailure(model=None, loss=loss, output=output, backward_site=site)
         found = _Locator(failure)._from_loss_graph(loss)
@@ -153,7 +228,7 @@ def _source_from_traceback(entries: Any, lib: tuple[str, ...]) -> dict[str, Any]
     frames = frames[_inside_replay([(m.group("file"), m.group("func").strip()) for m in frames]):]
     for m in reversed(frames):
         if _is_user_file(m.group("file"), lib):
-            return {"file": m.group("file"), "line": int(m.group("line")),
+            return {"file": os.path.abspath(m.group("file")), "line": int(m.group("line")),
                     "function": m.group("func").strip()}  # fmt: skip
     return None
 
@@ -162,7 +237,7 @@ def _source_from_stack(stack: list[traceback.FrameSummary], lib: tuple[str, ...]
     stack = stack[_inside_replay([(f.filename, f.name) for f in stack]):]
     for frame in reversed(stack):
         if _is_user_file(frame.filename, lib):
-            out: dict[str, Any] = {"file": frame.filename, "line": frame.lineno,
+            out: dict[str, Any] = {"file": os.path.abspath(frame.filename), "line": frame.lineno,
                                    "function": frame.name}  # fmt: skip
             if frame.line:
                 out["code"] = frame.line.strip()
@@ -204,7 +279,8 @@ def _scan_function(site: Any, op: str) -> dict[str, Any] | None:
     for i in range(end - 1, start - 1, -1):
         code = lines[i].split("#", 1)[0]
         if any(s in code for s in spellings):
-            return {"file": site.file, "line": i + 1, "code": lines[i].strip(), "guessed": True}
+            return {"file": os.path.abspath(site.file), "line": i + 1, "code": lines[i].strip(),
+                    "guessed": True}  # fmt: skip
     return None
 
 
@@ -343,6 +419,7 @@ class _Locator:
         self.node_info: dict[int, dict[str, Any]] = {}
         self.activations: list[dict[str, Any]] = []
         self.first_bad_module: str | None = None
+        self.chain: list[dict[str, Any]] = []
         self.quiet = False
 
     # ---------------------------------------------------------------- entry
@@ -541,6 +618,8 @@ class _Locator:
             if fn is not None and id(fn) not in self.node_info:
                 self.node_info[id(fn)] = {"op": name, "module": module}
         if self.first is not None:
+            if len(self.chain) < 12 and not _all_finite(outs):
+                self.chain.append({"op": name, "module": module})  # a propagator after it
             return
         if _all_finite(outs):
             return
@@ -552,6 +631,7 @@ class _Locator:
         }  # fmt: skip
         if in_finite and not _has_nonfinite_scalar(args, kwargs or {}):
             self.first = entry
+            entry["call"] = (func, args, kwargs)
         elif self.first_nan is None and entry["out"].get("nan") and not any(
             s.get("nan") for s in entry["ins"]
         ):
@@ -587,6 +667,18 @@ class _Locator:
             "output": "nan" if origin["out"].get("nan") else "inf",
         }
         located["input_zero"] = located["inputs"] == "exactly zero"
+        if origin is self.first and self.chain:
+            located["chain"] = [{k: v for k, v in c.items() if v is not None} for c in self.chain]
+        with contextlib.suppress(Exception):
+            from nanscope.probes import producer
+
+            located["why"] = producer.why_nonfinite(origin["op"], origin["ins"], out_dtype)
+            call = origin.get("call")
+            if call is not None and out_dtype in ("float16", "bfloat16"):
+                located["recomputed"] = producer.recompute(*call)
+                verdict = producer.precision_verdict(out_dtype, located["recomputed"])
+                if verdict:
+                    located["precision"] = verdict
         if origin is not self.first:
             located["note"] = "the op's inputs were already non-finite"
         if self.f.autocast is not None:

@@ -20,7 +20,7 @@ from typing import Any, NoReturn
 
 from nanscope.diagnose.diagnosis import SCHEMA, Diagnosis
 from nanscope.errors import InputError, UsageError
-from nanscope.trace import TRACE_SCHEMA, Trace
+from nanscope.trace import Trace
 
 __all__ = ["load_inputs", "main"]
 
@@ -73,36 +73,18 @@ def _read_diagnosis(path: Path) -> Diagnosis | None:
 
 
 def _load(path: Path) -> Trace:
-    """A nanscope trace through the core reader, any other log through :mod:`nanscope.logs`."""
-    if path.name == "trace.jsonl" or _is_nanscope_trace(path):
-        from nanscope.trace import read_trace
+    """Any trace or log, through the one loader every command uses."""
+    from nanscope.loading import load
 
-        return read_trace(path)
-    from nanscope.logs import load_trace
-
-    try:
-        return load_trace(path)
-    except InputError:
-        raise
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise InputError(f"{path}: cannot be read as a trace or a log ({exc})") from None
+    return load(path)
 
 
-def _is_nanscope_trace(path: Path) -> bool:
-    if not path.is_file():
-        return False
-    try:
-        with path.open("rb") as handle:
-            head = handle.readline(64 * 1024)
-    except OSError:
-        return False
-    return b'"schema"' in head and TRACE_SCHEMA.encode() in head
-
-
-def _diagnose(trace: Trace) -> Diagnosis:
+def _diagnose(trace: Trace, path: Path | None = None) -> Diagnosis:
     from nanscope.diagnose import diagnose
+    from nanscope.loading import run_evidence
 
-    return diagnose(trace)
+    evidence = run_evidence(path) if path is not None and trace.meta.get("schema") else {}
+    return diagnose(trace, evidence)
 
 
 def _as_diagnosis_file(path: Path) -> dict[str, Any] | None:
@@ -127,7 +109,7 @@ def load_inputs(target: str | Path) -> tuple[Trace | None, Diagnosis, Path]:
         stored = None
         if (path / "diagnosis.json").is_file():
             stored = _read_diagnosis(path / "diagnosis.json")
-        return run_trace, stored or _diagnose(run_trace), path / "report.html"
+        return run_trace, stored or _diagnose(run_trace, path), path / "report.html"
     if path.is_file():
         data = _as_diagnosis_file(path)
         if data is not None:
@@ -141,7 +123,7 @@ def load_inputs(target: str | Path) -> tuple[Trace | None, Diagnosis, Path]:
                 trace = _load(sibling)
             return trace, diagnosis, path.parent / "report.html"
     loaded = _load(path)
-    return loaded, _diagnose(loaded), Path("report.html")
+    return loaded, _diagnose(loaded, path), Path("report.html")
 
 
 def main(argv: list[str]) -> int:

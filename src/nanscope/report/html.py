@@ -22,13 +22,15 @@ from __future__ import annotations
 import base64
 import html
 import json
-import math
+import os
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from nanscope.diagnose.diagnosis import VERDICTS, Diagnosis
+from nanscope import formatting
+from nanscope.diagnose.diagnosis import VERDICTS, Diagnosis, set_html_renderer
 from nanscope.report import plots as _plots
 from nanscope.trace import Trace
 
@@ -56,26 +58,22 @@ def _e(value: Any) -> str:
 
 
 def fmt_number(value: Any) -> str:
-    """A number as people read it: 4 significant digits, ``nan``/``inf`` kept."""
-    if isinstance(value, bool):
-        return str(value).lower()
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        if math.isnan(value):
-            return "nan"
-        if math.isinf(value):
-            return "inf" if value > 0 else "-inf"
-        if value == 0:
-            return "0"
-        if abs(value) >= 1e5 or abs(value) < 1e-3:
-            return f"{value:.3e}"
-        return f"{value:.4g}"
-    return str(value)
+    """A number as people read it (:func:`nanscope.formatting.number`)."""
+    return formatting.number(value, none="")
+
+
+_CODE = re.compile(r"`([^`\n]+)`")
+
+
+def _text(value: Any) -> str:
+    """Escape prose and show its ``backtick`` spans as code."""
+    escaped = _e(value)
+    return _CODE.sub(lambda m: f"<code>{m.group(1)}</code>", escaped)
 
 
 def _cell(value: Any) -> str:
-    """One table cell's content (escaped)."""
+    """One table cell's content (escaped): numbers readable, mappings as name/value pairs, a list
+    of mappings one per line; never a Python repr."""
     if value is None:
         return ""
     if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -83,20 +81,28 @@ def _cell(value: Any) -> str:
     if isinstance(value, Mapping):
         return _kv(value)
     if isinstance(value, (list, tuple)):
-        shown = ", ".join(
-            fmt_number(v) if isinstance(v, (int, float)) else str(v) for v in list(value)[:12]
-        )
-        more = f" ... ({len(value)} in all)" if len(value) > 12 else ""
-        return _e(shown + more)
-    return _e(value)
+        items = list(value)
+        if any(isinstance(v, Mapping) for v in items):
+            shown = [f'<div class="item">{_cell(v)}</div>' for v in items[:12]]
+            if len(items) > 12:
+                shown.append(f'<div class="note">... ({len(items)} in all)</div>')
+            return "".join(shown)
+        return _e(formatting.value(items))
+    if isinstance(value, str):
+        return _text(value)
+    return _e(formatting.value(value))
 
 
 def _kv(data: Mapping[str, Any]) -> str:
     parts = []
     for key, value in data.items():
-        if isinstance(value, Mapping):
+        if value is None:
             continue
-        parts.append(f'<span class="mono">{_e(key)}</span>={_cell(value)}')
+        inner = _cell(value)
+        if isinstance(value, (Mapping, list, tuple)) and value:
+            parts.append(f'<div class="kv"><span class="key">{_e(key)}</span> {inner}</div>')
+        else:
+            parts.append(f'<span class="pair"><span class="key">{_e(key)}</span> {inner}</span>')
     return " ".join(parts)
 
 
@@ -175,17 +181,28 @@ def _located_text(located: Mapping[str, Any]) -> str:
 # ---------------------------------------------------------------------------- sections
 
 
+#: verdicts that are not a failure found at an update
+_NOT_A_FAILURE = ("healthy", "unobserved", "interrupted")
+#: what the verdict box says instead of the cause ``unknown`` for the verdicts that are no finding
+_VERDICT_WORDS = {
+    "unobserved": "nothing was watched: no update recorded",
+    "interrupted": "stopped from outside before a verdict: no failure found until then",
+}
+
+
 def _verdict_box(d: Mapping[str, Any]) -> str:
     verdict = d.get("verdict") or "unknown"
     cause = d.get("cause") or "unknown"
     unit = _unit(d)
     bits = []
-    if d.get("step") is not None and verdict != "healthy":
+    if verdict == "interrupted" and d.get("step") is not None:
+        bits.append(f"stopped from outside after {unit} {d['step']}")
+    elif d.get("step") is not None and verdict not in _NOT_A_FAILURE:
         bits.append(f"detected at {unit} {d['step']}")
     fn = d.get("first_nonfinite")
     if isinstance(fn, Mapping) and fn.get("step") is not None:
         bits.append(f"first non-finite {fn.get('what', 'value')} at {unit} {fn['step']}")
-    if d.get("confidence") is not None:
+    if d.get("confidence") is not None and verdict not in ("unobserved", "interrupted"):
         bits.append(f"confidence {fmt_number(d.get('confidence'))}")
     located = d.get("located")
     if isinstance(located, Mapping):
@@ -209,8 +226,12 @@ def _verdict_box(d: Mapping[str, Any]) -> str:
         f'<div class="verdict verdict-{_verdict_class(verdict)}" id="verdict" '
         f'data-verdict="{_e(verdict)}" data-cause="{_e(cause)}">'
         f'<div class="label">{_e(verdict)}</div>'
-        f'<div class="cause">{_e(cause)}</div>'
-        f'<div class="where">{_e(" · ".join(bits))}</div>{line}</div>'
+        + (
+            f'<div class="cause words">{_e(_VERDICT_WORDS[str(verdict)])}</div>'
+            if str(verdict) in _VERDICT_WORDS
+            else f'<div class="cause">{_e(cause)}</div>'
+        )
+        + f'<div class="where">{_e(" · ".join(bits))}</div>{line}</div>'
     )
 
 
@@ -249,7 +270,7 @@ def _actions(d: Mapping[str, Any]) -> str:
     actions = [a for a in d.get("actions") or [] if a]
     if not actions:
         return ""
-    items = "".join(f"<li>{_e(a)}</li>" for a in actions)
+    items = "".join(f"<li>{_text(a)}</li>" for a in actions)
     return _section("actions", "What to do, in order", f'<ol class="actions">{items}</ol>')
 
 
@@ -258,10 +279,25 @@ def _plots_section(
 ) -> str:
     if trace is None or len(trace) == 0:
         return ""
+    unit = "epoch" if trace.granularity == "epoch" else "update"
+    flat: list[tuple[str, float]] = []
     if panels is None:
-        panels = _plots.build_panels(trace, d)
+        panels = _plots.build_panels(trace, d, flat=flat)
+    flat_note = ""
+    if flat:
+        flat_note = '<p class="data" id="flat">' + _e(
+            "; ".join(f"{title} {fmt_number(v)} at every {unit}" for title, v in flat)
+        ) + " (not plotted: a flat line says nothing more)</p>"
+    if len(trace) < _plots.MIN_UPDATES:
+        return _section(
+            "plots",
+            "Per-update plots",
+            f'<p class="note">one {unit} recorded: nothing to plot over time</p>',
+        )
     if not panels:
-        return _section("plots", "Per-update plots", '<p class="note">nothing to plot</p>')
+        return _section(
+            "plots", "Per-update plots", '<p class="note">nothing to plot</p>' + flat_note
+        )
     if not _plots.have_matplotlib():
         return _section(
             "plots",
@@ -269,7 +305,6 @@ def _plots_section(
             '<p class="note">The plots need matplotlib: pip install "nanscope[plots]".</p>',
         )
     out = []
-    unit = "epoch" if trace.granularity == "epoch" else "update"
     for panel in panels:
         meta = panel.to_dict()
         marks = ",".join(str(m.step) for m in panel.marks)
@@ -303,7 +338,9 @@ def _plots_section(
         "All plots share the x axis.</p>"
     )
     return _section(
-        "plots", "Per-update plots", legend + '<div class="plots">' + "".join(out) + "</div>"
+        "plots",
+        "Per-update plots",
+        legend + '<div class="plots">' + "".join(out) + "</div>" + flat_note,
     )
 
 
@@ -364,6 +401,24 @@ def _located(d: Mapping[str, Any]) -> str:
     return _section("located", "Where it happened", body)
 
 
+def _confirmation(d: Mapping[str, Any]) -> str:
+    """The failing update rerun changed one way at a time (``confirmation``), one row each."""
+    entries = [c for c in d.get("confirmation") or [] if isinstance(c, Mapping)]
+    if not entries:
+        return ""
+    rows = []
+    for c in entries:
+        if not c.get("ran"):
+            outcome = "not run"
+        elif c.get("finite"):
+            outcome = "finite"
+        else:
+            outcome = "still non-finite"
+        rows.append((c.get("change"), outcome, c.get("loss"), c.get("text")))
+    table = _table(("rerun with", "outcome", "loss", "what it shows"), rows, "confirmation")
+    return _section("confirmation", "The failing update, rerun", table)
+
+
 def _rows(d: Mapping[str, Any]) -> str:
     rows = [r for r in d.get("rows") or [] if isinstance(r, Mapping)]
     if not rows:
@@ -376,28 +431,12 @@ def _rows(d: Mapping[str, Any]) -> str:
 
 
 def _lint_findings(d: Mapping[str, Any]) -> list[dict[str, Any]]:
-    found: list[dict[str, Any]] = []
+    """The lint findings the diagnosis holds (``nanscope run`` puts them there); the page runs
+    no linter itself."""
     given = d.get("lint")
-    if isinstance(given, list):
-        found.extend(dict(f) for f in given if isinstance(f, Mapping))
-    src = _source_of(d)
-    if found or not src or not src[1]:
-        return found
-    try:
-        import importlib
-
-        lint = importlib.import_module("nanscope.lint")
-        lint_near = getattr(lint, "lint_near", None)
-        if lint_near is None:
-            lint_near = getattr(importlib.import_module("nanscope.lint._engine"), "lint_near", None)
-        if lint_near is None:
-            return found
-        for item in lint_near(src[0], src[1]):
-            to_dict = getattr(item, "to_dict", None)
-            found.append(dict(to_dict()) if callable(to_dict) else dict(item))
-    except Exception:  # lint is a bonus: a missing or failing linter never costs the report
-        return found
-    return found
+    if not isinstance(given, list):
+        return []
+    return [dict(f) for f in given if isinstance(f, Mapping)]
 
 
 def _lint(d: Mapping[str, Any]) -> str:
@@ -572,13 +611,30 @@ def _run(trace: Trace | None, d: Mapping[str, Any]) -> str:
     return _section("run", "Run", _kv_table(rows, "run"))
 
 
-def _title(trace: Trace | None, d: Mapping[str, Any]) -> str:
-    name = None
-    if trace is not None:
-        name = trace.meta.get("name") or trace.meta.get("run_id")
+def _script_name(trace: Trace | None, d: Mapping[str, Any]) -> str | None:
+    """The run's script (``train.py``, ``-m pkg.train``) from the diagnosis or the trace meta."""
     run = d.get("run") or {}
-    if not name and isinstance(run, Mapping):
-        name = run.get("id")
+    meta: Mapping[str, Any] = trace.meta if trace is not None else {}
+    for holder in (run, meta):
+        if isinstance(holder, Mapping):
+            for key in ("script", "module"):
+                value = holder.get(key)
+                if isinstance(value, str) and value:
+                    return os.path.basename(value) if key == "script" else f"-m {value}"
+    argv = meta.get("argv")
+    if isinstance(argv, list) and argv and isinstance(argv[0], str):
+        first = argv[0]
+        if first.endswith(".py") and os.path.basename(first) not in ("pytest", "__main__.py"):
+            return os.path.basename(first)
+    return None
+
+
+def _title(trace: Trace | None, d: Mapping[str, Any]) -> str:
+    name = _script_name(trace, d)
+    if name is None:
+        run = d.get("run") or {}
+        meta: Mapping[str, Any] = trace.meta if trace is not None else {}
+        name = meta.get("run_id") or (run.get("id") if isinstance(run, Mapping) else None)
     return f"nanscope report: {name}" if name else "nanscope report"
 
 
@@ -597,10 +653,6 @@ def render_report(
     ``plots=False`` leaves the pictures out (a quick page without matplotlib time).
     """
     d = _as_dict(diagnosis)
-    if not d and trace is not None:
-        from nanscope.diagnose import diagnose
-
-        d = diagnose(trace).to_dict()
     page_title = title or _title(trace, d)
     from nanscope import __version__
 
@@ -619,6 +671,7 @@ def render_report(
         _actions(d),
         _plots_section(trace, d, None) if plots else "",
         _located(d),
+        _confirmation(d),
         _rows(d),
         _lint(d),
         _scan(d),
@@ -642,24 +695,22 @@ def render_report(
 
 
 def write_report(
-    trace: Trace | str | Path | None,
+    trace: Trace | None,
     diagnosis: Diagnosis | Mapping[str, Any] | None,
     path: str | Path,
     png_dir: str | Path | None = None,
 ) -> Path:
     """Write the page to ``path`` (parent folders created); with ``png_dir`` also one PNG per plot.
 
-    ``trace`` may be a :class:`~nanscope.trace.Trace` or a path to a trace/log; ``diagnosis``
-    ``None`` diagnoses the trace. Returns the path written.
+    The page shows what it is given and runs nothing: read a file with
+    :func:`nanscope.loading.load` and diagnose it with :func:`nanscope.diagnose` first. Returns the
+    path written.
     """
     if trace is not None and not isinstance(trace, Trace):
-        from nanscope.logs import load_trace
-
-        trace = load_trace(Path(trace))
-    if diagnosis is None and trace is not None:
-        from nanscope.diagnose import diagnose
-
-        diagnosis = diagnose(trace)
+        raise TypeError(
+            f"write_report takes a Trace, got {type(trace).__name__}: read files with "
+            "nanscope.loading.load(path)"
+        )
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(render_report(trace, diagnosis), encoding="utf-8")
@@ -673,6 +724,8 @@ _FRAGMENT_COLORS = {
     "diverging": ("#fff4e0", "#e08a00"),
     "nonfinite": ("#fdecec", "#d62728"),
     "suspect": ("#f2ecf8", "#7b4fb3"),
+    "unobserved": ("#eef1f5", "#56657a"),
+    "interrupted": ("#fff8d6", "#b08800"),
 }
 
 
@@ -698,7 +751,7 @@ def diagnosis_fragment(diagnosis: Diagnosis | Mapping[str, Any]) -> str:
     ]
     evidence = [e for e in d.get("evidence") or [] if isinstance(e, Mapping)]
     if evidence:
-        items = "".join(f"<li>{_e(e.get('text', ''))}</li>" for e in evidence[:5])
+        items = "".join(f"<li>{_text(e.get('text', ''))}</li>" for e in evidence[:5])
         parts.append(
             f'<div style="margin-top:4px">evidence:</div><ul style="margin:2px 0">{items}</ul>'
         )
@@ -709,9 +762,12 @@ def diagnosis_fragment(diagnosis: Diagnosis | Mapping[str, Any]) -> str:
             parts.append(f"<div>where: <code>{_e(text)}</code></div>")
     actions = [a for a in d.get("actions") or [] if a]
     if actions:
-        items = "".join(f"<li>{_e(a)}</li>" for a in actions)
+        items = "".join(f"<li>{_text(a)}</li>" for a in actions)
         parts.append(
             f'<div style="margin-top:4px">do, in order:</div><ol style="margin:2px 0">{items}</ol>'
         )
     parts.append("</div>")
     return "".join(parts)
+
+
+set_html_renderer(diagnosis_fragment)

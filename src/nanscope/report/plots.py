@@ -42,11 +42,15 @@ __all__ = [
     "x_to_pixel",
 ]
 
-#: figure size in inches (width, height) and the dpi of the PNG pictures
-FIG_SIZE: tuple[float, float] = (10.0, 2.3)
+#: figure size in inches (width, height) and the dpi of the PNG pictures; the page shows each
+#: picture as wide as its column
+FIG_SIZE: tuple[float, float] = (12.0, 2.4)
 PNG_DPI = 100
-#: the axes box in figure fractions (left, bottom, right, top), the same for every panel
-AXES_BOX: tuple[float, float, float, float] = (0.09, 0.19, 0.80, 0.86)
+#: the axes box in figure fractions (left, bottom, right, top), the same for every panel; the
+#: strip on the right holds the legend of the panels with several lines
+AXES_BOX: tuple[float, float, float, float] = (0.065, 0.18, 0.86, 0.87)
+#: fewer updates than this make no picture (one point on empty axes says nothing)
+MIN_UPDATES = 2
 
 #: the colour of non-finite markers (the tests look for it in the pixels)
 NONFINITE_COLOR = "#d62728"
@@ -56,6 +60,8 @@ VERDICT_COLORS: Mapping[str, str] = {
     "diverging": "#e08a00",
     "nonfinite": "#d62728",
     "suspect": "#7b4fb3",
+    "unobserved": "#56657a",
+    "interrupted": "#b08800",
 }
 #: most per-layer gradient lines drawn (the largest ones); the rest are counted in the title
 MAX_LAYERS = 8
@@ -236,11 +242,27 @@ def _reduce(x: np.ndarray, y: np.ndarray, limit: int = MAX_POINTS) -> tuple[np.n
     return np.array(xs), np.array(ys)
 
 
-def build_panels(trace: Trace, diagnosis: Any = None) -> list[Panel]:
+def _flat_value(lines: Sequence[Line]) -> float | None:
+    """The one value every line of a panel holds (a constant learning rate), else None."""
+    values = np.concatenate([ln.y[np.isfinite(ln.y)] for ln in lines]) if lines else np.array([])
+    if values.size == 0 or any(not np.isfinite(ln.y).all() for ln in lines):
+        return None
+    lo, hi = float(values.min()), float(values.max())
+    return lo if hi - lo <= 1e-12 * max(abs(lo), abs(hi), 1e-300) else None
+
+
+def build_panels(
+    trace: Trace, diagnosis: Any = None, *, flat: list[tuple[str, float]] | None = None
+) -> list[Panel]:
     """The panels a trace supports, in report order: loss, gradient norms, update/weight ratio,
-    sign-flip fraction, learning rate. A panel is left out when the trace has no value for it."""
+    sign-flip fraction, learning rate.
+
+    Only panels that say something are kept: none for a trace with fewer than
+    :data:`MIN_UPDATES` updates, none for a series with no value, and none (besides the loss) for
+    a series that holds one value throughout, such as a constant learning rate; those are
+    appended to ``flat`` as ``(title, value)`` when a list is given, for a one-line note."""
     n = len(trace)
-    if n == 0:
+    if n < MIN_UPDATES:
         return []
     steps = trace.steps().astype(np.float64)
     lo, hi = float(steps.min()), float(steps.max())
@@ -250,7 +272,8 @@ def build_panels(trace: Trace, diagnosis: Any = None) -> list[Panel]:
     marks = loss_marks(trace)
     verdict = str(_get(diagnosis, "verdict") or "")
     detect = _get(diagnosis, "step")
-    detect_step = int(detect) if isinstance(detect, (int, float)) and verdict != "healthy" else None
+    failed = verdict not in ("healthy", "unobserved", "interrupted")
+    detect_step = int(detect) if isinstance(detect, (int, float)) and failed else None
     common: dict[str, Any] = {
         "xlim": xlim,
         "xlabel": xlabel,
@@ -364,7 +387,14 @@ def build_panels(trace: Trace, diagnosis: Any = None) -> list[Panel]:
                 **common,
             )
         )
-    return panels
+    kept = []
+    for panel in panels:
+        value = None if panel.key == "loss" else _flat_value(panel.lines)
+        if value is None:
+            kept.append(panel)
+        elif flat is not None:
+            flat.append((panel.title.replace(" (log scale)", ""), value))
+    return kept
 
 
 def _get(obj: Any, key: str) -> Any:
@@ -394,6 +424,7 @@ def render(panel: Panel, fmt: str = "svg") -> bytes:
 
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
 
     # a bare Figure on an Agg canvas: no pyplot, no global backend switch (safe inside Jupyter)
     fig = Figure(figsize=FIG_SIZE, dpi=PNG_DPI)
@@ -418,6 +449,7 @@ def render(panel: Panel, fmt: str = "svg") -> bytes:
     if panel.ylim is not None:
         ax.set_ylim(*panel.ylim)
     ax.set_xlim(*panel.xlim)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # updates are whole numbers
     ax.set_xlabel(panel.xlabel)
     ax.set_ylabel(panel.ylabel)
     title = panel.title + (f"  ({panel.note})" if panel.note else "")

@@ -11,9 +11,10 @@ Patched once, on first use, and dispatched to the live watchers (a weak set):
   scaler skips (the optimizer's own hooks never see those).
 
 Each patch calls the original first or last and does nothing else when no watcher is live. A fault
-inside nanscope's part of a patch is caught by :class:`Guard`: one warning, that hook off, training
-goes on. :class:`nanscope.DivergenceError` is the only exception allowed through: it is how a
-watcher stops the step.
+inside nanscope's part of a patch is caught by :class:`Guard` (the one fault guard,
+:mod:`nanscope._guard`): one warning, that hook off, training goes on.
+:class:`nanscope.DivergenceError` is the only exception allowed through: it is how a watcher stops
+the step.
 """
 
 from __future__ import annotations
@@ -23,51 +24,21 @@ import functools
 import os
 import sys
 import threading
-import warnings
 import weakref
-from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
-from nanscope.errors import DivergenceError
+from nanscope._guard import REPORT, FaultGuard
 from nanscope.probes.failure import CallSite
 
-__all__ = ["GUARD", "Guard", "install", "live_watchers", "user_site"]
-
-T = TypeVar("T")
-
-REPORT = "Please report this to the nanscope issue tracker, with the warning text."
+__all__ = ["GUARD", "REPORT", "Guard", "install", "live_watchers", "user_site"]
 
 
-class Guard:
-    """Runs nanscope's hook code; on an internal bug: warn once, switch that hook off, go on."""
+class Guard(FaultGuard):
+    """The fault guard of hook code (:class:`nanscope._guard.FaultGuard`, parts called hooks)."""
 
     def __init__(self) -> None:
-        self.off: set[str] = set()
-        self.faults: dict[str, str] = {}
-
-    def run(self, name: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T | None:
-        if name in self.off:
-            return None
-        try:
-            return fn(*args, **kwargs)
-        except DivergenceError:
-            raise
-        except Exception as exc:
-            self.fault(name, exc)
-            return None
-
-    def fault(self, name: str, exc: BaseException) -> None:
-        if name in self.off:
-            return
-        self.off.add(name)
-        self.faults[name] = f"{type(exc).__name__}: {exc}"
-        warnings.warn(
-            f"nanscope: internal error in its {name} hook ({type(exc).__name__}: {exc}); that "
-            f"hook is now off and your training goes on. {REPORT}",
-            RuntimeWarning,
-            stacklevel=3,
-        )
+        super().__init__("hook")
 
 
 #: the guard of the process-wide patches

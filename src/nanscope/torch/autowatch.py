@@ -153,6 +153,9 @@ def enable() -> None:
         module_mod.register_module_forward_hook(_forward_post, with_kwargs=True, always_call=True)
     )
     del torch
+    from nanscope.probes.producer import LIVE  # producer: check the ops of the first update
+
+    LIVE.start()
     try:  # dataset rows of each batch, when the DataLoader's sampler tells them
         from nanscope.probes import rows
 
@@ -190,8 +193,7 @@ def _outermost(module: Any, args: Any, kwargs: Any, output: Any) -> None:
     bound = _BOUND.get(id(module))
     if bound:
         for watcher in bound:
-            watcher.on_forward(tuple(args), dict(kwargs or {}))
-            watcher._output = output
+            watcher.on_forward(tuple(args), dict(kwargs or {}), output)
         return
     if len(_SEEN) > 32:
         _SEEN.clear()
@@ -242,13 +244,13 @@ def _step_pre(optimizer: Any, args: Any, kwargs: Any) -> Any:
     _COLLECTOR.reset()
     if watcher is None:
         return None
-    return watcher._step_pre(optimizer, args, kwargs)
+    return watcher.step_pre(optimizer, args, kwargs)
 
 
 def _step_post(optimizer: Any, args: Any, kwargs: Any) -> None:
     watcher = _WATCHERS.get(optimizer)
     if watcher is not None:
-        watcher._step_post(optimizer, args, kwargs)
+        watcher.step_post(optimizer, args, kwargs)
 
 
 def _watcher_for(optimizer: Any) -> Any:
@@ -274,7 +276,7 @@ def _watcher_for(optimizer: Any) -> Any:
 
 def _bind(watcher: Any) -> None:
     """Pick the model: the outermost module seen whose parameters the optimizer holds most of."""
-    ids = {id(p) for p in watcher._params()}
+    ids = {id(p) for p in watcher.params()}
     best: tuple[int, Any, tuple[Any, ...], dict[str, Any], Any] | None = None
     for ref, args, kwargs, output in list(_SEEN.values()):
         module = ref()
@@ -290,7 +292,6 @@ def _bind(watcher: Any) -> None:
         return
     _, module, args, kwargs, output = best
     watcher.bind_model(module, hook=False)
-    watcher.on_forward(args, kwargs)
-    watcher._output = output
+    watcher.on_forward(args, kwargs, output)
     _BOUND.setdefault(id(module), []).append(watcher)
     _SEEN.pop(id(module), None)

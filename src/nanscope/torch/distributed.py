@@ -9,9 +9,11 @@ decision at the same update:
   number, its negation, the earliest bad update, and one slot per rank holding that rank's alarm
   kind and what went non-finite there). Every rank reads the same vector, so every rank stops (or
   goes on) together, and all of them know which rank(s) broke first.
-* :class:`AgreeingDetectors` is the wrapper detector :func:`attach` puts in place of a Monitor's
-  detector list: it runs the local detectors, then agrees. A rank whose own detectors saw nothing
-  stops with a *peer* alarm naming the rank that broke.
+* :func:`agree` is a combinator around a Monitor's detectors, the way optax's ``apply_if_finite``
+  wraps an inner transform: the :class:`AgreeingDetectors` it returns runs the local detectors,
+  then agrees. A rank whose own detectors saw nothing stops with a *peer* alarm naming the rank
+  that broke. :func:`attach` wraps an existing Monitor's detectors with it
+  (:meth:`nanscope.Monitor.wrap_detectors`).
 * At the stop every rank still alive gathers the key fields of the others' diagnoses
   (``all_gather_object``, one call, only then); rank 0 merges them: the cause, evidence and rows
   of the first bad rank, plus ``rank`` and ``ranks`` (``Diagnosis.extra``), and writes
@@ -21,9 +23,10 @@ decision at the same update:
   which rank is gone (each rank leaves ``rank{r}/rank.json`` with its pid; a pid that no longer runs
   on this host is a dead rank) and write ``<run root>/failure.json``.
 
-Use it from a script with :func:`watch` (``nanscope.watch`` plus :func:`attach`), or with
-``nanscope run`` under ``torchrun`` (see ``docs/distributed.md``: :func:`arm` before the script,
-:func:`finish` after it).
+Use it from a script with ``nanscope.watch(model, optimizer)`` (under a process group of more
+than one rank it attaches the agreement itself; ``every_agree=N`` thins it), or with ``nanscope
+run`` under ``torchrun`` (see ``docs/distributed.md``: :func:`arm` before the script, :func:`finish`
+after it).
 
 How often it combines: every observed update by default. On CPU/gloo one ``all_reduce`` of a few
 int64 costs tens of microseconds next to the gradient all-reduce DDP already does. On accelerators
@@ -53,13 +56,14 @@ from typing import Any
 import torch.distributed as dist
 
 import torch
-from nanscope.detectors import Alarm, default_detectors
+from nanscope.detectors import Alarm, Detector
 from nanscope.errors import UsageError
 from nanscope.monitor import Monitor
 
 __all__ = [
     "AgreeingDetectors",
     "DistributedAgreement",
+    "agree",
     "arm",
     "attach",
     "attach_watcher",
@@ -68,8 +72,6 @@ __all__ = [
     "is_distributed",
     "launched_by_torchrun",
     "refuse_under_torchrun",
-    "run_main",
-    "watch",
 ]
 
 #: alarm kinds, in the order the agreement ranks them (the highest wins on every rank)
@@ -207,30 +209,26 @@ class DistributedAgreement:
 
 
 class AgreeingDetectors:
-    """A detector that runs a Monitor's own detectors, then agrees with the other ranks.
+    """A detector that runs the local detectors (``inner``), then agrees with the other ranks.
 
-    It takes the place of ``Monitor._detectors`` (see :func:`attach`); ``inner`` holds the local
-    detectors. A collective that fails (a rank died, or the process group timed out) turns into a
-    ``rank_failure`` alarm on this rank, after the dead ranks are named.
+    Made by :func:`agree`. A collective that fails (a rank died, or the process group timed out)
+    turns into a ``rank_failure`` alarm on this rank, after the dead ranks are named.
     """
 
-    def __init__(self, monitor: Monitor, agreement: DistributedAgreement) -> None:
-        self.inner: list[Any] = list(monitor._detectors)
+    def __init__(self, inner: Detector, agreement: DistributedAgreement) -> None:
+        self.inner = inner
         self.agreement = agreement
-        self._monitor = weakref.ref(monitor)
         self.failed: dict[str, Any] | None = None
         self.stops = 0
 
     def reset(self) -> None:
         """Fresh local detectors (after a rollback); the agreement stays."""
-        self.inner = default_detectors()
+        reset = getattr(self.inner, "reset", None)
+        if callable(reset):
+            reset()
 
     def step(self, record: dict[str, Any]) -> Alarm | None:
-        alarm: Alarm | None = None
-        for detector in self.inner:
-            fired = detector.step(record)
-            if fired is not None and alarm is None:
-                alarm = fired
+        alarm = self.inner.step(record)
         if self.failed is not None:
             return None  # the group is gone: nothing left to agree on, the stop already happened
         step = int(record["step"])
@@ -301,6 +299,26 @@ def _what(alarm: Alarm | None, record: dict[str, Any]) -> list[str]:
 # ---------------------------------------------------------------------- attaching
 
 
+def agree(
+    inner: Detector,
+    agreement: DistributedAgreement | None = None,
+    *,
+    every: int = 1,
+    group: Any = None,
+) -> AgreeingDetectors:
+    """Wrap the detectors ``inner`` so that every rank takes the same decision (a combinator).
+
+    ``agreement`` defaults to a new :class:`DistributedAgreement` (``group``, ``every``); making
+    one is a collective when it creates a gloo side group, so call this on every rank at once::
+
+        monitor = Monitor(detectors=agree(DetectorChain()))     # or, on an existing Monitor:
+        monitor.wrap_detectors(agree)
+    """
+    if agreement is None:
+        agreement = DistributedAgreement(group, every=every)
+    return AgreeingDetectors(inner, agreement)
+
+
 def attach(monitor: Monitor, *, every: int = 1, group: Any = None) -> AgreeingDetectors | None:
     """Make ``monitor`` agree with the other ranks; returns the wrapper (None when not distributed).
 
@@ -314,17 +332,15 @@ def attach(monitor: Monitor, *, every: int = 1, group: Any = None) -> AgreeingDe
     if existing is not None:
         return existing
     agreement = DistributedAgreement(group, every=every)
-    wrapper = AgreeingDetectors(monitor, agreement)
     root = [str(monitor.run_dir)]
     dist.broadcast_object_list(root, src=0, group=agreement.group)
     run_root = Path(root[0])
-    if monitor._writer is None:
-        monitor.run_dir = run_root / f"rank{agreement.rank}"
+    monitor.move_run_dir(run_root / f"rank{agreement.rank}")
     monitor.meta.update(rank=agreement.rank, world_size=agreement.world_size,
                         run_root=str(run_root))  # fmt: skip
-    monitor._detectors = [wrapper]
-    # a rollback resets the detectors: keep the wrapper, renew only the local ones
-    monitor._reset_detectors = wrapper.reset  # type: ignore[method-assign]
+    # a rollback resets the detectors: the wrapper stays, its reset renews only the local ones
+    wrapper = AgreeingDetectors(monitor.detectors, agreement)
+    monitor.wrap_detectors(lambda inner: wrapper)
     monitor.on_stop.append(_merge_at_stop)
     _ATTACHED[monitor] = wrapper
     _STATE["root"] = run_root
@@ -339,18 +355,6 @@ def attach_watcher(watcher: Any, *, every: int = 1) -> AgreeingDetectors | None:
     if wrapper is not None:
         watcher.monitor.meta.setdefault("distributed", dist.get_backend())
     return wrapper
-
-
-def watch(model: Any, optimizer: Any, *, every_agree: int = 1, **kwargs: Any) -> Any:
-    """``nanscope.watch(model, optimizer, **kwargs)`` that agrees across ranks (call on every rank).
-
-    ``model`` may be the DDP wrapper or the module inside it.
-    """
-    from nanscope.torch.watch import _make_watcher
-
-    watcher = _make_watcher(model, optimizer, **kwargs)
-    attach_watcher(watcher, every=every_agree)
-    return watcher
 
 
 # ---------------------------------------------------------------------- the merged diagnosis
@@ -405,7 +409,7 @@ def _merge_at_stop(monitor: Monitor, alarm: Alarm) -> None:
     diagnosis.extra.update(rank=first, ranks=ranks, this_rank=0, world_size=ag.world_size,
                            per_rank=per_rank)  # fmt: skip
     _add_rank_evidence(diagnosis, ag, alarm)
-    if monitor._write:
+    if monitor.writes:
         try:
             run_root.mkdir(parents=True, exist_ok=True)
             (run_root / "diagnosis.json").write_text(diagnosis.to_json() + "\n")
@@ -484,10 +488,9 @@ def finish(diagnosis: Any, *, code: int, wait: float = 20.0) -> Any:
     if gone:
         diagnosis.extra["dead_ranks"] = gone
         diagnosis.extra["rank_failure"] = _read_failure(Path(root))
-    from nanscope.diagnose.diagnosis import Diagnosis
+    from nanscope.diagnose.diagnosis import VERDICT_RANK, Diagnosis
 
-    order = {"nonfinite": 0, "diverging": 1, "suspect": 2, "unobserved": 3, "interrupted": 3,
-             "healthy": 4}  # a rank that watched nothing makes the job not healthy
+    order = VERDICT_RANK
     worst: tuple[int, dict[str, Any]] | None = None
     for rank, d in sorted(others.items()):
         if rank == 0 or d.get("verdict") == "healthy":
@@ -661,19 +664,7 @@ def arm() -> None:
     _STATE["in_script"] = True
     from nanscope.torch import autowatch
 
-    hook = getattr(autowatch, "on_watcher", None)
-    if isinstance(hook, list):  # the adapter's extension point, when it has one
-        hook.append(_attach_new)
-    else:  # first version: wrap the function that makes each run's Watcher
-        original = autowatch._watcher_for
-
-        def _watcher_for(optimizer: Any) -> Any:
-            watcher = original(optimizer)
-            if watcher is not None:
-                _attach_new(watcher)
-            return watcher
-
-        autowatch._watcher_for = _watcher_for  # type: ignore[assignment]
+    autowatch.on_watcher.append(_attach_new)
     if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
         signal.signal(signal.SIGTERM, _on_sigterm)
 
@@ -695,25 +686,3 @@ def _on_sigterm(signum: int, frame: Any) -> None:
     if _STATE.get("in_script"):
         _STATE["in_script"] = False
         raise SystemExit(128 + signum)
-
-
-def run_main(argv: list[str]) -> int:
-    """``python -m nanscope.torch.distributed run [options] -- train.py``: ``nanscope run`` with
-    the ranks agreeing, usable under torchrun before ``nanscope run`` itself calls :func:`arm` and
-    :func:`finish` (see ``docs/distributed.md``). Rank 0 writes ``--json``/``--html``; the other
-    ranks write ``PATH.rank{r}``."""
-    if not argv or argv[0] != "run":
-        print("usage: python -m nanscope.torch.distributed run [options] -- python train.py",
-              file=sys.stderr)  # fmt: skip
-        return 2
-    from nanscope.cli import main as cli_main
-
-    # `nanscope run` itself arms the agreement, writes PATH.rank{r} on the other ranks and merges
-    # the diagnosis on rank 0 under torchrun; this entry point stays for existing command lines
-    return cli_main(["run", *argv[1:]])
-
-
-if __name__ == "__main__":  # pragma: no cover - the entry point under torchrun
-    from nanscope.torch import distributed as _module  # one copy of the module state
-
-    sys.exit(_module.run_main(sys.argv[1:]))

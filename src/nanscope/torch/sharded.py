@@ -531,27 +531,23 @@ def _named_tensors(model: Any) -> list[tuple[str, Any]]:
     return named
 
 
-def save_last_good(watcher: Any, alarm: Any) -> Path | None:
-    """:func:`save_shards` for a :class:`~nanscope.torch.Watcher` at its stop (what its own
-    last-good save calls for a sharded model): after a late stop it first puts back the last
-    verified shards (:func:`restore_shards`)."""
-    if watcher.model is None:
-        return None
-    monitor = watcher.monitor
-    failing = getattr(watcher, "_failing", {}) or {}
-    verified = getattr(watcher, "_verified", None)
+def save_last_good(
+    model: Any, monitor: Any, params: list[torch.Tensor], failing: Mapping[str, Any], alarm: Any,
+    deferred: Any,
+) -> tuple[Path | None, list[str]]:
+    """:func:`save_shards` at a watcher's stop; after a late stop it first puts back the last
+    verified shards (``deferred``: the watcher's :class:`~nanscope.torch.deferred.DeferredReads`,
+    see :func:`restore_shards`). Returns the path written (None when none) and notes."""
+    if model is None:
+        return None, []
     restored = False
+    verified = deferred.verified
     if failing.get("late") and verified is not None:
-        restore_shards(watcher._params(), verified)
+        restore_shards(params, verified)
         restored = True
-        monitor.meta["last_good_step"] = watcher._verified_step
-    step = int(watcher._verified_step) if restored else int(failing.get("step", alarm.step)) - 1
-    path, notes = save_shards(watcher.model, monitor, step=step, restored=restored)
-    if notes:
-        watcher._note(notes)
-    if path is not None:
-        watcher.last_good_path = path
-    return path
+        monitor.meta["last_good_step"] = deferred.verified_step
+    step = int(deferred.verified_step) if restored else int(failing.get("step", alarm.step)) - 1
+    return save_shards(model, monitor, step=step, restored=restored)
 
 
 def restore_shards(params: Iterable[Any], saved: Iterable[Any]) -> None:
@@ -601,7 +597,7 @@ def save_shards(
              "mesh_shape": mesh, "shards": shards, "placements": placements,
              "global_shapes": shapes, "offsets": offsets}  # fmt: skip
     path: Path | None = None
-    if getattr(monitor, "writes", getattr(monitor, "_write", True)):
+    if monitor.writes:
         path = monitor.run_dir / "last_good.pt"
         monitor.run_dir.mkdir(parents=True, exist_ok=True)
         torch.save(state, path)

@@ -19,6 +19,7 @@ from typing import Any, Literal
 import numpy as np
 
 from nanscope.data._model import ColumnStats, Finding, Severity
+from nanscope.formatting import number
 
 __all__ = [
     "Context",
@@ -99,16 +100,7 @@ class Context:
 
 def fmt_num(x: float) -> str:
     """A number short enough for a message."""
-    if isinstance(x, (int, np.integer)) and not isinstance(x, bool):
-        return f"{int(x):,}"
-    if not math.isfinite(x):
-        return "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")
-    if x == int(x) and abs(x) < 1e15:
-        return f"{int(x):,}"
-    ax = abs(x)
-    if ax >= 1e5 or ax < 1e-3:
-        return f"{x:.3g}"
-    return f"{x:.4g}"
+    return number(x, thousands=True)
 
 
 def fmt_rows(rows: tuple[int, ...], count: int) -> str:

@@ -1,0 +1,145 @@
+"""What every command shares on its way in and out: one parser, one error line, one warning line.
+
+- :class:`CommandParser`: an ``argparse`` parser whose errors raise :class:`UsageError` (the
+  dispatcher prints one line and exits 2) instead of printing the usage and exiting itself.
+- :func:`clean`: text echoed from a user's file (a column name, a line of a log, an error message
+  that quotes bytes) with control and escape characters removed and its length bounded, so a
+  binary file never paints the terminal.
+- :func:`warn`: a nanscope warning, printed by :func:`install_warning_format` as one
+  ``nanscope: warning: ...`` line on stderr, never as ``path:line: UserWarning`` with a source line.
+- :func:`check_writable`: an output path (``--json``, ``--html``, ``-o``) checked before any work
+  starts, so a long run never ends in an unwritable path.
+
+Results go to stdout, progress and warnings to stderr (:func:`say` and :func:`progress`).
+This module imports nothing heavy: ``nanscope lint`` pays only for ``argparse``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any, NoReturn, TextIO
+
+from nanscope._messages import NanscopeWarning, clean, install_warning_format, warn
+from nanscope.errors import UsageError
+
+__all__ = [
+    "CommandParser",
+    "NanscopeWarning",
+    "check_writable",
+    "clean",
+    "install_warning_format",
+    "progress",
+    "say",
+    "warn",
+]
+
+class CommandParser(argparse.ArgumentParser):
+    """``argparse`` whose errors are one :class:`UsageError` line (exit 2 from the dispatcher).
+
+    ``--help`` still prints the help and exits 0 (a ``SystemExit`` the dispatcher passes on).
+    """
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{clean(message)} (see '{self.prog} --help')")
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Any = None, namespace: Any = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        return super().parse_known_args(self._join_values(args), namespace)
+
+    def _join_values(self, args: Any) -> Any:
+        """``--factors -1,0`` as ``--factors=-1,0``: a value that starts with ``-`` but is no
+        option of ours reaches the option (and its own check) instead of an argparse message."""
+        if args is None:
+            return None
+        args = list(args)
+        valued = {s for a in self._actions if a.nargs is None and a.option_strings
+                  for s in a.option_strings}  # fmt: skip
+        known = {s for a in self._actions for s in a.option_strings}
+        out: list[str] = []
+        i = 0
+        while i < len(args):
+            token = args[i]
+            if token == "--":
+                out.extend(args[i:])
+                break
+            nxt = args[i + 1] if i + 1 < len(args) else None
+            if (token in valued and nxt is not None and nxt.startswith("-") and nxt != "-"
+                    and nxt != "--" and nxt.split("=", 1)[0] not in known):  # fmt: skip
+                out.append(f"{token}={nxt}")
+                i += 2
+                continue
+            out.append(token)
+            i += 1
+        return out
+
+
+def say(text: str = "", *, file: TextIO | None = None) -> None:
+    """A result line: stdout."""
+    print(text, file=file or sys.stdout)
+
+
+def progress(text: str) -> None:
+    """A progress or status line: stderr, so ``nanscope X > out.txt`` keeps only the result."""
+    print(text, file=sys.stderr, flush=True)
+
+
+def check_writable(path: str | os.PathLike[str] | None, option: str = "output") -> None:
+    """Raise :class:`UsageError` unless ``path`` can be written: not a directory, its folder
+    exists (or can be made) and is writable, the file itself (if it exists) is writable.
+    ``None`` and ``"-"`` (stdout) pass."""
+    if path is None or str(path) == "-" or str(path) == "":
+        return
+    target = Path(path)
+    where = f"{option} {clean(path)}"
+    if target.is_dir():
+        raise UsageError(f"cannot write {where}: it is a directory; give a file name")
+    if target.exists():
+        if not os.access(target, os.W_OK):
+            raise UsageError(f"cannot write {where}: permission denied")
+        return
+    parent = target.parent if str(target.parent) else Path(".")
+    existing = parent
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise UsageError(f"cannot write {where}: {clean(existing)} is a file, not a folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UsageError(f"cannot write {where}: the folder {clean(existing)} is not writable")
+
+
+def check_folder(path: str | os.PathLike[str] | None, option: str) -> None:
+    """Raise :class:`UsageError` unless ``path`` is (or can be made as) a writable folder."""
+    if path is None:
+        return
+    target = Path(path)
+    where = f"{option} {clean(path)}"
+    existing = target
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise UsageError(f"cannot use {where}: {clean(existing)} is a file, not a folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UsageError(f"cannot use {where}: the folder {clean(existing)} is not writable")
+
+
+def parse_values(argv: list[str], options: tuple[str, ...]) -> dict[str, Any]:
+    """The values given to ``options`` in ``argv`` (``--opt V`` and ``--opt=V``), up to ``--``."""
+    found: dict[str, Any] = {}
+    i = 0
+    while i < len(argv):
+        token = argv[i]
+        if token == "--":
+            break
+        name, eq, value = token.partition("=")
+        if name in options:
+            if eq:
+                found[name] = value
+            elif i + 1 < len(argv):
+                found[name] = argv[i + 1]
+                i += 1
+        i += 1
+    return found

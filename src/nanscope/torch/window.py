@@ -1,0 +1,239 @@
+"""The per-step window: what happened between two optimizer steps (batch, output, losses, clip).
+
+A :class:`StepWindow` is fed by the hooks (the model's forward, ``loss.backward()``, a loss module,
+``clip_grad_norm_``) and read once per update by the :class:`~nanscope.torch.watch.Watcher` when
+it checks the step; :meth:`StepWindow.reset` empties it for the next one. It holds references
+only: nothing is copied or read from an accelerator here.
+
+Several backward calls before one step are micro-batches (gradient accumulation): the step's loss
+is their mean (:meth:`StepWindow.loss`).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from nanscope.capture.keys import INPUT_KEYS, TARGET_KEYS
+from nanscope.probes.failure import CallSite, TorchFailure
+from nanscope.torch import sharded
+
+__all__ = ["StepWindow", "pick_input"]
+
+
+class StepWindow:
+    """References to this step's batch, output and losses (see the module docstring).
+
+    ``args``/``kwargs``/``output``: the model's last forward; ``losses``: the detached loss of each
+    backward since the last step; ``last_loss`` (the tensor, graph attached), ``site`` (the user's
+    ``backward()`` line), ``scaled_by`` (the GradScaler whose ``scale()`` made the last loss);
+    ``loss_module``/``loss_args``: the last loss module call; ``clip_norm``: the pre-clip total
+    norm ``clip_grad_norm_`` returned; ``graph_located``: what the live graph of a non-finite CPU
+    loss showed; ``rng``: the CPU RNG state at the forward (for the replay); ``index``: the
+    batch's dataset rows when known; ``given``: ``(inputs, targets)`` a trainer callback named.
+    """
+
+    def __init__(self) -> None:
+        self.args: tuple[Any, ...] = ()
+        self.kwargs: dict[str, Any] = {}
+        self.output: Any = None
+        self.rng: Any = None
+        self.index: Any = None
+        self.autocast: Any = None
+        self.given: tuple[Any, Any] = (None, None)
+        self.loss_module: Any = None
+        self.loss_args: tuple[Any, ...] = ()
+        self.last_loss: torch.Tensor | None = None
+        self.site: CallSite | None = None
+        self.reset()
+
+    def reset(self) -> None:
+        """Start the next step's window (the batch references stay until the next forward)."""
+        self.losses: list[torch.Tensor] = []
+        self.scaled_by: Any = None
+        self.clip_norm: torch.Tensor | None = None
+        self.graph_located: dict[str, Any] | None = None
+
+    # ------------------------------------------------------------------ fed by the hooks
+
+    def on_forward(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any = None, *, rng: bool
+    ) -> None:
+        """The model's forward ran; ``rng``: keep the CPU RNG state (for an exact replay)."""
+        self.args = args
+        self.kwargs = kwargs
+        self.output = output
+        self.rng = None
+        self.index = _batch_index(args, kwargs)
+        if rng and self.device() == "cpu":
+            self.rng = torch.get_rng_state()
+        self.autocast = autocast_dtype()
+
+    def on_batch(self, inputs: Any, targets: Any) -> None:
+        """A trainer callback names the batch (used where the forward's arguments do not)."""
+        self.given = (inputs, targets)
+
+    def on_backward(
+        self,
+        tensor: torch.Tensor,
+        site: CallSite | None,
+        scaler: Any,
+        inspect: Callable[[torch.Tensor, CallSite | None], None],
+    ) -> None:
+        """``backward()`` was called on ``tensor``; ``inspect`` reads a broken CPU graph now."""
+        self.last_loss = tensor
+        self.site = site
+        if scaler is not None:
+            self.scaled_by = scaler
+        value = tensor.detach().reshape(())
+        self.losses.append(value)
+        # the graph's saved tensors are freed by this backward: read them now if it broke (CPU:
+        # the read is free; on an accelerator it would be a sync per update)
+        if (value.device.type == "cpu" and self.graph_located is None
+                and not math.isfinite(float(value))):  # fmt: skip
+            inspect(tensor, site)
+
+    def on_loss_module(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        self.loss_module = module
+        self.loss_args = args
+        if len(args) < 2:
+            target = kwargs.get("target")
+            if target is not None:
+                self.loss_args = (*args, target)
+
+    def on_clip(self, total: Any) -> None:
+        if isinstance(total, torch.Tensor):
+            self.clip_norm = sharded.replicated(total.detach())  # FSDP2: a replicated DTensor
+
+    # ------------------------------------------------------------------ read at the check
+
+    @property
+    def micro(self) -> int:
+        """How many backward calls (micro-batches) this step had."""
+        return len(self.losses)
+
+    def loss(self, closure_loss: Any = None, scale: torch.Tensor | None = None) -> Any:
+        """This step's loss tensor (the micro-batches' mean), divided by ``scale`` when given.
+
+        Without any backward seen, a one-element ``closure_loss`` (what ``step(closure)``
+        returned) is used.
+        """
+        losses = self.losses
+        if not losses and isinstance(closure_loss, torch.Tensor) and closure_loss.numel() == 1:
+            losses = [closure_loss.detach().reshape(())]
+        if not losses:
+            return None
+        loss = losses[0] if len(losses) == 1 else torch.stack([v.float() for v in losses]).mean()
+        if scale is not None:
+            loss = loss.float() / scale.to(loss.device).reshape(())
+        return loss
+
+    def inputs(self) -> Any:
+        found = pick_input(self.args, self.kwargs)
+        return found if found is not None else self.given[0]
+
+    def targets(self) -> Any:
+        if len(self.loss_args) >= 2 and isinstance(self.loss_args[1], torch.Tensor):
+            return self.loss_args[1]
+        for key in TARGET_KEYS:
+            value = self.kwargs.get(key)
+            if isinstance(value, torch.Tensor):
+                return value
+        given = self.given[1]
+        return given if isinstance(given, torch.Tensor) else None
+
+    def rows_of(self, inputs: Any) -> Any:
+        """The dataset rows of this batch, when they are known and fit its first dimension."""
+        index = self.index
+        if index is None:
+            return None
+        if not isinstance(index, (list, tuple)):
+            return index  # BatchRows: it checks its candidates against the batch itself
+        first = inputs if isinstance(inputs, torch.Tensor) else self.targets()
+        if isinstance(first, torch.Tensor) and first.dim() >= 1 and first.shape[0] != len(index):
+            return None
+        return index
+
+    def failure(
+        self,
+        model: Any,
+        step: int,
+        what: str,
+        *,
+        kept: tuple[Any, Any, Any] | None,
+        current: bool,
+        scaler: Any,
+        scale_history: list[float],
+        extra: dict[str, Any],
+    ) -> TorchFailure:
+        """The state of failing update ``step`` for the probes (the replay of :mod:`locate`).
+
+        kept: ``(args, kwargs, targets)`` of that update when it is not this window's (a late
+        read); current: it is this window's update (its live-graph finding applies).
+        """
+        args, kwargs, targets = kept or (self.args, self.kwargs, self.targets())
+        extra = dict(extra)
+        if self.rng is not None:
+            extra["rng_state"] = self.rng
+        if self.graph_located and current:
+            extra["graph_located"] = self.graph_located
+        return TorchFailure(
+            model=model, args=args, kwargs=kwargs, output=self.output, loss=self.last_loss,
+            loss_module=self.loss_module, loss_args=self.loss_args, targets=targets,
+            backward_site=self.site, step=step, what=what, autocast=self.autocast,
+            grad_scaler=scaler, scale_history=scale_history,
+            batch_index=self.rows_of(pick_input(args, kwargs)), extra=extra,
+        )  # fmt: skip
+
+    def device(self) -> str:
+        for value in self.args:
+            if isinstance(value, torch.Tensor):
+                return value.device.type
+        return "cpu"
+
+
+_CUDA: list[bool] = []
+
+
+def _cuda_available() -> bool:
+    if not _CUDA:
+        _CUDA.append(bool(torch.cuda.is_available()))
+    return _CUDA[0]
+
+
+def autocast_dtype() -> Any:
+    """The autocast dtype active now (CPU, then CUDA), or None."""
+    if torch.is_autocast_enabled("cpu"):
+        return torch.get_autocast_dtype("cpu")
+    if _cuda_available() and torch.is_autocast_enabled("cuda"):
+        return torch.get_autocast_dtype("cuda")
+    return None
+
+
+def _batch_index(args: Any, kwargs: Any) -> Any:
+    """The dataset rows of this forward's batch (checked against the data only when read)."""
+    rows = sys.modules.get("nanscope.probes.rows")
+    if rows is None:
+        return None
+    try:
+        return rows.current_batch_rows(args, kwargs)
+    except Exception:
+        return None
+
+
+def pick_input(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """The batch's input tensor: the first floating positional one, else a known keyword."""
+    first: Any = None
+    for value in args:
+        if isinstance(value, torch.Tensor):
+            if value.is_floating_point():
+                return value
+            first = first if first is not None else value
+    for key in INPUT_KEYS:
+        value = kwargs.get(key)
+        if isinstance(value, torch.Tensor):
+            return value
+    return first

@@ -1,0 +1,352 @@
+"""The flow of DESIGN.md, pinned: no module imports upward against it.
+
+capture -> trace -> detectors -> probes -> rules -> diagnosis -> report, with the CLI on top. The
+test reads every module of ``src/nanscope`` as an AST (nothing is imported) and collects what it
+imports: ``import`` statements at any depth (a lazy import inside a function is still a
+dependency), ``importlib.import_module("...")`` calls with a literal name, but not the imports of
+an ``if TYPE_CHECKING:`` block (types only). Then each layer's forbidden imports are checked.
+
+A violation that lives in a file another part of the project owns and that is not fixed yet is
+listed in :data:`KNOWN_VIOLATIONS` with the reason; once fixed, take it off the list (a stale
+entry is reported by :func:`test_report_stale_allowances`, which only warns, since the fixes
+land from other branches).
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[2] / "src" / "nanscope"
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(SRC.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+MODULES: dict[str, Path] = {_module_name(p): p for p in sorted(SRC.rglob("*.py"))}
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _walk(node: ast.AST) -> Iterator[ast.AST]:
+    """Every node below ``node``, leaving out ``if TYPE_CHECKING:`` bodies."""
+    for child in ast.iter_child_nodes(node):
+        if isinstance(child, ast.If) and _is_type_checking(child):
+            for other in child.orelse:
+                yield other
+                yield from _walk(other)
+            continue
+        yield child
+        yield from _walk(child)
+
+
+def _resolve(module: str, is_package: bool, level: int, name: str | None) -> str:
+    if not level:
+        return name or ""
+    base = module.split(".")
+    if not is_package:
+        base = base[:-1]
+    base = base[: len(base) - (level - 1)]
+    return ".".join(base + ([name] if name else []))
+
+
+def imports_of(module: str) -> set[str]:
+    """The modules ``module`` imports (``from a import b`` counts ``a``, and ``a.b`` when ``b`` is a
+    module of the package)."""
+    path = MODULES[module]
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    found: set[str] = set()
+    for node in _walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = _resolve(module, path.name == "__init__.py", node.level, node.module)
+            found.add(base)
+            for alias in node.names:
+                if f"{base}.{alias.name}" in MODULES:
+                    found.add(f"{base}.{alias.name}")
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, (ast.Attribute, ast.Name))
+            and (getattr(node.func, "attr", None) or getattr(node.func, "id", None))
+            == "import_module"
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)
+        ):
+            found.add(node.args[0].value)
+    found.discard(module)
+    return found
+
+
+def _under(name: str, prefix: str) -> bool:
+    return name == prefix or name.startswith(prefix + ".")
+
+
+def _is_cli(module: str) -> bool:
+    """The command line: the top of the flow, which may import anything."""
+    return (
+        module in ("nanscope.cli", "nanscope.__main__", "nanscope.ledger_cli", "nanscope.rulebook")
+        or _under(module, "nanscope.commands")
+        or module.endswith(".cli")
+    )
+
+
+_CLI = ("nanscope.cli", "nanscope.__main__", "nanscope.commands", "nanscope.ledger_cli")
+_FRAMEWORKS = ("torch", "matplotlib", "lightning", "transformers", "keras", "tensorflow", "jax")
+
+#: (who, forbidden imports, why). ``who`` is a module prefix; a forbidden entry is a prefix too,
+#: or ``"*.cli"`` for every command-line module.
+LAYERS: list[tuple[str, tuple[str, ...], str]] = [
+    (
+        "nanscope.diagnose",
+        ("nanscope.logs", "nanscope.loading", "nanscope.report", "nanscope.torch",
+         "nanscope.probes", "nanscope.monitor", "nanscope.lint", "nanscope.data",
+         "nanscope.experiment", "nanscope.integrations", "nanscope.ledger", *_CLI, "*.cli",
+         *_FRAMEWORKS),
+        "the engine, the rules and the diagnosis know no log format, no page, no framework, no CLI",
+    ),
+    (
+        "nanscope.trace",
+        ("nanscope.diagnose", "nanscope.detectors", "nanscope.monitor", "nanscope.logs",
+         "nanscope.loading", "nanscope.report", "nanscope.torch", "nanscope.probes", *_CLI,
+         *_FRAMEWORKS),
+        "the trace is the bottom layer: records and their file, nothing else",
+    ),
+    (
+        "nanscope.formatting",
+        ("nanscope",),
+        "formatting is pure and imports nothing of nanscope",
+    ),
+    (
+        "nanscope.detectors",
+        ("nanscope.diagnose", "nanscope.probes", "nanscope.report", "nanscope.logs",
+         "nanscope.loading", "nanscope.monitor", "nanscope.torch", *_CLI, *_FRAMEWORKS),
+        "detectors decide when to stop from the records alone",
+    ),
+    (
+        "nanscope.capture",
+        ("nanscope.diagnose", "nanscope.report", "nanscope.logs", "nanscope.loading",
+         "nanscope.monitor", *_CLI),
+        "capture turns arrays into records and knows no rule",
+    ),
+    (
+        "nanscope.monitor",
+        ("nanscope.diagnose.rules", "nanscope.diagnose.context", "nanscope.report",
+         "nanscope.logs", "nanscope.loading", "nanscope.lint", *_CLI, *_FRAMEWORKS),
+        "the Monitor runs the engine, never a rule directly, and is framework-free",
+    ),
+    (
+        "nanscope.torch",
+        ("nanscope.diagnose.rules", "nanscope.diagnose.engine", "nanscope.diagnose.context",
+         "nanscope.report", "nanscope.logs", "nanscope.loading", "nanscope.lint", *_CLI, "*.cli"),
+        "the adapter captures; rules know nothing about torch and torch knows no rule",
+    ),
+    (
+        "nanscope.integrations",
+        ("nanscope.diagnose.rules", "nanscope.diagnose.engine", "nanscope.diagnose.context",
+         "nanscope.report", "nanscope.logs", "nanscope.loading", "nanscope.lint", *_CLI, "*.cli"),
+        "the framework adapters are thin: they feed the Monitor",
+    ),
+    (
+        "nanscope.probes",
+        ("nanscope.diagnose.rules", "nanscope.diagnose.engine", "nanscope.report",
+         "nanscope.logs", "nanscope.loading", *_CLI, "*.cli"),
+        "probes gather evidence for the rules and run no rule",
+    ),
+    (
+        "nanscope.logs",
+        ("nanscope.diagnose", "nanscope.report", "nanscope.monitor", "nanscope.loading",
+         "nanscope.probes", "nanscope.torch", *_CLI, "*.cli"),
+        "log readers are capture: they make records and know no rule",
+    ),
+    (
+        "nanscope.report",
+        ("nanscope.diagnose.engine", "nanscope.diagnose.rules", "nanscope.diagnose.context",
+         "nanscope.logs", "nanscope.lint", "nanscope.data", "nanscope.probes", "nanscope.torch",
+         "nanscope.monitor", "torch", *_CLI),
+        "the report renders what the diagnosis holds and runs nothing (report.cli excepted)",
+    ),
+    (
+        "nanscope",
+        (*_CLI, "*.cli"),
+        "the library knows no CLI",
+    ),
+]
+
+#: (importer, imported, reason) pairs that break a layer today, in files not fixed yet
+KNOWN_VIOLATIONS: set[tuple[str, str]] = {
+    # torch/distributed.py (owned by the torch adapter work) keeps a legacy `run_main` that calls
+    # the CLI; issue 12 removes it
+    ("nanscope.torch.distributed", "nanscope.cli"),
+}
+
+
+def _forbidden(module: str, imported: str, forbidden: tuple[str, ...]) -> bool:
+    for entry in forbidden:
+        if entry == "*.cli":
+            if imported in MODULES and _is_cli(imported):
+                return True
+        elif _under(imported, entry):
+            return True
+    return False
+
+
+def violations() -> set[tuple[str, str, str]]:
+    found = set()
+    for module in MODULES:
+        if _is_cli(module):
+            continue
+        for who, forbidden, why in LAYERS:
+            if not _under(module, who):
+                continue
+            for imported in imports_of(module):
+                if _forbidden(module, imported, forbidden):
+                    found.add((module, imported, why))
+    return found
+
+
+def test_the_walker_sees_lazy_imports_and_skips_type_only_ones() -> None:
+    # engine.py: diagnose() may import lazily; errors.py imports Diagnosis for types only
+    assert "nanscope.diagnose.rules" in imports_of("nanscope.diagnose.engine")
+    assert "nanscope.diagnose.diagnosis" not in imports_of("nanscope.errors")
+    # a lazy import inside a function counts (the loader reads logs only when asked)
+    assert "nanscope.logs" in imports_of("nanscope.loading")
+    # and the check itself flags an upward import
+    assert _forbidden("nanscope.diagnose.engine", "nanscope.logs", LAYERS[0][1])
+    assert _forbidden("nanscope.monitor", "nanscope.commands.run", LAYERS[-1][1])
+    assert not _forbidden("nanscope.report.html", "nanscope.diagnose.diagnosis", LAYERS[-2][1])
+
+
+def test_no_module_imports_against_the_flow() -> None:
+    found = violations()
+    unexpected = sorted((m, i, why) for m, i, why in found if (m, i) not in KNOWN_VIOLATIONS)
+    assert not unexpected, "\n".join(f"{m} imports {i}: {why}" for m, i, why in unexpected)
+
+
+def test_one_loader_for_paths() -> None:
+    # only nanscope.loading turns a path into a trace through the log readers
+    readers = {
+        m for m in MODULES if "nanscope.logs" in imports_of(m) and not _under(m, "nanscope.logs")
+    }
+    assert readers == {"nanscope.loading"}, readers
+
+
+def test_the_page_runs_nothing() -> None:
+    html = imports_of("nanscope.report.html")
+    assert not {i for i in html if _under(i, "nanscope.lint") or _under(i, "nanscope.loading")}
+    assert "nanscope.diagnose" not in html and "nanscope.diagnose.engine" not in html
+
+
+def test_no_framework_at_module_level_outside_the_adapters() -> None:
+    """The core needs only numpy: torch and matplotlib are imported where used, never on import."""
+    allowed = ("nanscope.torch", "nanscope.probes", "nanscope.integrations")
+    bad = []
+    for module, path in MODULES.items():
+        if any(_under(module, a) for a in allowed):
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in tree.body:
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                names = [node.module or ""]
+            bad.extend(f"{module}: {n}" for n in names if n.split(".")[0] in _FRAMEWORKS)
+    assert not bad, bad
+
+
+@pytest.mark.parametrize(
+    ("statement", "absent"),
+    [
+        ("import nanscope", ("torch", "matplotlib", "nanscope.logs", "nanscope.report",
+                             "nanscope.lint", "nanscope.diagnose.rules")),
+        ("import nanscope.diagnose.diagnosis", ("nanscope.report", "nanscope.logs",
+                                                "nanscope.diagnose.engine")),
+        ("import nanscope.report.html", ("nanscope.logs", "nanscope.lint", "matplotlib",
+                                         "nanscope.diagnose.engine")),
+    ],
+)  # fmt: skip
+def test_importing_a_layer_loads_nothing_above_it(statement: str, absent: tuple[str, ...]) -> None:
+    code = (
+        f"{statement}\nimport sys\n"
+        f"print(sorted(m for m in sys.modules if m.startswith({absent!r})))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PYTHONPATH": str(SRC.parent), "PATH": "/usr/bin:/bin"},
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]", f"{statement} loaded {done.stdout.strip()}"
+
+
+#: (module, "target") assignments to another object's private attribute, in files not fixed yet
+KNOWN_PRIVATE_WRITES: set[tuple[str, str]] = {
+    # a marker nanscope sets on the optimizer class it patched (its own name, on a foreign class)
+    ("nanscope.experiment.lrpatch", "optimizer_cls._nanscope_patched"),
+    # torch adapter work (issue 12): the autowatch wrapper and the distributed combinator still
+    # reach into the Watcher / Monitor; their owners replace these with public extension points
+    ("nanscope.torch.autowatch", "watcher._output"),
+    ("nanscope.torch.distributed", "monitor._detectors"),
+    ("nanscope.torch.distributed", "monitor._reset_detectors"),
+    ("nanscope.torch.distributed", "autowatch._watcher_for"),
+}
+
+
+def private_writes() -> set[tuple[str, str]]:
+    """``obj._name = ...`` where ``obj`` is not ``self``/``cls``: one module writing another's
+    private state."""
+    found = set()
+    for module, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            targets: list[ast.expr] = []
+            if isinstance(node, ast.Assign):
+                targets = list(node.targets)
+            elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+                targets = [node.target]
+            for target in targets:
+                for sub in ast.walk(target):
+                    if (
+                        isinstance(sub, ast.Attribute)
+                        and sub.attr.startswith("_")
+                        and not sub.attr.startswith("__")
+                        and not (
+                            isinstance(sub.value, ast.Name) and sub.value.id in ("self", "cls")
+                        )
+                    ):
+                        found.add((module, ast.unparse(sub)))
+    return found
+
+
+def test_no_module_writes_another_modules_private_state() -> None:
+    found = private_writes()
+    assert not found - KNOWN_PRIVATE_WRITES, sorted(found - KNOWN_PRIVATE_WRITES)
+
+
+def test_report_stale_allowances() -> None:
+    # when one is fixed, take it off the list so it cannot come back (a warning, not a failure:
+    # the fixes land from other branches)
+    gone = KNOWN_VIOLATIONS - {(m, i) for m, i, _ in violations()}
+    gone_writes = KNOWN_PRIVATE_WRITES - private_writes()
+    if gone or gone_writes:
+        warnings.warn(
+            f"fixed, remove from the allow-lists: {sorted(gone | gone_writes)}", stacklevel=1
+        )

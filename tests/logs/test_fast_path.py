@@ -1,0 +1,265 @@
+"""The text reader's block fast path gives exactly what the general per-line reader gives.
+
+``textlog.iter_records`` reads whole blocks with one regex per line shape (``_Layout``); the
+reference here reads the same decoded lines one at a time with ``_State.line`` only. Records
+(values, key order, flags), messages and line numbers must be identical: on the shapes real
+frameworks print (losses from a real diverging fit), on random mixes of shapes, perturbations,
+messages and tracebacks, and with tiny blocks so that lines are cut across block boundaries.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import nanscope.logs._common as common
+from nanscope.logs import textlog
+
+from ._fits import least_squares_losses
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def _general(path: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The reference: every line through the general reader, nothing else."""
+    meta: dict[str, Any] = {}
+    state = textlog._State(meta)
+    records = []
+    for block in common.iter_blocks(path, meta):
+        lines = block.split("\n")
+        lines.pop()
+        for line in lines:
+            state.lineno += 1
+            records.extend(state.line(line))
+    last = state.merger.close()
+    if last is not None:
+        records.append(last)
+    for entry in state.messages:
+        if "_at" in entry:
+            entry["ends_run"] = entry.pop("_at") >= state.merger.count
+    meta["messages"] = state.messages
+    if state.counts:
+        meta["message_counts"] = dict(state.counts)
+    return records, meta
+
+
+def _dump(records: list[dict[str, Any]]) -> list[str]:
+    # key order counts too: records are written to traces as they are
+    return [json.dumps(list(r.items()), default=str) for r in records]
+
+
+def _same(path: Path) -> list[dict[str, Any]]:
+    meta: dict[str, Any] = {}
+    fast = list(textlog.iter_records(path, meta))
+    slow, slow_meta = _general(path)
+    assert _dump(fast) == _dump(slow)
+    assert meta == slow_meta
+    return fast
+
+
+def _losses(n: int) -> list[float]:
+    """A real fit that diverges slowly: ~2,000 finite, growing losses, then inf and NaN."""
+    return least_squares_losses(n, 0.01244, scales=(1.0, 3.0, 10.0))
+
+
+#: line shapes frameworks print; {s} step, {e} epoch, {v} loss
+SHAPES = [
+    "step {s} | loss {v:.6f} | lr 1.0e-03 | 12.3 it/s",
+    "step {s} | loss {v:.6g} | lr 2.05e-02 | {s3}.5 it/s",
+    "iter {s}: loss={v:.4f}",
+    "Epoch [{e}/5], Step [{s}/600], Loss: {v:.4f}",
+    "[train] global_step={s} train/loss={v} grad_norm=1.5",
+    "it {s}, loss tensor({v:.4f}, grad_fn=<MseLossBackward0>)",
+    "2024-01-01 00:00:01,123 - mmdet - INFO - Epoch [{e}][{s}/100]\tlr: 1.000e-02, eta: 1:02:03, "
+    "time: 0.512, loss_cls: {v:.4f}, loss: {v:.4f}, grad_norm: {v:.4f}",
+    "iteration : {s}, losses : {v}",
+    "Epoch[{e}] Batch[{s}]\tSpeed: 2.38 samples/sec\tIDLoss={v}",
+    "[step {s}] loss_heatmap: {v} | lr 0.001",
+    "| epoch {e:03d} | loss {v:.3f} | nll_loss {v:.3f} | ppl 3.1 | num_updates {s} | lr 0.0005 |",
+    "{{'loss': {v}, 'grad_norm': {v}, 'learning_rate': 1e-05, 'epoch': {e}, 'step': {s}}}",
+    "step {s:>6}  loss {v:>10.4f}  lr 3e-4",
+    "Iter(train) [{s:>5}/90000]  lr: 1.0000e-02  eta: 1 day  time: 0.5  loss: {v:.4f}",
+]
+
+OTHER_LINES = [
+    "Gradient overflow.  Skipping step, reducing loss scale to 1024.0",
+    "Epoch 3 done: loss 0.5 val_loss 0.25",
+    "Traceback (most recent call last):",
+    '  File "train.py", line 3, in <module>',
+    "RuntimeError: CUDA out of memory.",
+    "ValueError: bad",
+    "",
+    "saving checkpoint to /tmp/ckpt_100.pt",
+    "Function 'MulBackward0' returned nan values in its 0th output.",
+    "12/100 [00:01<00:09, 9.8it/s, loss=0.42]",
+    "step 7 | lr 0.3 | loss 1e-3 | 1 it/s",
+    "step 8 | loss 0.5 | lr 1e-3 | 1 it/s extra",
+    "step 99999999999999999 | loss 0.5 | lr 1e-3 | 1 it/s",
+    "Epoch(val) [1][500/500]  loss: 0.25",
+]
+
+
+def _write(path: Path, lines: list[str], newline: str = "\n", end: bool = True) -> None:
+    text = newline.join(lines) + (newline if end else "")
+    path.write_bytes(text.encode("utf-8", errors="surrogateescape"))
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_framework_shapes_from_a_real_fit(tmp_path: Path, shape: str) -> None:
+    losses = _losses(3000)
+    lines = []
+    for i, loss in enumerate(losses, 1):
+        if i % 401 == 0:
+            lines.append(OTHER_LINES[i % len(OTHER_LINES)])
+        lines.append(shape.format(s=i, e=1 + i // 600, v=loss, s3=i % 3))
+    path = tmp_path / "train.log"
+    _write(path, lines)
+    records = _same(path)
+    assert len(records) >= 2900
+    assert any(r.get("nf_loss") for r in records)  # the fit's inf/NaN are read in both
+
+
+def test_the_fast_path_is_taken_on_common_shapes() -> None:
+    losses = _losses(200)[:150]  # finite part
+    for shape in (SHAPES[0], SHAPES[2], SHAPES[3], SHAPES[6], SHAPES[10], SHAPES[12]):
+        block = "".join(shape.format(s=i, e=1, v=v, s3=1) + "\n" for i, v in enumerate(losses, 1))
+        layout = textlog._find_layout(block)
+        assert layout is not None, shape
+        state = textlog._State({})
+        layout.read(state, block)
+        assert layout.fast_lines == len(losses), shape
+
+
+def test_seed_fixture_and_bench_shape() -> None:
+    _same(FIXTURES / "seed_000_epochs.txt")
+
+
+def _value(rng: random.Random, loss: float) -> str:
+    roll = rng.random()
+    if roll < 0.05:
+        return rng.choice(["nan", "NaN", "-inf", "inf", "Infinity", "-nan", "+inf"])
+    if roll < 0.08:
+        return rng.choice(["0", "1", "-3", "1e400", "1.", ".5", "-0.0", "1E-5", "00012", "٣"])
+    if roll < 0.1:
+        return rng.choice(["1_0", "0x1", "1.2.3", "", "abc", "1e", "--1"])
+    return rng.choice([f"{loss:.6f}", f"{loss:.4g}", repr(loss), f"{loss:e}"])
+
+
+def _mix(seed: int, n: int) -> list[str]:
+    rng = random.Random(seed)
+    shape = rng.choice(SHAPES)
+    losses = _losses(n)
+    lines = []
+    step = 0
+    for i, loss in enumerate(losses):
+        roll = rng.random()
+        step += 1 if roll > 0.02 else -rng.randint(1, 50)  # counters that restart
+        if roll < 0.06:
+            lines.append(rng.choice(OTHER_LINES))
+            continue
+        if roll < 0.062:
+            shape = rng.choice(SHAPES)  # the log changes shape (now and then)
+        line = shape.format(s=max(step, 0), e=1 + i // 97, v=0.0, s3=i % 7)
+        line = line.replace("0.000000", "{v}").replace("0.0000", "{v}").replace("0.0", "{v}")
+        line = line.replace("{v}", _value(rng, loss), 1).replace("{v}", _value(rng, loss))
+        if rng.random() < 0.05:
+            line = line.replace(" ", rng.choice(["  ", "\t", " \t", ""]), 1)
+        if rng.random() < 0.03:
+            line = line.replace(" ", "", 1)
+        if rng.random() < 0.02:
+            line = line.upper()
+        lines.append(line)
+    return lines
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_random_mixes_with_tiny_blocks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seed: int
+) -> None:
+    rng = random.Random(seed)
+    lines = _mix(seed, 2500)
+    path = tmp_path / "train.log"
+    _write(path, lines, newline=rng.choice(["\n", "\r\n"]), end=rng.random() < 0.7)
+    fast_lines = 0
+    run = textlog._Layout._run
+
+    def counted(self: textlog._Layout, state: Any, out: Any, cols: Any, a: int, b: int) -> None:
+        nonlocal fast_lines
+        fast_lines += b - a
+        run(self, state, out, cols, a, b)
+
+    monkeypatch.setattr(textlog._Layout, "_run", counted)
+    _same(path)
+    assert fast_lines > 0
+    # small blocks: lines cut across reads, a layout looked for again where the shape changes
+    monkeypatch.setattr(common, "CHUNK_BYTES", rng.choice([97, 256, 1000, 4096]))
+    _same(path)
+    assert fast_lines > len(lines) // 4  # the fast path did read a good part of it
+
+
+def test_block_boundaries_crlf_and_no_final_newline(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    losses = _losses(400)
+    lines = [f"step {i} | loss {v:.6f} | lr 1e-3" for i, v in enumerate(losses, 1)]
+    path = tmp_path / "train.log"
+    for chunk in (31, 64, 1 << 20):
+        monkeypatch.setattr(common, "CHUNK_BYTES", chunk)
+        for newline in ("\n", "\r\n"):
+            for end in (True, False):
+                _write(path, lines, newline=newline, end=end)
+                records = _same(path)
+                assert [r["step"] for r in records] == list(range(1, 401))
+                assert records[-1]["loss"] == float(f"{losses[-1]:.6f}") or (
+                    records[-1].get("nf_loss") == 1
+                )
+
+
+def test_a_pending_traceback_is_ended_by_the_right_line(tmp_path: Path) -> None:
+    losses = _losses(300)[:200]
+    lines = [f"Loss={v:.4f} step={i}" for i, v in enumerate(losses, 1)]
+    lines[100:100] = ["Traceback (most recent call last):", "  File 'x.py'", "LossError step=3"]
+    lines.append("Traceback (most recent call last):")
+    lines.extend(f"Loss={v:.4f} step={i}" for i, v in enumerate(losses, 300))
+    path = tmp_path / "train.log"
+    _write(path, lines)
+    _same(path)
+
+
+WORDS = st.sampled_from(
+    [
+        "step", "loss", "lr", "epoch", "val_loss", "grad_norm", "Loss", "iter", "nan", "inf",
+        "returned", "error detected", "in", "overflow", "scale", "loss scale", "Error",
+        " ", "  ", "\t", ": ", "=", " | ", "/", "-", "[", "]", "(", ")", "'", ",", ".",
+        "0", "12", "0.5", "1e-3", "-2", "7.", ".25", "1e400", "١", "é",
+    ]
+)  # fmt: skip
+
+
+@settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    template=st.lists(WORDS, min_size=3, max_size=14),
+    fills=st.lists(st.sampled_from(["0.25", "nan", "3", "-inf", "1e-2", "x", ""]), max_size=40),
+)
+def test_made_up_shapes(tmp_path: Path, template: list[str], fills: list[str]) -> None:
+    base = "step {s} " + "".join(template) + " loss {v}"
+    lines = []
+    for i in range(120):
+        fill = fills[i % len(fills)] if fills else "0.5"
+        line = base.format(s=i + 1, v=f"0.{i + 1}")
+        if i % 9 == 4:
+            line = line.replace("0.5", fill).replace("12", fill)
+        lines.append(line)
+    path = tmp_path / "train.log"
+    _write(path, lines)
+    _same(path)
