@@ -219,6 +219,20 @@ def test_a_fault_on_one_rank_turns_the_measures_off_on_both_and_nothing_hangs(tm
 
 
 @pytest.mark.distributed
+def test_a_run_whose_hook_failed_on_every_rank_is_unobserved_not_healthy(tmp_path):
+    out = tmp_path / "d.json"
+    proc, _ = _torchrun(tmp_path, RUN, ["--json", str(out), "--", str(SCRIPT)],
+                        FSDP_BREAK_HOOK="1", FSDP_STEPS="6")  # fmt: skip
+    log = proc.stdout + proc.stderr
+    assert "rank 0 step 6" in proc.stdout and "rank 1 step 6" in proc.stdout, log  # it trained
+    for path in (out, tmp_path / "d.json.rank1"):
+        d = json.loads(path.read_text())
+        assert d["verdict"] == "unobserved", (path, d)
+        why = d["evidence"][0]["text"]  # which hook failed, and the error
+        assert "step hook failed (RuntimeError: planted step-hook fault)" in why, why
+
+
+@pytest.mark.distributed
 def test_last_good_shards_load_back_into_a_fresh_fsdp2_model(tmp_path):
     proc, _ = _torchrun(tmp_path, [], [str(SCRIPT)], FSDP_WATCH="1", FSDP_NAN_RANK="1",
                         FSDP_NAN_STEP="8")  # fmt: skip
