@@ -14,6 +14,8 @@ FSDP_WATCH=1     watch explicitly (``nanscope.watch``) and, after a stop, check 
                  the stopped model's shards; prints ``rank R roundtrip ok``
                  (otherwise the script has no nanscope code: ``nanscope run``)
 FSDP_BREAK_RANK  make nanscope's sharded measures fail on that rank only (a planted internal fault)
+FSDP_BREAK_HOOK=1 make nanscope's step hook fail on every rank at the first update (the way a
+                 sharding error did before the sharded measures existed)
 FSDP_REFERENCE=1 after every update, compare the watcher's record (its gradient norm and update
                  norm) with the same quantities computed on the gathered full tensors; prints
                  ``rank R reference ok N`` when all N updates agree
@@ -91,6 +93,13 @@ def main():
             raise RuntimeError(f"planted fault on rank {rank}")
 
         sharded.ShardedMeasure._pack = broken
+    if os.environ.get("FSDP_BREAK_HOOK") == "1":
+        from nanscope.torch import sharded
+
+        def failing(self, *args, **kwargs):
+            raise RuntimeError("planted step-hook fault")
+
+        sharded.ShardedMeasure.device_vector = failing
     model = make_model(0, mixed)
     opt = torch.optim.SGD(model.parameters(), lr=env("FSDP_LR", 0.05))
     watcher = None

@@ -219,6 +219,20 @@ def test_a_fault_on_one_rank_turns_the_measures_off_on_both_and_nothing_hangs(tm
 
 
 @pytest.mark.distributed
+def test_a_run_whose_hook_failed_on_every_rank_is_unobserved_not_healthy(tmp_path):
+    out = tmp_path / "d.json"
+    proc, _ = _torchrun(tmp_path, RUN, ["--json", str(out), "--", str(SCRIPT)],
+                        FSDP_BREAK_HOOK="1", FSDP_STEPS="6")  # fmt: skip
+    log = proc.stdout + proc.stderr
+    assert "rank 0 step 6" in proc.stdout and "rank 1 step 6" in proc.stdout, log  # it trained
+    for path in (out, tmp_path / "d.json.rank1"):
+        d = json.loads(path.read_text())
+        assert d["verdict"] == "unobserved", (path, d)
+        why = d["evidence"][0]["text"]  # which hook failed, and the error
+        assert "step hook failed (RuntimeError: planted step-hook fault)" in why, why
+
+
+@pytest.mark.distributed
 def test_last_good_shards_load_back_into_a_fresh_fsdp2_model(tmp_path):
     proc, _ = _torchrun(tmp_path, [], [str(SCRIPT)], FSDP_WATCH="1", FSDP_NAN_RANK="1",
                         FSDP_NAN_STEP="8")  # fmt: skip
@@ -240,12 +254,6 @@ def group(tmp_path):
         yield
     finally:
         dist.destroy_process_group()
-
-
-def _measure_of(watcher):
-    """The watcher's parameter measure (kept by its record builder, or by the watcher itself)."""
-    builder = getattr(watcher, "records", None)
-    return getattr(builder, "measure", None) or getattr(watcher, "_measure", None)
 
 
 def _fit(tmp_path, steps: int = 4):
@@ -276,6 +284,9 @@ def test_a_failing_step_hook_is_in_the_run_meta(group, tmp_path, monkeypatch):
     assert len(watcher.monitor.trace) == 0  # nothing observed ...
     faults = watcher.monitor.meta["hook_faults"]  # ... and the run says why
     assert "measure broke" in faults["step"]
+    diagnosis = watcher.monitor.close()
+    assert diagnosis.verdict == "unobserved"  # never healthy
+    assert "step hook failed (RuntimeError: measure broke)" in diagnosis.evidence[0].text
 
 
 def test_a_rank_whose_measures_fail_switches_them_off_and_keeps_the_loss(group, tmp_path,
@@ -290,7 +301,7 @@ def test_a_rank_whose_measures_fail_switches_them_off_and_keeps_the_loss(group, 
     records = watcher.monitor.trace.records
     assert [r["step"] for r in records] == [1, 2, 3, 4]
     assert all(r.get("grad_norm") is None and r["loss"] > 0 for r in records)
-    measure = _measure_of(watcher)
+    measure = watcher.records.measure
     assert measure is not None and measure.off and "pack broke" in (measure.fault or "")
     assert "pack broke" in records[0]["extra"]["shards"]["measures_off"]  # the trace says why
 
@@ -354,7 +365,7 @@ def test_a_measure_that_cannot_be_set_up_is_off_not_a_crash(group, tmp_path, mon
         _, watcher = _fit(tmp_path)
     assert not watcher.guard.faults  # the step hook stayed on ...
     assert [r["step"] for r in watcher.monitor.trace.records] == [1, 2, 3, 4]  # ... losses kept
-    measure = _measure_of(watcher)
+    measure = watcher.records.measure
     assert measure is not None and "setup broke" in (measure.fault or "")
 
 

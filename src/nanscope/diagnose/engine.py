@@ -268,6 +268,11 @@ def _unobserved(
 ) -> Diagnosis:
     """No update was recorded: nothing was watched, so nothing can be said about the fit."""
     reason = (evidence or {}).get("unobserved") or trace.meta.get("unobserved")
+    faults = trace.meta.get("hook_faults")  # the torch adapter's hooks that failed, and why
+    if not reason and isinstance(faults, dict) and faults:
+        reason = "nanscope's " + "; ".join(f"{name} hook failed ({error})"
+                                           for name, error in faults.items())  # fmt: skip
+        reason += " and was switched off: no update could be recorded"
     if not reason:
         if stopped is not None:
             reason = _stopped_text(stopped) + " before nanscope saw its first update"

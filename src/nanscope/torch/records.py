@@ -177,8 +177,7 @@ class RecordBuilder:
             extra["micro_batches"] = ctx["micro"]
         if late:
             extra["detected_late"] = True
-        if extra:
-            # merged: the measures may have put their own (sharded: extra["shards"])
+        if extra:  # merged: the measures may have put their own (sharded: extra["shards"])
             record["extra"] = {**record.get("extra", {}), **extra}
         what = "loss"
         if record.get("nf_grads"):

@@ -32,7 +32,7 @@ The record then also carries ``extra["shards"]``: the ranks whose shards went no
 parameter, the rows (global indices along the sharded dimension) that hold the non-finite values
 on this rank.
 
-At a stop, :func:`save_shards` writes each rank's own shards to ``rank{r}/last_good.pt``
+At a stop, :func:`save_last_good` writes each rank's own shards to ``rank{r}/last_good.pt``
 (format ``nanscope.local_shards/1``, see ``docs/distributed.md``) and :func:`load_last_good`
 loads them back into a model sharded the same way. Nothing is gathered on one rank.
 """
@@ -58,6 +58,7 @@ __all__ = [
     "local_shards",
     "replicated",
     "restore_shards",
+    "save_last_good",
     "save_shards",
 ]
 
@@ -530,6 +531,25 @@ def _named_tensors(model: Any) -> list[tuple[str, Any]]:
     return named
 
 
+def save_last_good(
+    model: Any, monitor: Any, params: list[torch.Tensor], failing: Mapping[str, Any], alarm: Any,
+    deferred: Any,
+) -> tuple[Path | None, list[str]]:
+    """:func:`save_shards` at a watcher's stop; after a late stop it first puts back the last
+    verified shards (``deferred``: the watcher's :class:`~nanscope.torch.deferred.DeferredReads`,
+    see :func:`restore_shards`). Returns the path written (None when none) and notes."""
+    if model is None:
+        return None, []
+    restored = False
+    verified = deferred.verified
+    if failing.get("late") and verified is not None:
+        restore_shards(params, verified)
+        restored = True
+        monitor.meta["last_good_step"] = deferred.verified_step
+    step = int(deferred.verified_step) if restored else int(failing.get("step", alarm.step)) - 1
+    return save_shards(model, monitor, step=step, restored=restored)
+
+
 def restore_shards(params: Iterable[Any], saved: Iterable[Any]) -> None:
     """Copy a snapshot of local shards (``local_shards`` clones) back into ``params``, in place."""
     with torch.no_grad():
@@ -577,7 +597,7 @@ def save_shards(
              "mesh_shape": mesh, "shards": shards, "placements": placements,
              "global_shapes": shapes, "offsets": offsets}  # fmt: skip
     path: Path | None = None
-    if getattr(monitor, "writes", getattr(monitor, "_write", True)):
+    if monitor.writes:
         path = monitor.run_dir / "last_good.pt"
         monitor.run_dir.mkdir(parents=True, exist_ok=True)
         torch.save(state, path)

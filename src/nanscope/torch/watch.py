@@ -158,7 +158,8 @@ class Watcher:
                 f"policy={policy!r} conflicts with the monitor's policy {monitor.policy!r}"
             )
         self.monitor = monitor
-        self.guard.faults = monitor.meta.setdefault("hook_faults", {})  # a rank says why it saw 0
+        faults = monitor.meta.setdefault("hook_faults", {})  # a rank says why it saw nothing:
+        self.guard.faults = monitor.trace.meta.setdefault("hook_faults", faults)  # (the engine)
         self.step = 0
         self.failure: TorchFailure | None = None
         self.notes: list[str] = []
