@@ -32,7 +32,7 @@ The record then also carries ``extra["shards"]``: the ranks whose shards went no
 parameter, the rows (global indices along the sharded dimension) that hold the non-finite values
 on this rank.
 
-At a stop, :func:`save_last_good` writes each rank's own shards to ``rank{r}/last_good.pt``
+At a stop, :func:`save_shards` writes each rank's own shards to ``rank{r}/last_good.pt``
 (format ``nanscope.local_shards/1``, see ``docs/distributed.md``) and :func:`load_last_good`
 loads them back into a model sharded the same way. Nothing is gathered on one rank.
 """
@@ -58,7 +58,6 @@ __all__ = [
     "local_shards",
     "replicated",
     "restore_shards",
-    "save_last_good",
     "save_shards",
 ]
 
@@ -529,25 +528,6 @@ def _named_tensors(model: Any) -> list[tuple[str, Any]]:
     named: list[tuple[str, Any]] = list(model.named_parameters())
     named += [(name, b) for name, b in model.named_buffers() if b is not None]
     return named
-
-
-def save_last_good(
-    model: Any, monitor: Any, params: list[torch.Tensor], failing: Mapping[str, Any], alarm: Any,
-    deferred: Any,
-) -> tuple[Path | None, list[str]]:
-    """:func:`save_shards` at a watcher's stop; after a late stop it first puts back the last
-    verified shards (``deferred``: the watcher's :class:`~nanscope.torch.deferred.DeferredReads`,
-    see :func:`restore_shards`). Returns the path written (None when none) and notes."""
-    if model is None:
-        return None, []
-    restored = False
-    verified = deferred.verified
-    if failing.get("late") and verified is not None:
-        restore_shards(params, verified)
-        restored = True
-        monitor.meta["last_good_step"] = deferred.verified_step
-    step = int(deferred.verified_step) if restored else int(failing.get("step", alarm.step)) - 1
-    return save_shards(model, monitor, step=step, restored=restored)
 
 
 def restore_shards(params: Iterable[Any], saved: Iterable[Any]) -> None:
