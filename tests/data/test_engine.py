@@ -14,6 +14,7 @@ import pytest
 
 import nanscope.data as data
 from nanscope.data import ScanReport, scan
+from nanscope.errors import InputError
 
 
 def test_public_api():
@@ -132,3 +133,33 @@ def test_progress_bar_does_not_change_the_result(capsys):
     report = scan(x, progress=True)
     assert [(f.code, f.rows) for f in report.findings] == [("S001", (9,))]
     assert capsys.readouterr().out == ""  # the bar goes to stderr, never stdout
+
+
+def test_wide_data_finds_its_duplicate_and_unscaled_columns(monkeypatch):
+    # 1,200 columns in several pass-1 chunks; the grouping and the sorted-median paths must find
+    # the same columns the pairwise comparisons did
+    import nanscope.data._engine as engine
+
+    monkeypatch.setattr(engine, "COLUMN_CHUNK", 100)
+    rng = np.random.default_rng(8)
+    cols = {f"f{i}": rng.normal(size=80) for i in range(1200)}
+    cols["f700"] = cols["f3"].copy()  # a join brought f3 in twice
+    cols["f1100"] = rng.normal(size=80) * 1e5  # raw dollars among standardised features
+    cols["f42"][[5, 9]] = np.nan
+    report = scan(pl.DataFrame(cols))
+    by_code: dict[str, list[str | None]] = {}
+    for f in report.findings:
+        by_code.setdefault(f.code, []).append(f.column)
+    assert by_code["S010"] == ["f700"]
+    assert by_code["S004"] == ["f1100"]
+    assert by_code["S001"] == ["f42"] and report.columns["f42"].n_nan == 2
+    assert len(report.columns) == 1200
+
+
+def test_data_wider_than_the_limit_is_refused_in_one_line(monkeypatch):
+    import nanscope.data._engine as engine
+
+    monkeypatch.setattr(engine, "MAX_COLUMNS", 50)
+    frame = pl.DataFrame({f"c{i}": [1.0, 2.0] for i in range(51)})
+    with pytest.raises(InputError, match="51 columns, more than the 50"):
+        scan(frame)

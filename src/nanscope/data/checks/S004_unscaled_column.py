@@ -25,6 +25,7 @@ Fix
 
 from __future__ import annotations
 
+import bisect
 import math
 from statistics import median
 
@@ -42,6 +43,18 @@ def magnitude(median_: float, scale: float) -> float:
     return math.hypot(m, s)
 
 
+def _median_without(values: list[float], j: int) -> float:
+    """The median of sorted ``values`` with the element at index ``j`` left out."""
+    m = len(values) - 1
+
+    def at(rank: int) -> float:
+        return values[rank if rank < j else rank + 1]
+
+    if m % 2:
+        return at(m // 2)
+    return (at(m // 2 - 1) + at(m // 2)) / 2
+
+
 def probes(ctx: Context) -> list[Probe]:
     return []
 
@@ -52,11 +65,18 @@ def run(ctx: Context, results: Results) -> list[Finding]:
     if len(mags) < 2:
         return []
     out = []
+    positive = sorted(m for m in mags.values() if m > 0)
     for c in feats:
-        others = [m for name, m in mags.items() if name != c.name and m > 0]
-        if not others:
-            continue
-        ref = median(others)
+        # the median of the other columns' magnitudes, from one sorted list (linear in width)
+        own = mags[c.name]
+        if own > 0:
+            if len(positive) < 2:
+                continue
+            ref = _median_without(positive, bisect.bisect_left(positive, own))
+        else:
+            if not positive:
+                continue
+            ref = median(positive)
         factor = mags[c.name] / ref
         if factor >= ctx.options.magnitude_factor:
             out.append(

@@ -50,13 +50,21 @@ def _same_stats(a: ColumnStats, b: ColumnStats) -> bool:
 
 
 def _pairs(ctx: Context) -> list[tuple[str, str]]:
+    """Candidate pairs: columns grouped by their exact counts, min and max first (a dict, so
+    wide data costs linear time, not one comparison per pair of columns), then compared."""
     cols = [c for c in ctx.numeric() if c.n_finite > 0 and c.min != c.max]
+    groups: dict[tuple[object, ...], list[ColumnStats]] = {}
+    for c in cols:
+        key = (c.n_null, c.n_nan, c.n_posinf, c.n_neginf, c.min, c.max)
+        groups.setdefault(key, []).append(c)
     pairs = []
-    for i, a in enumerate(cols):
-        for b in cols[i + 1 :]:
-            if _same_stats(a, b):
-                pairs.append((a.name, b.name))
-    return pairs
+    for group in groups.values():
+        for i, a in enumerate(group):
+            for b in group[i + 1 :]:
+                if _same_stats(a, b):
+                    pairs.append((a.name, b.name))
+    order = {c.name: i for i, c in enumerate(cols)}
+    return sorted(pairs, key=lambda p: (order[p[0]], order[p[1]]))
 
 
 def probes(ctx: Context) -> list[Probe]:
