@@ -99,7 +99,7 @@ def _peak_mb() -> float:
 BARE = {
     "text": ("line loop", "re+float"),
     "keras": ("line loop", "re+float"),
-    "csv": ("csv.reader", "csv+float"),
+    "csv": ("csv.reader", "csv+float", "DictReader"),
     "jsonl": ("json.loads",),
     "nanscope": ("json.loads",),
     "trainer_state": ("json.load",),
@@ -113,7 +113,14 @@ def bare_parse(fmt: str, path: Path, bare: str | None = None) -> int:
     """The least work that reads every line of the format: lines counted."""
     count = 0
     bare = bare or BARE[fmt][0]
-    if bare in ("csv.reader", "csv+float"):
+    if bare == "DictReader":
+        import csv
+
+        with path.open(newline="") as handle:
+            count = 1
+            for _ in csv.DictReader(handle):
+                count += 1
+    elif bare in ("csv.reader", "csv+float"):
         import csv
 
         with path.open(newline="") as handle:
@@ -271,7 +278,8 @@ def main(argv: list[str] | None = None) -> int:
     print("ratio = bare parse lines/s over reader lines/s, both timed in one process (best of")
     print("--rounds, interleaved); MB = peak resident memory of a process doing only that.")
     print("re+float: one regex search for the loss per line and float() of it; csv+float:")
-    print("csv.reader and float() of the loss cell of each row.")
+    print("csv.reader and float() of the loss cell of each row; DictReader: csv.DictReader,")
+    print("a dict of strings per row (the reader makes a dict of numbers per record).")
     return 0
 
 

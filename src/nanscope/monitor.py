@@ -226,6 +226,9 @@ class Monitor:
         self.diagnosis: Diagnosis | None = None
         self.evidence: dict[str, Any] = {}
         self.probes: list[Probe] = []
+        from nanscope.probes import fperrors  # numpy's fp errors name the producer op and line
+
+        self.probes.append(fperrors.watch(self))
         self.rollback_handler: Callable[[Monitor, Alarm], bool] | None = None
         #: what the rollback policy did: ``{"step", "kind", "why", "action"}`` per rollback
         self.rollbacks: list[dict[str, Any]] = []
@@ -364,12 +367,18 @@ class Monitor:
         :meth:`observe` writes each record it takes; call this only for a line that is not an
         update (the record is not added to ``trace`` nor seen by the detectors).
         """
+        writer = self._open_writer()
+        if writer is not None:
+            writer.write(record)
+
+    def _open_writer(self) -> Any:
+        """The trace writer, opened on first use; None when this Monitor writes no files."""
         if not self._write:
-            return
+            return None
         if self._writer is None:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             self._writer = TraceWriter(self.run_dir / "trace.jsonl", self.meta)
-        self._writer.write(record)
+        return self._writer
 
     def move_run_dir(self, run_dir: str | os.PathLike[str]) -> bool:
         """Put this run's files under ``run_dir`` instead; only before any was written.
@@ -458,7 +467,7 @@ class Monitor:
         self.alarm = alarm
         self._freeze_last_good(alarm)
         diagnosis = self.diagnose()
-        self._save_diagnosis(diagnosis)
+        self.save_diagnosis(diagnosis)
         for callback in self.on_stop:
             try:
                 callback(self, alarm)
@@ -543,7 +552,8 @@ class Monitor:
                 found.extend(bad)
         return found
 
-    def _save_diagnosis(self, diagnosis: Diagnosis) -> None:
+    def save_diagnosis(self, diagnosis: Diagnosis) -> None:
+        """Write ``diagnosis`` as ``run_dir/diagnosis.json`` (``nanscope run``: once enriched)."""
         if not self._write:
             return
         try:
@@ -560,7 +570,7 @@ class Monitor:
         diagnosis = self.diagnosis if self.alarm is not None and self.diagnosis else None
         if diagnosis is None:
             diagnosis = self.diagnose()
-        self._save_diagnosis(diagnosis)
+        self.save_diagnosis(diagnosis)
         if self._writer is not None:
             self._writer.close()
         _LIVE.discard(self)

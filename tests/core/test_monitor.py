@@ -342,3 +342,13 @@ def test_an_internal_fault_warns_once_and_turns_the_measures_off(monkeypatch):
     assert len(texts) == 1 and "measure" in texts[0] and "boom" in texts[0]
     assert mon.guard.is_off("measure") and "measure" in mon.guard.faults
     assert len(mon.trace) == 5 and "grad_norm" not in mon.trace.records[-1]
+
+
+def test_every_record_key_is_in_the_one_trace_key_set():
+    from nanscope.trace import RECORD_KEYS
+
+    mon = nanscope.Monitor(write=False)
+    _gd(mon, steps=5)
+    keys = set().union(*(set(r) for r in mon.trace.records))
+    assert {"loss", "grad_norm", "update_cos", "input_absmax", "input_scale_column"} <= keys
+    assert keys <= set(RECORD_KEYS), keys - set(RECORD_KEYS)

@@ -109,3 +109,28 @@ def test_agree_is_a_combinator_around_a_monitors_detectors(group):
     before = list(local.detectors)
     mon.reset_detectors()  # a rollback: new local detectors, the same agreement
     assert mon.detectors is wrapper and all(a is not b for a, b in zip(before, local.detectors))
+
+
+def test_the_agreement_does_not_import_the_watcher_nor_the_cli():
+    import ast
+    from pathlib import Path
+
+    source = Path(nd.__file__).read_text(encoding="utf-8")
+    imported = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            imported.add(node.module)
+        elif isinstance(node, ast.Import):
+            imported.update(alias.name for alias in node.names)
+    assert not {m for m in imported if m.startswith(("nanscope.torch.watch", "nanscope.cli",
+                                                      "nanscope.commands"))}  # fmt: skip
+    assert not hasattr(nd, "watch") and not hasattr(nd, "run_main")
+
+
+def test_watch_refuses_a_bad_every_agree():
+    import nanscope
+    import torch
+
+    model = torch.nn.Linear(2, 1)
+    with pytest.raises(UsageError, match="every_agree"):
+        nanscope.watch(model, torch.optim.SGD(model.parameters(), lr=0.1), every_agree=0)

@@ -580,7 +580,7 @@ def main(argv: list[str]) -> int:
     trace = owner.trace if owner is not None else None
     _enrich(diagnosis, args, target)
     if owner is not None:
-        owner._save_diagnosis(diagnosis)
+        owner.save_diagnosis(diagnosis)
     write_json(diagnosis, args.json)  # first: the file is there whatever happens next
     if args.json != "-" or diagnosis.verdict != "healthy":
         show(diagnosis, trace, no_color=args.no_color, to_stderr=args.json == "-")

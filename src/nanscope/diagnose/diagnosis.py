@@ -142,6 +142,8 @@ class Diagnosis:
     granularity: str = "update"
     rule: str | None = None
     summary: dict[str, Any] = field(default_factory=dict)
+    #: the failing update rerun changed one way at a time (probes/confirm.py), where it ran
+    confirmation: list[dict[str, Any]] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -167,6 +169,8 @@ class Diagnosis:
             "rule": self.rule,
             "summary": self.summary,
         }
+        if self.confirmation:
+            out["confirmation"] = self.confirmation
         out.update(self.extra)
         return _jsonable(out)
 
@@ -178,7 +182,7 @@ class Diagnosis:
         known = {
             "verdict", "cause", "confidence", "step", "first_nonfinite", "actions",
             "alternatives", "contributing", "located", "rows", "run", "granularity", "rule",
-            "summary",
+            "summary", "confirmation",
         }  # fmt: skip
         kwargs = {k: data[k] for k in known if k in data}
         kwargs["evidence"] = [

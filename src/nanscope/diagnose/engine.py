@@ -160,6 +160,7 @@ def diagnose(trace: Trace | Any, evidence: Mapping[str, Any] | None = None) -> D
         granularity=ctx.granularity,
         rule=top.rule,
         summary=summary,
+        confirmation=_confirmation(ctx),
         extra=_extra(ctx),
     )
 
@@ -218,8 +219,14 @@ def _unknown(
         run=run,
         granularity=ctx.granularity,
         summary=summary,
+        confirmation=_confirmation(ctx),
         extra=_extra(ctx),
     )
+
+
+def _confirmation(ctx: Context) -> list[dict[str, Any]]:
+    found = ctx.evidence.get("confirmation")
+    return [dict(c) for c in found if isinstance(c, Mapping)] if isinstance(found, list) else []
 
 
 def _notes(ctx: Context, stopped: Mapping[str, Any] | None) -> list[Evidence]:

@@ -1,8 +1,10 @@
 """Shared plumbing of the log readers: capped streaming line reads, number parsing, key aliases.
 
-Every reader is a generator ``iter_records(path, meta)`` that yields trace records (plain dicts with
-the keys of :mod:`nanscope.trace`) one at a time and fills ``meta`` as it goes, so that a caller can
-stream a log of any length in bounded memory. :func:`nanscope.logs.load_trace` collects them.
+Every reader has an ``iter_records(path, meta)`` returning a lazy iterator of trace records
+(plain dicts with the keys of :mod:`nanscope.trace`) that fills ``meta`` as it goes, so that a
+caller can stream a log of any length in bounded memory; the fast readers make records a block at
+a time and chain the lists (``itertools.chain``: no Python frame per record).
+:func:`nanscope.logs.load_trace` collects them.
 """
 
 from __future__ import annotations

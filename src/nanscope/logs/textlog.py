@@ -396,7 +396,13 @@ class _Layout:
         #: (``float`` then says so, and the block is split again with ``regex``)
         self.regex = re.compile(pattern, re.MULTILINE | re.ASCII)
         self.loose = re.compile(loose, re.MULTILINE | re.ASCII)
-        self.step = roles.index("step")
+        self.step = roles.index("step") if "step" in roles else -1
+        #: lines per match: 2 for an ``Epoch N/M`` line and the line of that epoch's values
+        self.lines = 1
+        #: the layout of the commonest other lines, learnt from them (``depth`` deep at most)
+        self.then: _Layout | None = None
+        self.depth = 0
+        self.tries = 0
         self.total = roles.index("total") if "total" in roles else -1
         self.epoch = roles.index("epoch") if "epoch" in roles else -1
         self.values = [(key, roles.index(key)) for key in _ROLES if key in roles]
@@ -408,76 +414,44 @@ class _Layout:
     @staticmethod
     def of(segment: str, found: dict[str, _Hit]) -> _Layout | None:
         """The layout of a line read with a printed step (None for shapes we keep general)."""
-        # ("<" of a tqdm bar is fine: a printed step wins over the bar's count)
-        if "step" not in found or "\r" in segment or "\x08" in segment:
+        if "step" not in found:
             return None
-        captured: dict[tuple[int, int], str] = {}
-        for key, hit in found.items():
-            if key in ("step", "epoch", *_ROLES):
-                captured[(hit[1], hit[2])] = key
-                if key == "step" and hit[3] >= 0:
-                    captured[(hit[3], hit[4])] = "total"
-        tokens = [m.span() for m in _TOKEN.finditer(segment)]
-        if not set(captured) <= set(tokens):
+        shape = _shape(segment, found)
+        if shape is None:
             return None
-        pieces: list[str] = []
-        parts = ["^"]
-        loose = ["^"]
-        roles: list[str] = []
-        at = 0
-        for number, (start, end) in enumerate(tokens):
-            text = segment[start:end]
-            if not text.isascii() or _PLAIN.fullmatch(text) is None:
-                return None  # nan/inf or non-ASCII digits in the sample: not a template line
-            whole = text.isdigit()
-            if (
-                start
-                and segment[start - 1] in _KEY_JOINERS
-                and (number == 0 or at != start - 1 or not whole)
-            ):
-                return None  # "loss/2": a key could run into the number
-            role = captured.get((start, end))
-            if role in ("step", "total", "epoch") and not whole:
-                return None
-            piece = segment[at:start]
-            pieces.append(piece)
-            parts.append(_piece(piece, number > 0, True))
-            loose.append(parts[-1])
-            if whole:
-                token = _INT if role in ("step", "epoch", "total") else _INT_ANY
-            else:
-                token = _REAL
-            word = role in _ROLES and not whole and _word_allowed(segment, start, end)
-            if word:
-                token += "|" + _WORD
-            if role is None:
-                parts.append("(?:" + token + ")")
-                loose.append(parts[-1])
-            else:
-                parts.append("(" + token + ")")
-                roles.append(role)
-                if role in _ROLES and _loose_ok(segment, start, end):
-                    # any run of number characters; float() then checks it
-                    loose.append("(" + _LOOSE + ("|" + _WORD if word else "") + ")")
-                else:
-                    loose.append(parts[-1])
-            at = end
-        pieces.append(segment[at:])
-        parts.append(_piece(segment[at:], bool(tokens), False))
-        parts.append(r"\r?\n")
-        loose.extend(parts[-2:])
-        lowered = [piece.lower() for piece in pieces]
-        if any(_has_message(piece) for piece in lowered):
+        strict, loose, roles, safe = shape
+        return _Layout("^" + strict, "^" + loose, roles, safe)
+
+    @staticmethod
+    def of_pair(
+        header: str, header_found: dict[str, _Hit], line: str, found: dict[str, _Hit]
+    ) -> _Layout | None:
+        """The layout of Keras' file output: an ``Epoch 3/10`` line that only sets the epoch,
+        then one line with the epoch's values and no step (``100/100 - 2s - loss: 0.5``)."""
+        if set(header_found) != {"epoch"} or "step" in found or "epoch" in found:
             return None
-        if not any(word in piece for piece in lowered for word in _KEY_WORDS):
-            return None  # the general reader's key-word filter must pass on every such line
-        return _Layout("".join(parts), "".join(loose), roles, _exception_safe(pieces[0]))
+        if "<" in line:
+            return None  # a tqdm bar's count would be the step
+        first = _shape(header, header_found)
+        second = _shape(line, found)
+        if first is None or second is None:
+            return None
+        layout = _Layout(
+            "^" + first[0] + second[0],
+            "^" + first[1] + second[1],
+            first[2] + second[2],
+            first[3] and second[3],
+        )
+        layout.lines = 2
+        return layout
 
     def read(self, state: _State, block: str) -> list[Record]:
         """Records of one block of whole lines: runs of lines of this layout are converted a
         column at a time; every other line goes through the general reader, in order."""
         out: list[Record] = []
-        if state.traceback is not None and not self.exception_safe:
+        if not self.exception_safe and (
+            state.traceback is not None or "Traceback (most recent call last)" in block
+        ):
             self.fast_lines = 0
             _general(state, out, block)
             return out
@@ -489,23 +463,42 @@ class _Layout:
             # leaves such lines to the general reader
             parts = self.regex.split(block)
             cols = self._convert(parts, width)
-            assert cols is not None
+            if cols is None:  # cannot happen (exact numbers only); never fail a read on it
+                self.fast_lines = 0
+                _general(state, out, block)
+                return out
         seps = parts[::width]
         matched = len(seps) - 1
-        self.fast_lines = matched
+        lines = self.lines
+        fast_lines = matched * lines
+        run = self._run if self.step >= 0 else self._run_epochs
+        others = list(compress(range(matched + 1), seps))
+        then = self.then
+        if then is None and self.depth < 2 and self.tries < 4 and len(others) > 20:
+            # many lines of another shape (eval lines between train lines): learn it too
+            rest = "".join(seps)
+            if rest.count("\n") * 10 > block.count("\n"):
+                self.tries += 1
+                then = self.then = _find_layout(rest, self.depth + 1)
         line_at = state.lineno
         start = 0
-        for index in compress(range(matched + 1), seps):
+        for index in others:
             if index > start:
-                self._run(state, out, cols, start, index)
-                line_at += index - start
+                run(state, out, cols, start, index)
+                line_at += (index - start) * lines
             state.lineno = line_at
-            line_at += _general(state, out, seps[index])
+            if then is None:
+                line_at += _general(state, out, seps[index])
+            else:
+                out.extend(then.read(state, seps[index]))
+                fast_lines += then.fast_lines
+                line_at = state.lineno
             start = index
         if matched > start:
-            self._run(state, out, cols, start, matched)
-            line_at += matched - start
+            run(state, out, cols, start, matched)
+            line_at += (matched - start) * lines
         state.lineno = line_at
+        self.fast_lines = fast_lines
         return out
 
     def _convert(self, parts: list[str], width: int) -> list[list[Any]] | None:
@@ -566,6 +559,47 @@ class _Layout:
         merger.epochs_only = False
         out.extend(records)
 
+    def _run_epochs(
+        self, state: _State, out: list[Record], cols: Sequence[list[Any]], start: int, end: int
+    ) -> None:
+        """Records of ``Epoch N/M`` + values pairs ``start:end``, as the general reader reads
+        them: the header sets the epoch, the values line is that epoch's record."""
+        merger = state.merger
+        epochs: list[int] = cols[self.epoch][start:end]
+        pending = merger.pending
+        if (
+            state.fractional_epochs
+            or merger.steps_seen
+            or (pending is not None and pending["step"] >= epochs[0])
+            or (len(epochs) > 1 and not _increasing(epochs))
+        ):
+            push = merger.push
+            for i in range(start, end):
+                if not state.fractional_epochs:
+                    state.epoch = cols[self.epoch][i]
+                record: Record = {key: cols[index][i] for key, index in self.values}
+                if merger.steps_seen and "loss" in record:
+                    record["extra"] = {"epoch_loss": record.pop("loss")}
+                if state.epoch is not None:
+                    record["epoch"] = state.epoch
+                done = push(record)
+                if done is not None:
+                    out.append(done)
+            return
+        state.epoch = epochs[-1]
+        keys = [key for key, _ in self.values] + ["epoch", "step"]
+        columns = [cols[i][start:end] for _, i in self.values] + [epochs, epochs]
+        records = make_records(keys, columns)
+        flag_nonfinite(records, keys, columns)
+        if pending is not None:
+            out.append(mark_nonfinite(pending))
+        last_record = records.pop()
+        last_record.pop("nf_loss", None)
+        last_record.pop("nf_grads", None)
+        merger.pending = last_record
+        merger.count += len(records) + 1
+        out.extend(records)
+
     def _one_by_one(
         self, state: _State, out: list[Record], cols: Sequence[list[Any]], start: int, end: int
     ) -> None:
@@ -582,6 +616,71 @@ class _Layout:
             done = push(record)
             if done is not None:
                 out.append(done)
+
+
+def _shape(segment: str, found: dict[str, _Hit]) -> tuple[str, str, list[str], bool] | None:
+    """One line as regexes (exact, and loose on values), the roles of their groups in order,
+    and whether such a line can never end a pending traceback; None for lines we keep general.
+    """
+    if "\r" in segment or "\x08" in segment:
+        return None
+    captured: dict[tuple[int, int], str] = {}
+    for key, hit in found.items():
+        if key in ("step", "epoch", *_ROLES):
+            captured[(hit[1], hit[2])] = key
+            if key == "step" and hit[3] >= 0:
+                captured[(hit[3], hit[4])] = "total"
+    tokens = [m.span() for m in _TOKEN.finditer(segment)]
+    if not set(captured) <= set(tokens):
+        return None
+    pieces: list[str] = []
+    parts: list[str] = []
+    loose: list[str] = []
+    roles: list[str] = []
+    at = 0
+    for number, (start, end) in enumerate(tokens):
+        text = segment[start:end]
+        if not text.isascii() or _PLAIN.fullmatch(text) is None:
+            return None  # nan/inf or non-ASCII digits in the sample: not a template line
+        whole = text.isdigit()
+        if (
+            start
+            and segment[start - 1] in _KEY_JOINERS
+            and (number == 0 or at != start - 1 or not whole)
+        ):
+            return None  # "loss/2": a key could run into the number
+        role = captured.get((start, end))
+        if role in ("step", "total", "epoch") and not whole:
+            return None
+        piece = segment[at:start]
+        pieces.append(piece)
+        parts.append(_piece(piece, number > 0, True))
+        loose.append(parts[-1])
+        token = (_INT if role in ("step", "epoch", "total") else _INT_ANY) if whole else _REAL
+        word = role in _ROLES and not whole and _word_allowed(segment, start, end)
+        if word:
+            token += "|" + _WORD
+        if role is None:
+            parts.append("(?:" + token + ")")
+            loose.append(parts[-1])
+        else:
+            parts.append("(" + token + ")")
+            roles.append(role)
+            if role in _ROLES and _loose_ok(segment, start, end):
+                # any run of number characters; float() then checks it
+                loose.append("(" + _LOOSE + ("|" + _WORD if word else "") + ")")
+            else:
+                loose.append(parts[-1])
+        at = end
+    pieces.append(segment[at:])
+    parts.append(_piece(segment[at:], bool(tokens), False) + r"\r?\n")
+    loose.append(parts[-1])
+    lowered = [piece.lower() for piece in pieces]
+    if any(_has_message(piece) for piece in lowered):
+        return None
+    if not any(word in piece for piece in lowered for word in _KEY_WORDS):
+        return None  # the general reader's key-word filter must pass on every such line
+    return "".join(parts), "".join(loose), roles, _exception_safe(pieces[0])
 
 
 def _increasing(values: list[int]) -> bool:
@@ -604,9 +703,16 @@ def _word_allowed(segment: str, start: int, end: int) -> bool:
     only after a separator (``loss: nan``, ``loss=inf``), never as a word the general reader
     could join to a key (``loss nan``) or to a framework message (``returned nan``)."""
     before = segment[:start].rstrip(" \t")
-    if not before or before[-1].isalnum() or before[-1] in "_/.-'\"":
-        return False
     after = segment[end:]
+    if not before or before[-1] in "/.-'\"":
+        return False
+    # "loss nan": the general reader tries the two-word key "loss nan" first; it falls back
+    # to "loss" = nan only when no value can follow ("loss nan | lr", the end of the line)
+    if (before[-1].isalnum() or before[-1] == "_") and after.lstrip(" \t")[:1] not in (
+        "",
+        *",;|)}",
+    ):
+        return False
     for word in ("nan", "inf", "infinity"):
         text = before + " " + word + (" " + after.lstrip(" \t") if after[:1] in " \t" else after)
         if _has_message(text.lower()):
@@ -634,8 +740,8 @@ def _loose_ok(segment: str, start: int, end: int) -> bool:
 def _exception_safe(first: str) -> bool:
     """True when no line starting with ``first`` (then a number) can be the exception line
     that ends a traceback (:data:`_EXCEPTION_LINE`)."""
-    if not first or first[0] in " \t":
-        return True
+    if not first or not (first[0].isascii() and (first[0].isalpha() or first[0] == "_")):
+        return True  # an exception line starts with a letter (a layout line is never all \w)
     for index in range(1, len(first)):
         char = first[index]
         if not (char.isalnum() or char in "_."):
@@ -649,25 +755,35 @@ _SAMPLE_LINES = 2000
 _COVERAGE = 0.25
 
 
-def _find_layout(block: str) -> _Layout | None:
+def _find_layout(block: str, depth: int = 0) -> _Layout | None:
     """The commonest line shape with a printed step in the first lines of ``block``, checked
     against the general reader on every sampled line it matches."""
     lines = block.split("\n", _SAMPLE_LINES)[:_SAMPLE_LINES]
     parsed: list[tuple[str, dict[str, _Hit]]] = []
     shapes: dict[str, tuple[int, _Layout]] = {}
+    header: tuple[str, dict[str, _Hit]] | None = None  # the line before, if it set an epoch
     for line in lines:
         line = line.rstrip("\r")
         if "\r" in line or "\x08" in line or _has_message(line.lower()):
+            header = None
             continue
         found, val_mode = _parse(line)
+        before, header = header, None
         if val_mode or not found:
             continue
         if not any(key in found for key in _ROLES):
+            header = (line, found) if set(found) == {"epoch"} else None
             continue
+        layout = None
+        if before is not None:
+            layout = _Layout.of_pair(*before, line, found)
+            if layout is not None:
+                line, found = before[0] + "\n" + line, _pair_hits(before, found)
         parsed.append((line, found))
         if len(parsed) > 64:
             continue  # enough shapes seen; the rest of the sample only checks the winner
-        layout = _Layout.of(line, found)
+        if layout is None:
+            layout = _Layout.of(line, found)
         if layout is not None:
             count, _ = shapes.get(layout.regex.pattern, (0, layout))
             shapes[layout.regex.pattern] = (count + 1, layout)
@@ -678,7 +794,7 @@ def _find_layout(block: str) -> _Layout | None:
         return None
     matched = 0
     for line, found in parsed:
-        groups = layout.regex.match(line + "\n")
+        groups = layout.regex.fullmatch(line + "\n")
         if groups is None:
             continue
         matched += 1
@@ -691,7 +807,25 @@ def _find_layout(block: str) -> _Layout | None:
                 return None
         if len(layout.values) != sum(1 for key in _ROLES if key in found):
             return None
-    return layout if matched else None
+    if not matched:
+        return None
+    layout.depth = depth
+    return layout
+
+
+def _pair_hits(header: tuple[str, dict[str, _Hit]], found: dict[str, _Hit]) -> dict[str, _Hit]:
+    """The hits of a header + values pair, as spans in the two lines joined by a newline."""
+    shift = len(header[0]) + 1
+    hits = dict(header[1])
+    for key, (rank, start, end, a, b) in found.items():
+        hits[key] = (
+            rank,
+            start + shift,
+            end + shift,
+            a + shift if a >= 0 else a,
+            b + shift if b >= 0 else b,
+        )
+    return hits
 
 
 def iter_records(path: Path, meta: dict[str, Any]) -> Iterator[Record]:

@@ -63,6 +63,10 @@ _SPELLING: dict[str, tuple[str, ...]] = {
     "reciprocal": ("reciprocal", "1 /", "1/"),
     "cosine": ("cosine", "cos_sim"),
     "binary_cross_entropy": ("BCELoss", "binary_cross_entropy"),
+    "mse_loss": ("mse_loss", "**", "pow("),
+    "mul": ("*", "mul("),
+    "mm": ("@", "matmul", "mm("),
+    "addmm": ("@", "matmul", "linear"),
 }
 
 _NAME_FIXES = {
@@ -77,8 +81,16 @@ def locate(failure: TorchFailure) -> dict[str, Any]:
     Returns ``{"located": {...}, "rows": [...], ...}`` with whatever could be found, or ``{}``
     (and one warning) when the probe itself failed.
     """
+    live: dict[str, Any] | None = None
     try:
-        return _Locator(failure).run()
+        from nanscope.probes import producer
+
+        producer.LIVE.stop()
+        live = producer.LIVE.result()
+    except Exception:
+        live = None
+    try:
+        result = _with_producer(_Locator(failure).run(), live, failure)
     except Exception as exc:  # a probe bug must never kill the user's run
         warnings.warn(
             f"nanscope: the localisation replay failed ({type(exc).__name__}: {exc}); the "
@@ -87,6 +99,70 @@ def locate(failure: TorchFailure) -> dict[str, Any]:
             stacklevel=2,
         )
         return {}
+    if failure.extra.get("alarm", "nonfinite") != "nonfinite":
+        return result
+    try:
+        from nanscope.probes.confirm import confirm
+
+        result["confirmation"] = confirm(failure, result)
+    except Exception as exc:  # a probe bug must never kill the user's run
+        warnings.warn(
+            f"nanscope: the confirming experiment failed ({type(exc).__name__}: {exc}). Please "
+            "report this.",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+    return result
+
+
+def _with_producer(result: dict[str, Any], live: dict[str, Any] | None,
+                   failure: TorchFailure) -> dict[str, Any]:  # fmt: skip
+    """The live first-update producer when it belongs to this failure; else the replay's, marked."""
+    replay = result.get("located")
+    step = failure.step or 1
+    if live and (step <= 1 or (step == 2 and live.get("phase") == "optimizer")):
+        located = dict(live)
+        located["step"] = failure.step
+        located["detected"] = failure.what
+        if replay and replay.get("op") and replay.get("op") != located.get("op"):
+            located["replay"] = {k: replay.get(k) for k in ("phase", "op", "module", "note")
+                                 if replay.get(k) is not None}  # fmt: skip
+        result["located"] = {k: v for k, v in located.items() if v is not None}
+        return result
+    if failure.what == "weight" or _weights_nonfinite(failure.model):
+        located = {
+            "phase": "optimizer", "op": None, "observed": False, "step": failure.step,
+            "how": "inferred", "detected": failure.what,
+            "note": "the weights became non-finite in the optimizer step of the update before, "
+                    "whose gradients were finite; that step's arithmetic was not replayed",
+        }  # fmt: skip
+        if replay:
+            located["replay"] = {k: replay.get(k) for k in ("phase", "op", "module", "note")
+                                 if replay.get(k) is not None}  # fmt: skip
+        result["located"] = located
+    elif replay:
+        observed = not replay.get("guessed") and not replay.get("note") and bool(replay.get("op"))
+        replay.setdefault("observed", observed)
+        replay.setdefault("how", "replay of the failing update")
+        replay.setdefault("detected", failure.what)
+        result["located"] = replay
+    elif failure.model is not None and failure.extra.get("alarm") == "nonfinite":
+        result["located"] = {
+            "observed": False, "found": False, "step": failure.step, "detected": failure.what,
+            "note": "the producer was not found: the replay of the model's forward and backward "
+                    "was finite, and the loss's graph held no op that made the value",
+        }  # fmt: skip
+    return result
+
+
+def _weights_nonfinite(model: Any) -> bool:
+    import torch
+
+    try:
+        return any(not bool(torch.isfinite(p.detach()).all()) for p in model.parameters()
+                   if p.is_floating_point() and not p.is_meta)  # fmt: skip
+    except Exception:
+        return False
 
 
 def inspect_graph(loss: Any, *, output: Any = None, site: Any = None) -> dict[str, Any]:
@@ -96,6 +172,15 @@ def inspect_graph(loss: Any, *, output: Any = None, site: Any = None) -> dict[st
     division by exactly zero, a log of zero ...) is named from its inputs, not guessed. Returns
     the ``located`` dict, or ``{}``.
     """
+    try:
+        from nanscope.probes.producer import graph_producer
+
+        produced = graph_producer(loss, site)
+        if produced and produced.get("observed"):
+            produced["from"] = "live graph"
+            return produced
+    except Exception:
+        pass
     try:
         failure = TorchFailure(model=None, loss=loss, output=output, backward_site=site)
         found = _Locator(failure)._from_loss_graph(loss)
@@ -132,6 +217,8 @@ _FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>[^
 
 
 _REPLAY_FUNCS = ("_replay", "_replay_loss")
+#: nanscope's patches of torch (``_Loss.__call__``, ``GradScaler.step`` ...): they call through
+_PATCHES = (os.path.join("nanscope", "torch", "_hooks.py"),)
 
 
 def _inside_replay(files: list[tuple[str, str]]) -> int:
@@ -344,6 +431,7 @@ class _Locator:
         self.node_info: dict[int, dict[str, Any]] = {}
         self.activations: list[dict[str, Any]] = []
         self.first_bad_module: str | None = None
+        self.chain: list[dict[str, Any]] = []
         self.quiet = False
 
     # ---------------------------------------------------------------- entry
@@ -542,6 +630,8 @@ class _Locator:
             if fn is not None and id(fn) not in self.node_info:
                 self.node_info[id(fn)] = {"op": name, "module": module}
         if self.first is not None:
+            if len(self.chain) < 12 and not _all_finite(outs):
+                self.chain.append({"op": name, "module": module})  # a propagator after it
             return
         if _all_finite(outs):
             return
@@ -553,6 +643,7 @@ class _Locator:
         }  # fmt: skip
         if in_finite and not _has_nonfinite_scalar(args, kwargs or {}):
             self.first = entry
+            entry["call"] = (func, args, kwargs)
         elif self.first_nan is None and entry["out"].get("nan") and not any(
             s.get("nan") for s in entry["ins"]
         ):
@@ -569,8 +660,8 @@ class _Locator:
             path = frame.f_code.co_filename
             if path == __file__:
                 return False  # reached the replay itself: the model (or loss) called the op
-            if path.startswith(self.torch_dir):
-                frame = frame.f_back
+            if path.startswith(self.torch_dir) or path.endswith(_PATCHES):
+                frame = frame.f_back  # torch, or nanscope's thin patches that call the user's op
                 continue
             return path.startswith(self.nanscope_dir)
         return False
@@ -588,6 +679,18 @@ class _Locator:
             "output": "nan" if origin["out"].get("nan") else "inf",
         }
         located["input_zero"] = located["inputs"] == "exactly zero"
+        if origin is self.first and self.chain:
+            located["chain"] = [{k: v for k, v in c.items() if v is not None} for c in self.chain]
+        with contextlib.suppress(Exception):
+            from nanscope.probes import producer
+
+            located["why"] = producer.why_nonfinite(origin["op"], origin["ins"], out_dtype)
+            call = origin.get("call")
+            if call is not None and out_dtype in ("float16", "bfloat16"):
+                located["recomputed"] = producer.recompute(*call)
+                verdict = producer.precision_verdict(out_dtype, located["recomputed"])
+                if verdict:
+                    located["precision"] = verdict
         if origin is not self.first:
             located["note"] = "the op's inputs were already non-finite"
         if self.f.autocast is not None:

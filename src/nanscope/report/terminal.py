@@ -98,6 +98,8 @@ def _plain(diagnosis: Diagnosis, trace: Trace | None) -> str:
     experiment = diagnosis.extra.get("experiment")
     if isinstance(experiment, dict) and experiment.get("text"):
         lines.append(f"experiment: {experiment['text']}")
+    for entry in diagnosis.confirmation:
+        lines.append(f"confirm [{entry.get('change')}]: {entry.get('text')}")
     for entry in diagnosis.extra.get("rollbacks") or []:
         lines.append(f"rolled back: update {entry.get('step')}: {entry.get('why')}")
     if diagnosis.actions:
@@ -170,6 +172,9 @@ def _rich(diagnosis: Diagnosis, trace: Trace | None, file: IO[str], width: int |
     experiment = diagnosis.extra.get("experiment")
     if isinstance(experiment, dict) and experiment.get("text"):
         console.print(Text("experiment: ", style="bold") + Text(str(experiment["text"])))
+    for entry in diagnosis.confirmation:
+        label = Text(f"confirm [{entry.get('change')}]: ", style="bold")
+        console.print(label + Text(str(entry.get("text"))))
     for entry in diagnosis.extra.get("rollbacks") or []:
         what = f"update {entry.get('step')}: {entry.get('why')}"
         console.print(Text("rolled back: ", style="bold yellow") + Text(what))

@@ -153,6 +153,9 @@ def enable() -> None:
         module_mod.register_module_forward_hook(_forward_post, with_kwargs=True, always_call=True)
     )
     del torch
+    from nanscope.probes.producer import LIVE  # producer: check the ops of the first update
+
+    LIVE.start()
     try:  # dataset rows of each batch, when the DataLoader's sampler tells them
         from nanscope.probes import rows
 

@@ -57,7 +57,20 @@ def _aggregate_key(name: str, depth: int) -> str:
 
 
 class ParamMeasure:
-    """Measures the parameters of one optimizer, update after update."""
+    """Measures the parameters of one optimizer, update after update.
+
+    Made with DTensor parameters (FSDP2's ``fully_shard``, tensor parallel), ``ParamMeasure(...)``
+    gives a :class:`nanscope.torch.sharded.ShardedMeasure`: the same measures on the local shards,
+    combined across the ranks with one collective per update.
+    """
+
+    def __new__(cls, params: list[torch.Tensor], names: Mapping[int, str]) -> ParamMeasure:
+        if cls is ParamMeasure:
+            from nanscope.torch import sharded
+
+            if sharded.any_dtensor(params):
+                return super().__new__(sharded.ShardedMeasure)
+        return super().__new__(cls)
 
     def __init__(self, params: list[torch.Tensor], names: Mapping[int, str]) -> None:
         self.params = params
@@ -265,9 +278,17 @@ class ParamMeasure:
         One product gives every dot the record needs: update = w - w_prev, its norm and cosines,
         the gradient cosine, and the sign flips (``sign w . sign w_prev`` = same - opposite signs).
         """
+        if not self._take_sample(grads):
+            return None
+        assert self._buf is not None and self.weight is not None
+        return torch.mm(self._buf * self.weight, self._buf.t()).reshape(-1)
+
+    def _take_sample(self, grads: list[torch.Tensor | None]) -> bool:
+        """Copy this update's [w, g, sign w] into the sample buffer; True when the previous
+        update's rows are there too (the Gram matrix is then meaningful)."""
         buf = self._buf
         if buf is None or self.weight is None:
-            return None
+            return False
         params = self.params
         r = 3 * self._half
         glarge: list[torch.Tensor] = []
@@ -291,8 +312,8 @@ class ParamMeasure:
         self.count += 1
         if not self._have_prev:
             self._have_prev = True
-            return None
-        return torch.mm(buf * self.weight, buf.t()).reshape(-1)
+            return False
+        return True
 
     def _fill(
         self, row: torch.Tensor, large: list[torch.Tensor], small: list[torch.Tensor]

@@ -178,7 +178,8 @@ class RecordBuilder:
         if late:
             extra["detected_late"] = True
         if extra:
-            record["extra"] = extra
+            # merged: the measures may have put their own (sharded: extra["shards"])
+            record["extra"] = {**record.get("extra", {}), **extra}
         what = "loss"
         if record.get("nf_grads"):
             what = "grad"

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from nanscope.detectors import Alarm
 from nanscope.monitor import Monitor
+from nanscope.torch import sharded
 from nanscope.torch.deferred import DeferredReads
 
 __all__ = ["ROLLBACK_LIMIT", "ROLLBACK_LR_FACTOR", "LastGood", "nonfinite"]
@@ -53,6 +54,8 @@ class LastGood:
         """
         if model is None:
             return []
+        if sharded.is_sharded(model):  # each rank its own shards, nothing gathered
+            return self._save_shards(model, params, failing, alarm, deferred)
         meta = self.monitor.meta
         restored = False
         if failing.get("late") and deferred.restore(params):
@@ -74,6 +77,23 @@ class LastGood:
         if restored:
             meta["last_good_restored"] = True
         return []
+
+    def _save_shards(
+        self,
+        model: Any,
+        params: list[torch.Tensor],
+        failing: dict[str, Any],
+        alarm: Alarm,
+        deferred: DeferredReads,
+    ) -> list[str]:
+        """A sharded model: each rank writes its own shards (``nanscope.local_shards/1``)."""
+        restored = bool(failing.get("late")) and deferred.verified is not None
+        if restored:
+            sharded.restore_shards(params, deferred.verified or [])
+        step = deferred.verified_step if restored else int(failing.get("step", alarm.step)) - 1
+        path, notes = sharded.save_shards(model, self.monitor, step=step, restored=restored)
+        self.path = path or self.path
+        return notes
 
     def rollback(
         self, optimizer: Any, params: list[torch.Tensor], failing: dict[str, Any], alarm: Alarm

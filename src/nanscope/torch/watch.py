@@ -45,14 +45,15 @@ import torch
 from nanscope.detectors import Alarm
 from nanscope.errors import UsageError
 from nanscope.monitor import Monitor
+from nanscope.probes import producer as _producer
 from nanscope.probes.failure import CallSite, TorchFailure
-from nanscope.torch import _hooks, distributed
+from nanscope.torch import _hooks, distributed, sharded
 from nanscope.torch.deferred import DeferredReads
 from nanscope.torch.measure import param_names
 from nanscope.torch.precision import SCALE_FLOOR, SKIP_LIMIT, Precision, unscale_tensor
 from nanscope.torch.records import FULL_EVERY, RecordBuilder
 from nanscope.torch.rollback import ROLLBACK_LIMIT, ROLLBACK_LR_FACTOR, LastGood
-from nanscope.torch.window import StepWindow, pick_input
+from nanscope.torch.window import StepWindow
 
 __all__ = ["FULL_EVERY", "ROLLBACK_LIMIT", "ROLLBACK_LR_FACTOR", "SCALE_FLOOR", "SKIP_LIMIT",
            "Watcher", "watch"]  # fmt: skip
@@ -120,8 +121,10 @@ class Watcher:
 
     Attributes: ``monitor``, ``model``, ``optimizer``, ``step`` (updates seen), ``failure`` (the
     :class:`~nanscope.probes.failure.TorchFailure` of the stop, once one happened),
-    ``last_good_path``, ``notes`` (what was skipped and why); the parts: ``window``, ``records``,
-    ``deferred``, ``precision``, ``last_good``; ``guard`` (the hooks' fault guard).
+    ``last_good_path``, ``notes`` (what was skipped and why); ``guard`` (the hooks' fault guard);
+    the parts: ``window`` (this step's batch, losses, clip), ``records`` (the record builder:
+    ``records.every``), ``deferred`` (late reads: ``deferred.sync_every``), ``precision`` (the
+    GradScaler: ``precision.scaler``, ``precision.scale_history``) and ``last_good``.
     """
 
     def __init__(
@@ -155,6 +158,7 @@ class Watcher:
                 f"policy={policy!r} conflicts with the monitor's policy {monitor.policy!r}"
             )
         self.monitor = monitor
+        self.guard.faults = monitor.meta.setdefault("hook_faults", {})  # a rank says why it saw 0
         self.step = 0
         self.failure: TorchFailure | None = None
         self.notes: list[str] = []
@@ -174,6 +178,7 @@ class Watcher:
         if model is not None:
             self.bind_model(model, hook=hook_model)
         monitor.probes.append(self._probe)
+        _producer.LIVE.start()  # producer: check every op of the first update (probes/producer.py)
         if monitor.rollback_handler is None:
             monitor.rollback_handler = self._rollback
         if hook_optimizer:
@@ -184,18 +189,6 @@ class Watcher:
         monitor.meta.setdefault("optimizer", type(optimizer).__name__)
 
     # ------------------------------------------------------------------ binding
-
-    @property
-    def every(self) -> int:
-        return self.records.every
-
-    @property
-    def scaler(self) -> Any:
-        return self.precision.scaler
-
-    @property
-    def scale_history(self) -> Any:
-        return self.precision.scale_history
 
     @property
     def last_good_path(self) -> Path | None:
@@ -231,7 +224,8 @@ class Watcher:
         if self._closed:
             return self.monitor.diagnosis
         self._closed = True
-        self.deferred.drain(self._process, self.params(), allow_raise=False)
+        _producer.LIVE.stop()
+        self.deferred.drain(self._process, sharded.local_shards(self.params()), allow_raise=False)
         for handle in self._handles:
             with contextlib.suppress(Exception):
                 handle.remove()
@@ -307,6 +301,7 @@ class Watcher:
 
     def step_post(self, optimizer: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """The optimizer's step post-hook: the update was applied."""
+        _producer.LIVE.stop()
         self.precision.on_step()
         self._snapshot = None
 
@@ -381,7 +376,8 @@ class Watcher:
         if interval <= 1 or vec is None:
             self._process(step, vec.tolist() if vec is not None else [], ctx, batch=batch)
         elif self.deferred.push(step, vec, ctx, batch):
-            self.deferred.drain(self._process, self.params(), allow_raise=True)
+            shards = sharded.local_shards(self.params())
+            self.deferred.drain(self._process, shards, allow_raise=True)
         window.reset()
 
     def _process(
@@ -436,25 +432,17 @@ class Watcher:
         return evidence
 
     def _make_failure(self, alarm: Alarm) -> TorchFailure:
-        window = self.window
         step = int(self._failing.get("step") or alarm.step)
-        args, kwargs, targets = self.deferred.batch_at(step) or (
-            window.args, window.kwargs, window.targets()
-        )
         extra: dict[str, Any] = {"alarm": alarm.kind}
         if self._failing.get("late"):
             extra["replay_from"] = self.deferred.replay_from()
-        if window.rng is not None:
-            extra["rng_state"] = window.rng
-        if window.graph_located and step == self.step:
-            extra["graph_located"] = window.graph_located
-        return TorchFailure(
-            model=self.model, args=args, kwargs=kwargs, output=window.output,
-            loss=window.last_loss, loss_module=window.loss_module, loss_args=window.loss_args,
-            targets=targets, backward_site=window.site, step=step,
-            what=str(self._failing.get("what", "loss")), autocast=window.autocast,
-            grad_scaler=self.precision.scaler, scale_history=list(self.precision.scale_history),
-            batch_index=window.rows_of(pick_input(args, kwargs)), extra=extra,
+        # a replay of a sharded model would run its collectives on this rank alone
+        model = None if sharded.is_sharded(self.model) else self.model
+        return self.window.failure(
+            model, step, str(self._failing.get("what", "loss")),
+            kept=self.deferred.batch_at(step), current=step == self.step,
+            scaler=self.precision.scaler, scale_history=list(self.precision.scale_history),
+            extra=extra,
         )  # fmt: skip
 
     def _rollback(self, monitor: Monitor, alarm: Alarm) -> bool:

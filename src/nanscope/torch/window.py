@@ -18,7 +18,8 @@ from typing import Any
 
 import torch
 from nanscope.capture.keys import INPUT_KEYS, TARGET_KEYS
-from nanscope.probes.failure import CallSite
+from nanscope.probes.failure import CallSite, TorchFailure
+from nanscope.torch import sharded
 
 __all__ = ["StepWindow", "pick_input"]
 
@@ -105,7 +106,7 @@ class StepWindow:
 
     def on_clip(self, total: Any) -> None:
         if isinstance(total, torch.Tensor):
-            self.clip_norm = total.detach()
+            self.clip_norm = sharded.replicated(total.detach())  # FSDP2: a replicated DTensor
 
     # ------------------------------------------------------------------ read at the check
 
@@ -155,6 +156,37 @@ class StepWindow:
         if isinstance(first, torch.Tensor) and first.dim() >= 1 and first.shape[0] != len(index):
             return None
         return index
+
+    def failure(
+        self,
+        model: Any,
+        step: int,
+        what: str,
+        *,
+        kept: tuple[Any, Any, Any] | None,
+        current: bool,
+        scaler: Any,
+        scale_history: list[float],
+        extra: dict[str, Any],
+    ) -> TorchFailure:
+        """The state of failing update ``step`` for the probes (the replay of :mod:`locate`).
+
+        kept: ``(args, kwargs, targets)`` of that update when it is not this window's (a late
+        read); current: it is this window's update (its live-graph finding applies).
+        """
+        args, kwargs, targets = kept or (self.args, self.kwargs, self.targets())
+        extra = dict(extra)
+        if self.rng is not None:
+            extra["rng_state"] = self.rng
+        if self.graph_located and current:
+            extra["graph_located"] = self.graph_located
+        return TorchFailure(
+            model=model, args=args, kwargs=kwargs, output=self.output, loss=self.last_loss,
+            loss_module=self.loss_module, loss_args=self.loss_args, targets=targets,
+            backward_site=self.site, step=step, what=what, autocast=self.autocast,
+            grad_scaler=scaler, scale_history=scale_history,
+            batch_index=self.rows_of(pick_input(args, kwargs)), extra=extra,
+        )  # fmt: skip
 
     def device(self) -> str:
         for value in self.args:

@@ -1,9 +1,12 @@
 """D005 log_of_zero: the loss formula took the log of a probability that rounded to 0 or 1.
 
 What it does
-    Looks at the first non-finite update: a loss that is inf or NaN while the gradient, the weights
-    and the inputs are all finite means the loss formula itself made the infinity. With the
-    PyTorch adapter the replay names the op (``log``, ``LogBackward0``) and settles it.
+    Follows the producer (the first op whose inputs were finite and whose output was not): it
+    fires only when that op is log-like (``log``, ``xlogy``, ``binary_cross_entropy``, ``nll``) and,
+    with full confidence, only when its argument was seen at exactly 0 or outside the log's domain.
+    When another op produced the value it stays silent. When no producer was located (a numpy fit
+    that silences its floating-point errors), a non-finite loss with a finite gradient, finite
+    weights and finite inputs is an inferred suspicion, at lower confidence.
 
 Why is this bad?
     Log loss ``-[y log p + (1-y) log(1-p)]`` is infinite when a positive example gets p exactly 0,
@@ -15,8 +18,9 @@ Fingerprint
     the analytic gradient is finite too).
 
 Evidence
-    The non-finite loss next to the finite gradient norm, weight norm and inputs; how far the
-    weights grew before; the located op when known.
+    The producer op, its module and line, the value of its argument, observed or inferred, and the
+    propagators after it; else the non-finite loss next to the finite gradient norm, weight norm
+    and inputs; how far the weights grew before.
 
 Action
     Compute the loss from the logits in a stable form (``log_softmax``, ``BCEWithLogitsLoss``,
@@ -36,6 +40,7 @@ import numpy as np
 from nanscope.diagnose.context import Context
 from nanscope.diagnose.diagnosis import Evidence, Finding
 from nanscope.diagnose.rules._common import num
+from nanscope.diagnose.rules._producer import producer_of
 
 CODE = "D005"
 CAUSE = "log_of_zero"
@@ -49,21 +54,27 @@ ACTIONS = [
     "are what saturate the sigmoid or softmax.",
 ]
 
-_LOG_OPS = ("log", "xlogy", "binary_cross_entropy", "nll", "crossentropy", "cross_entropy")
-
-
 def check(ctx: Context) -> Finding | None:
     i = ctx.fail
     if i is None:
         return None
     nf = ctx.nonfinite
     located = ctx.located or {}
-    op = str(located.get("op") or "").lower()
-    op_is_log = any(name in op for name in _LOG_OPS) and "softplus" not in op
-    inputs_text = str(located.get("inputs", ""))
-    input_zero = bool(located.get("input_zero")) or any(
-        word in inputs_text for word in ("exactly 0", "exactly zero")
-    )
+    prod = producer_of(located)
+    op_is_log = prod is not None and prod.is_log()
+    also = prod.also_log() if prod is not None and not op_is_log else None
+    if also is not None and prod is not None:
+        # another producer of the update was a log that got 0: it is the log's story
+        first = prod.where()
+        picked = {k: also.get(k) for k in ("op", "source", "message", "why")}
+        located = {**located, **picked, "inputs": "exactly zero", "input_zero": True,
+                   "note": f"an earlier op of the same update also overflowed: {first}"}
+        prod = producer_of(located)
+        op_is_log = True
+    other_op = prod is not None and prod.known and not op_is_log
+    if other_op and prod is not None and prod.observed:
+        return None  # another op produced it: log_of_zero only follows a log
+    input_zero = prod is not None and (prod.zero or prod.kind == "log_domain")
     if nf["inputs"][i] > 0 or nf["targets"][i] > 0 or nf["params"][i] > 0:
         return None
     if not (nf["loss"][i] > 0 or ctx.filtered_nan[i]) and not op_is_log:
@@ -72,30 +83,41 @@ def check(ctx: Context) -> Finding | None:
     loss_value = ctx.loss[i]
     grad = ctx.trace.column("grad_norm")[i]
     grad_measured = ctx.trace.present("grad_norm")[i]
-    if op_is_log:
-        confidence = 0.95 if input_zero or not located.get("inputs") else 0.9
-        evidence.append(
-            Evidence(
-                CODE,
-                f"the first non-finite value came from {located.get('op')}"
-                + (f" in {located['module']}" if located.get("module") else "")
-                + (f", whose input was {located['inputs']}" if located.get("inputs") else ""),
-                {"op": located.get("op"), "module": located.get("module")},
-            )
-        )
+    if prod is not None and op_is_log:
+        if prod.inputs_nonfinite():
+            return None  # the log only propagated a value made earlier
+        if prod.observed and input_zero:
+            confidence = 0.95
+        elif prod.observed:
+            confidence = 0.8  # a log made it, but its argument was not seen at 0
+        else:
+            confidence = 0.55  # inferred: the log is the likeliest op, its input unseen
+        text = f"the first non-finite value came from {prod.where()}"
+        values = prod.values_text()
+        if values:
+            text += f", {values}" if values.startswith("its") else f" ({values})"
+        text += f" [{prod.how()}]"
+        data = {"op": prod.op, "module": located.get("module"), "observed": prod.observed,
+                "why": prod.why}
+        evidence.append(Evidence(CODE, text, data))
+        chain = prod.chain_text()
+        if chain:
+            evidence.append(Evidence(CODE, chain, {"chain": located.get("chain")}))
     elif grad_measured and math.isfinite(grad):
-        confidence = 0.75 if loss_value == math.inf else 0.7
+        # no producer was located: the loss formula is suspected, not seen
+        confidence = 0.6 if loss_value == math.inf else 0.55
+        if other_op:
+            confidence = 0.4  # an inferred producer that is not a log
         evidence.append(
             Evidence(
                 CODE,
                 f"the loss is {num(loss_value)} at update {ctx.step_at(i)} while the gradient "
                 f"(norm {num(grad)}), the weights and the inputs are all finite: the loss formula "
-                "itself produced it, as log(p) does when p rounds to exactly 0 or 1",
-                {"loss": loss_value, "grad_norm": float(grad)},
+                "made it; no op was located, so a log of a probability rounded to 0 or 1 is "
+                "inferred, not seen",
+                {"loss": loss_value, "grad_norm": float(grad), "observed": False},
             )
         )
-    elif located:
-        return None  # the replay found another op
     else:
         confidence = 0.3
         evidence.append(
@@ -139,5 +161,5 @@ def check(ctx: Context) -> Finding | None:
         actions=list(ACTIONS),
         step=ctx.step_at(i),
         located=located or None,
-        alternatives=[("zero_division", 0.15)] if not op_is_log else [],
+        alternatives=[] if op_is_log else [("zero_division", 0.15)],
     )

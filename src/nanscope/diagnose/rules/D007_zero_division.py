@@ -1,9 +1,13 @@
 """D007 zero_division: a division, sqrt, rsqrt or norm met an exact zero.
 
 What it does
-    Reads the op the PyTorch replay located as the first place a non-finite value appeared. When it
-    is a division, a reciprocal, a square root, an rsqrt or a norm (forward or backward) and the
-    value it divided by, or took the root of, is exactly 0, that is the cause.
+    Follows the producer, the first op whose inputs were finite and whose output was not (seen by
+    the first-update op watch or the replay of the failing update). When it is a division, a
+    reciprocal, a square root, an rsqrt, a norm, a std or a var (forward or backward) and the value
+    it divided by, or took the root of, was exactly 0, that is the cause. A division in the
+    training loop's preprocessing that fills a column with NaN (``(x - x.mean(0)) / x.std(0)`` on a
+    constant column) is computed, not read: it outranks "drop these rows". An op named without
+    its inputs is an inferred suspect, at lower confidence.
 
 Why is this bad?
     ``0 / 0`` is NaN, ``x / 0`` is inf; the square root and the norm are finite at 0 but their
@@ -36,13 +40,14 @@ import math
 
 from nanscope.diagnose.context import Context
 from nanscope.diagnose.diagnosis import Evidence, Finding
+from nanscope.diagnose.rules._producer import producer_of
 
 CODE = "D007"
 CAUSE = "zero_division"
 TITLE = "Division, sqrt or norm at exactly zero"
 
-_DIVISION = ("div", "reciprocal", "cosine")
-_ROOTS = ("sqrt", "rsqrt", "norm", "cdist")
+_DIVISION = ("div", "reciprocal", "cosine", "remainder", "fmod")
+_ROOTS = ("sqrt", "rsqrt", "norm", "cdist", "std", "var")
 
 
 def _family(op: str) -> str | None:
@@ -74,21 +79,28 @@ def check(ctx: Context) -> Finding | None:
     located = ctx.located
     if not located:
         return None
-    op = str(located.get("op") or "")
-    family = _family(op) or _family(str(located.get("forward_op") or ""))
+    prod = producer_of(located)
+    assert prod is not None
+    op = prod.op
+    family = _family(op) or _family(prod.forward_op)
     if family is None:
         return None
-    inputs = str(located.get("inputs") or "")
-    zero = bool(located.get("input_zero")) or inputs.startswith("exactly zero")
-    if inputs.startswith("non-finite") or inputs == "past the half range":
-        return None  # the value was already broken, or it is an fp16 story
-    phase = located.get("phase", "forward")
+    inputs = prod.inputs
+    zero = prod.zero and prod.kind not in ("past_range", "log_domain")
+    if prod.inputs_nonfinite() or prod.kind == "past_range" or inputs == "past the half range":
+        return None  # the value was already broken, or it is an overflow story
+    phase = prod.phase or "forward"
     i = ctx.fail
-    if i is not None and (ctx.nonfinite["inputs"][i] > 0 or ctx.nonfinite["targets"][i] > 0):
+    computed = phase == "preprocess" and prod.observed and zero
+    if i is not None and not computed and (
+        ctx.nonfinite["inputs"][i] > 0 or ctx.nonfinite["targets"][i] > 0
+    ):
         return None
     evidence: list[Evidence] = []
     if zero:
-        confidence = 0.92
+        confidence = 0.92 if prod.observed else 0.7
+        if computed:
+            confidence = 0.97  # seen making the batch's NaN: not a bad row of the data
         if family == "root" and phase == "backward":
             what = (
                 f"the gradient of {located.get('forward_op') or op} is infinite at 0: "
@@ -98,25 +110,53 @@ def check(ctx: Context) -> Finding | None:
             what = f"{_where(located)} took the root/norm of exactly 0"
         else:
             what = f"{_where(located)} divided by exactly 0 (0/0 is NaN, x/0 is inf)"
+        values = prod.values_text()
+        if values and "exactly 0" in values and values not in what:
+            what += f"; {values}"
+        what += f" [{prod.how()}, {phase}]"
         evidence.append(Evidence(CODE, what, {"op": op, "module": located.get("module"),
-                                              "phase": phase, "inputs": inputs}))  # fmt: skip
-    elif located.get("guessed") or not inputs:
-        confidence = 0.6
+                                              "phase": phase, "inputs": inputs,
+                                              "observed": prod.observed}))  # fmt: skip
+        if computed:
+            evidence.append(
+                Evidence(
+                    CODE,
+                    "the NaN/inf in the batch is computed by this division in the training loop, "
+                    "not read from the data: the same column breaks in every row, so dropping "
+                    "rows cannot fix it",
+                    {"phase": "preprocess"},
+                )
+            )
+        chain = prod.chain_text()
+        if chain:
+            evidence.append(Evidence(CODE, chain, {"chain": located.get("chain")}))
+    elif located.get("guessed") or not inputs or not prod.observed:
+        confidence = 0.5
         if (family == "division" and phase == "forward" and i is not None
                 and math.isnan(ctx.loss[i])):  # fmt: skip
-            confidence = 0.7  # a NaN (not inf) loss from a division: 0/0
+            confidence = 0.6  # a NaN (not inf) loss from a division: 0/0
         evidence.append(
             Evidence(
                 CODE,
                 f"the first non-finite value is in the {phase} and the only op in the loss that "
                 f"can make one from a finite value is {_where(located)}; its inputs were no "
                 "longer kept, so whether they were exactly 0 is inferred",
-                {"op": op, "phase": phase, "guessed": True},
+                {"op": op, "phase": phase, "guessed": True, "observed": False},
             )
         )
     else:
         return None
-    if "div" in op.lower() or family == "root":
+    if phase == "optimizer":
+        evidence.append(
+            Evidence(
+                CODE,
+                "it happened in the optimizer's own arithmetic, from finite gradients: a "
+                "parameter whose gradient is exactly 0 divides 0 by a denominator of 0 when the "
+                "optimizer's epsilon is 0",
+                {"phase": "optimizer"},
+            )
+        )
+    elif "div" in op.lower() or family == "root":
         evidence.append(
             Evidence(
                 CODE,
@@ -133,6 +173,14 @@ def check(ctx: Context) -> Finding | None:
         "F.cosine_similarity(a, b, dim=-1, eps=1e-8), torch.linalg.vector_norm instead of "
         "sqrt(sum(x**2)).",
     ]
+    if phase == "optimizer":
+        actions.insert(0, "Keep the optimizer's eps above 0 (Adam, AdamW, RMSprop, Adagrad: the "
+                          "default 1e-8); a parameter with an exactly-zero gradient then stays "
+                          "finite.")  # fmt: skip
+    if computed:
+        actions.insert(0, "Guard the standardisation against constant columns: divide by "
+                          "(std + 1e-8), or drop the columns whose std is 0 before training "
+                          "(they carry no information); do not drop rows.")
     source = located.get("source") or {}
     if source.get("file"):
         actions.insert(0, f"Fix {source['file']}:{source.get('line')}: {actions.pop(0)}")

@@ -1,8 +1,11 @@
 """D008 fp16_overflow: a value passed float16's range (65504) and became inf.
 
 What it does
-    Reads the dtype where the replay found the first non-finite value: float16 (a ``.half()``
-    model, or autocast to float16) with inputs near or past 65504. Without a replay it reads the
+    Follows the producer (the first op whose inputs were finite and whose output was not): when it
+    ran in float16 (a ``.half()`` model, autocast) and the same op recomputed in float32 is finite
+    and past 65504, the overflow is a measured fact, with the value and the limit. A loss
+    multiplied by a constant before ``backward()`` (a hand-rolled static loss scale, not only
+    ``GradScaler``) that overflows the gradients is named as such. Without a replay it reads the
     gradient scaler's story: the loss scale falling again and again (``extra.loss_scale``, skipped
     steps, ``loss_scale_collapse``) or the log lines of a scaler that overflowed at its minimum.
 
@@ -38,6 +41,7 @@ from typing import Any
 from nanscope.diagnose.context import Context
 from nanscope.diagnose.diagnosis import Evidence, Finding
 from nanscope.diagnose.rules._common import num
+from nanscope.diagnose.rules._producer import producer_of
 
 CODE = "D008"
 CAUSE = "fp16_overflow"
@@ -111,13 +115,34 @@ def check(ctx: Context) -> Finding | None:
     absmax = located.get("input_absmax")
     evidence: list[Evidence] = []
     confidence = 0.0
-    half = dtype == "float16" or autocast == "float16"
-    if located and half and not inputs.startswith("non-finite"):
+    half = dtype in ("float16", "bfloat16") or autocast == "float16"
+    prod = producer_of(located)
+    precision = prod.precision if prod is not None else None
+    if prod is not None and half and precision and not prod.inputs_nonfinite():
+        # measured: the op recomputed in a wider dtype is finite and past the narrow one's limit
+        confidence = 0.95 if prod.observed else 0.7
+        text = (f"the producer is {prod.where()} in {precision.get('dtype', dtype)}: "
+                f"{precision.get('text')}")  # fmt: skip
+        text += f" [{prod.how()}, {prod.phase or '?'}]"
+        evidence.append(Evidence(CODE, text, {"op": prod.op, "module": located.get("module"),
+                                              "dtype": precision.get("dtype"),
+                                              "value": precision.get("value"),
+                                              "limit": precision.get("limit"),
+                                              "observed": prod.observed}))  # fmt: skip
+        if prod.loss_scale is not None:
+            evidence.append(Evidence(CODE, prod.scale_text() + (
+                f"; unscaled, the largest value would be "
+                f"{num(float(precision.get('value') or 0.0) / prod.loss_scale)}"),
+                {"loss_scale": prod.loss_scale}))  # fmt: skip
+        chain = prod.chain_text()
+        if chain:
+            evidence.append(Evidence(CODE, chain, {"chain": located.get("chain")}))
+    elif located and half and not inputs.startswith("non-finite"):
         near = isinstance(absmax, (int, float)) and absmax >= HALF_MAX / 256
         where = f"{located.get('op')}" + (f" in {located['module']}" if located.get("module")
                                           else "")  # fmt: skip
         if inputs == "past the half range" or near:
-            confidence = 0.92
+            confidence = 0.92 if (prod is None or prod.observed) else 0.65
             evidence.append(
                 Evidence(
                     CODE,
@@ -128,6 +153,9 @@ def check(ctx: Context) -> Finding | None:
                      "dtype": "float16", "input_absmax": absmax},
                 )
             )
+            if prod is not None and prod.loss_scale is not None:
+                evidence.append(Evidence(CODE, prod.scale_text(),
+                                         {"loss_scale": prod.loss_scale}))  # fmt: skip
         elif inputs.startswith("exactly zero"):
             confidence = 0.4  # an underflow to 0 in half precision, then a log/division of it
             evidence.append(
@@ -145,6 +173,11 @@ def check(ctx: Context) -> Finding | None:
     if not evidence:
         return None
     actions = list(ACTIONS)
+    if prod is not None and prod.loss_scale is not None:
+        actions.insert(0, f"Drop the fixed loss scale ({num(prod.loss_scale)}): use "
+                          "torch.amp.GradScaler, which lowers the scale when the gradients "
+                          "overflow, or a scale small enough that the largest gradient stays "
+                          "below 65504.")  # fmt: skip
     source = (located.get("source") or {}) if located else {}
     if source.get("file"):
         actions.insert(0, f"The overflow is at {source['file']}:{source.get('line')}.")

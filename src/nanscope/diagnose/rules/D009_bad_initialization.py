@@ -2,10 +2,13 @@
 
 What it does
     Looks at a fit that broke at once, on its first updates, with clean inputs and no growth phase.
-    With the PyTorch replay it reads two measures of the first batch: the magnitude of each layer's
-    output in forward order (``activations``: does it grow layer by layer?) and the scale of each
-    weight matrix against the ``1 / sqrt(fan_in)`` that keeps activations of order one
-    (``weight_scale``: ``std(W) * sqrt(fan_in)``, about 0.5 to 1.5 for the standard initialisers).
+    It follows the producer: an op of the model (an ``exp``, a matmul) that overflowed from finite
+    inputs at the first updates, while the weights are still the initial ones, is seen, not
+    guessed. With the PyTorch replay it also reads two measures of the first batch: the
+    magnitude of each layer's output in forward order (``activations``: does it grow layer by
+    layer?) and the scale of each weight matrix against the ``1 / sqrt(fan_in)`` that keeps
+    activations of order one (``weight_scale``: ``std(W) * sqrt(fan_in)``, about 0.5 to 1.5 for
+    the standard initialisers).
 
 Why is this bad?
     Each layer multiplies its input's scale by about ``std(W) * sqrt(fan_in)``. Ten layers at 50x
@@ -17,8 +20,9 @@ Fingerprint
     grow layer by layer on the first batch; the weight scale is far from ``1/sqrt(fan_in)``.
 
 Evidence
-    The first loss, the per-layer activation growth (first layer -> last, and the median ratio per
-    layer), the weight scale ratio of the worst layer.
+    The producer op that overflowed, its line and inputs; the first loss, the per-layer
+    activation growth (first layer -> last, and the median ratio per layer), the weight scale
+    ratio of the worst layer.
 
 Action
     Use a standard initialiser (the framework's default, ``nn.init.kaiming_normal_`` for relu,
@@ -39,6 +43,7 @@ import numpy as np
 from nanscope.diagnose.context import Context
 from nanscope.diagnose.diagnosis import Evidence, Finding
 from nanscope.diagnose.rules._common import num
+from nanscope.diagnose.rules._producer import producer_of
 
 CODE = "D009"
 CAUSE = "bad_initialization"
@@ -88,6 +93,20 @@ def check(ctx: Context) -> Finding | None:
         half_only = False
     evidence: list[Evidence] = []
     confidence = 0.0
+    prod = producer_of(located)
+    if (prod is not None and prod.observed and prod.phase in ("forward", "loss", "backward")
+            and prod.past_range() and not half_only and not prod.inputs_nonfinite()):  # fmt: skip
+        # the producer overflowed from finite values, in the model, at the first updates: the
+        # weights it multiplied were still (close to) the initial ones
+        confidence = 0.6
+        text = (f"the producer is {prod.where()}: it overflowed from finite inputs at update "
+                f"{ctx.step_at(i)}, from the initial weights")  # fmt: skip
+        values = prod.values_text()
+        if values:
+            text += f" ({values})"
+        text += f" [{prod.how()}]"
+        evidence.append(Evidence(CODE, text, {"op": prod.op, "phase": prod.phase,
+                                              "observed": True}))  # fmt: skip
     growth = acts.get("growth")
     median_ratio = acts.get("median_ratio")
     nonfinite_at = acts.get("nonfinite_at")
@@ -95,7 +114,7 @@ def check(ctx: Context) -> Finding | None:
     if isinstance(growth, (int, float)) and (growth >= GROWTH or (
         nonfinite_at and isinstance(median_ratio, (int, float)) and median_ratio >= 2
     )):  # fmt: skip
-        confidence = 0.75
+        confidence = max(confidence, 0.6) + 0.15
         text = (
             f"on the batch of update {ctx.step_at(i)} the layer outputs grow layer by layer: "
             f"{num(growth)}x from the first layer to the last finite one"

@@ -10,19 +10,24 @@ What it does
     `x / (n + eps)`, `x / n.clamp(min=eps)`, `max(n, eps)`, `np.where(...)` and a denominator
     patched with `s[s == 0] = 1` are fine. NumPy feature standardisation (`np.std(X, axis=0)`,
     `X.std(axis=0)`) is data preparation and is left to `nanscope scan`, which reports constant
-    columns; tensor code (`x.std(0)`, `x.std(dim=-1)`, `torch.std`) is flagged.
+    columns; tensor code (`x.std(0)`, `x.std(dim=-1)`, `torch.std`) is flagged. It also flags an
+    epsilon set to zero where a library divides for you: `eps=0` (`epsilon=0`) given to an
+    adaptive optimizer (`Adam`, `AdamW`, `RMSprop`, `Adagrad`, ...) or a normalisation layer.
 
 Why is this bad?
     A zero vector has norm 0, a constant feature or a batch of identical rows has standard
     deviation 0, and an all-padding batch has a mask sum of 0. Then `0 / 0` is NaN in the forward
-    pass, and even a denominator that is only close to 0 makes the gradient huge. This is the
-    `zero_division` cause.
+    pass, and even a denominator that is only close to 0 makes the gradient huge. An adaptive
+    optimizer divides by the root of its second moment, which is exactly 0 for a weight whose
+    gradient has always been 0 (an unused input, a dead unit): with `eps=0` its first step is
+    `0 / 0`. This is the `zero_division` cause.
 
 Example
     ```python
     cos = (a * b).sum(-1) / (a.norm(dim=-1) * b.norm(dim=-1))
     x = (x - x.mean(0)) / x.std(0)
     loss = (loss * mask).sum() / mask.sum()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3, eps=0)
     ```
 
 Use instead
@@ -30,6 +35,7 @@ Use instead
     cos = F.cosine_similarity(a, b, dim=-1, eps=1e-8)   # or F.normalize(x, dim=-1)
     x = (x - x.mean(0)) / (x.std(0) + 1e-8)
     loss = (loss * mask).sum() / mask.sum().clamp(min=1)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)   # the default eps=1e-8
     ```
 """
 
@@ -44,6 +50,13 @@ from nanscope.lint.scopes import Site
 from nanscope.lint.vocabulary import K
 
 _DIV_FUNCS = frozenset({"div", "divide", "true_divide", "truediv", "realdiv", "div_"})
+#: constructors that divide by a running root-mean-square or a deviation, guarded by their eps
+_EPS_GUARDED = frozenset({
+    "Adam", "AdamW", "Adamax", "NAdam", "RAdam", "RMSprop", "Adagrad", "Adadelta", "SparseAdam",
+    "adam", "adamw", "rmsprop", "adagrad", "Nadam", "LayerNorm", "BatchNorm1d", "BatchNorm2d",
+    "BatchNorm3d", "GroupNorm", "InstanceNorm1d", "InstanceNorm2d", "RMSNorm",
+    "LayerNormalization", "BatchNormalization",
+})  # fmt: skip
 
 
 class DivisionWithoutEpsilon(Rule):
@@ -61,6 +74,9 @@ class DivisionWithoutEpsilon(Rule):
                 denominator = node.right if isinstance(node, ast.BinOp) else node.value
         elif isinstance(node, ast.Call):
             root, last, recv = ctx.func_parts(node)
+            if last in _EPS_GUARDED:
+                yield from _zero_eps(node, last)
+                return
             if last in _DIV_FUNCS:
                 if recv is not None and node.args:
                     denominator = node.args[0]
@@ -89,4 +105,22 @@ class DivisionWithoutEpsilon(Rule):
                 node,
                 "division by a sum or count with no epsilon is 0/0 = NaN when it is empty",
                 "divide by s.clamp(min=1) / max(s, 1) or (s + eps)",
+            )
+
+
+def _zero_eps(node: ast.Call, name: str | None) -> Iterator[Hit]:
+    for kw in node.keywords:
+        value = kw.value
+        zero = (
+            kw.arg in ("eps", "epsilon")
+            and isinstance(value, ast.Constant)
+            and type(value.value) in (int, float)
+            and value.value == 0
+        )
+        if zero:
+            yield Hit(
+                node,
+                f"{name} with {kw.arg}=0 divides by an exact 0 for any weight or feature whose "
+                "statistics are 0: 0/0 = NaN",
+                f"keep the default {kw.arg} (1e-8 for optimizers, 1e-5 for norm layers)",
             )

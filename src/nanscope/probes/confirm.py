@@ -1,0 +1,291 @@
+"""The confirming experiment: the failing update rerun from the last good state, one change each.
+
+After a PyTorch stop the model still holds the weights of the failing update (the check runs
+before ``optimizer.step``), and the adapter kept that update's batch. Each experiment reruns the
+update on a *copy* of the model (the user's model, its buffers and its gradients are never
+touched) with one thing changed:
+
+* ``float32``: the model and the floating inputs in float32, no autocast (only when the update ran
+  in float16 / bfloat16);
+* ``without_rows``: the suspect rows the probes named (non-finite or extreme) left out of the batch;
+* ``lr_x0.1``: a tenth of the learning rate. The loss and the gradient of an update are computed
+  before its step, so the learning rate cannot change them: the entry says so rather than rerun
+  the same thing; when the weights broke in a step, the step itself would have to be replayed,
+  which needs the optimizer's state (not kept), and the entry says that too.
+
+The rerun covers the forward, the loss when the loss is a ``nn.Module`` the adapter saw
+(``nn.MSELoss()(out, y)``), and the backward of that loss. A loss written as an expression in the
+training loop is the user's code and cannot be rerun: the forward is, and the producer op (the
+first op that made a non-finite value from finite inputs) is recomputed in the changed way
+instead; ``scope`` says which.
+
+Each entry (the diagnosis JSON field ``confirmation``)::
+
+    {"change": "float32" | "without_rows" | "lr_x0.1", "ran": bool, "finite": bool | None,
+     "loss": float | None, "scope": ..., "text": ...}
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import warnings
+from typing import Any
+
+from nanscope.probes.failure import TorchFailure
+
+__all__ = ["MAX_PARAMS", "confirm"]
+
+#: models larger than this (parameters) are not copied for the experiment
+MAX_PARAMS = 50_000_000
+
+
+def confirm(failure: TorchFailure, found: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every experiment's outcome; never raises (a fault becomes an entry that says so)."""
+    out: list[dict[str, Any]] = []
+    for change in ("float32", "without_rows", "lr_x0.1"):
+        try:
+            entry = _experiment(change, failure, found)
+        except Exception as exc:
+            text = f"not run: the rerun failed ({type(exc).__name__}: {exc})"
+            entry = {"change": change, "ran": False, "finite": None, "loss": None, "text": text}
+        if entry is not None:
+            out.append(entry)
+    return out
+
+
+# ------------------------------------------------------------------------------ experiments
+
+
+def _experiment(change: str, f: TorchFailure, found: dict[str, Any]) -> dict[str, Any] | None:
+    import torch
+
+    located = found.get("located") or {}
+    if change == "lr_x0.1":
+        return _lr_entry(f, located)
+    if f.what == "weight" or located.get("phase") == "optimizer":
+        return None  # the weights broke in a step: only the step could be rerun (lr entry)
+    model = f.model
+    if model is None or not hasattr(model, "parameters"):
+        return {"change": change, "ran": False, "finite": None, "loss": None,
+                "text": "not run: the model was not seen"}  # fmt: skip
+    params = list(model.parameters())
+    if sum(p.numel() for p in params) > MAX_PARAMS:
+        return {"change": change, "ran": False, "finite": None, "loss": None,
+                "text": f"not run: the model has more than {MAX_PARAMS:,} parameters"}  # fmt: skip
+    if any(not bool(torch.isfinite(p.detach()).all()) for p in params if p.is_floating_point()):
+        return {"change": change, "ran": False, "finite": None, "loss": None,
+                "text": "not run: the weights are already non-finite (no last good state in the "
+                        "model)"}  # fmt: skip
+    if change == "float32":
+        narrow = {p.dtype for p in params if p.dtype in (torch.float16, torch.bfloat16)}
+        autocast = f.autocast in (torch.float16, torch.bfloat16)
+        if not narrow and not autocast:
+            return None  # already float32: nothing to change
+        return _rerun(f, located, change, dtype=torch.float32)
+    rows = _suspect_rows(found)
+    if not rows:
+        return None
+    return _rerun(f, located, change, drop=rows)
+
+
+def _lr_entry(f: TorchFailure, located: dict[str, Any]) -> dict[str, Any]:
+    if located.get("phase") == "optimizer":
+        return {"change": "lr_x0.1", "ran": False, "finite": None, "loss": None,
+                "text": "not run: the weights broke in an optimizer step; replaying that step "
+                        "with a tenth of the learning rate needs the optimizer's state, which "
+                        "is not kept"}  # fmt: skip
+    return {"change": "lr_x0.1", "ran": False, "finite": False, "loss": None,
+            "text": f"the {f.what} of update {f.step} is computed from the weights before its "
+                    "step: a tenth of the learning rate leaves it non-finite (the step size did "
+                    "not make this value)"}  # fmt: skip
+
+
+def _suspect_rows(found: dict[str, Any]) -> list[int]:
+    rows: list[int] = []
+    for row in found.get("rows") or []:
+        if not isinstance(row, dict) or row.get("why") not in ("nan", "inf", "extreme"):
+            continue
+        b = row.get("batch_row")
+        if isinstance(b, int) and b not in rows:
+            rows.append(b)
+    return rows[:64]
+
+
+def _rerun(f: TorchFailure, located: dict[str, Any], change: str, *, dtype: Any = None,
+           drop: list[int] | None = None) -> dict[str, Any]:  # fmt: skip
+    import torch
+
+    model = f.model
+    # copies of the weights and buffers (cast when asked): the user's model is never touched
+    state: dict[str, Any] = {}
+    for name, t in list(model.named_parameters()) + list(model.named_buffers()):
+        c = t.detach().clone()
+        if dtype is not None and c.is_floating_point():
+            c = c.to(dtype)
+        if isinstance(t, torch.nn.Parameter) and t.requires_grad:
+            c.requires_grad_(True)
+        state[name] = c
+    batch = _batch_size(f)
+    keep = None
+    if drop:
+        if batch is None:
+            return {"change": change, "ran": False, "finite": None, "loss": None,
+                    "text": "not run: the batch's rows could not be told apart"}  # fmt: skip
+        mask = torch.ones(batch, dtype=torch.bool)
+        mask[[r for r in drop if r < batch]] = False
+        keep = mask
+        if not bool(mask.any()):
+            return {"change": change, "ran": False, "finite": None, "loss": None,
+                    "text": "not run: every row of the batch is a suspect"}  # fmt: skip
+
+    def prep(x: Any) -> Any:
+        if isinstance(x, torch.Tensor):
+            if keep is not None and x.dim() >= 1 and x.shape[0] == batch:
+                x = x[keep.to(x.device)]
+            if dtype is not None and x.is_floating_point():
+                x = x.to(dtype)
+            return x
+        if isinstance(x, (list, tuple)):
+            return type(x)(prep(v) for v in x)
+        if isinstance(x, dict):
+            return {k: prep(v) for k, v in x.items()}
+        return x
+
+    args, kwargs = prep(tuple(f.args)), prep(dict(f.kwargs))
+    device = next((p.device for p in state.values()), torch.device("cpu"))
+    loss = None
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(warnings.catch_warnings())
+        warnings.simplefilter("ignore")
+        stack.enter_context(torch.random.fork_rng(devices=[device] if device.type == "cuda"
+                                                  else []))  # fmt: skip
+        rng = f.extra.get("rng_state")
+        if rng is not None:
+            torch.set_rng_state(rng)
+        stack.enter_context(torch.enable_grad())
+        if f.autocast is not None and dtype is None:
+            stack.enter_context(torch.autocast(device.type, dtype=f.autocast))
+        out = torch.func.functional_call(model, state, tuple(args), dict(kwargs))
+        if f.loss_module is not None and f.loss_args:
+            largs = list(prep(tuple(f.loss_args)))
+            largs[0] = out
+            if dtype is not None:
+                largs = [a.to(dtype) if isinstance(a, torch.Tensor) and a.is_floating_point()
+                         else a for a in largs]  # fmt: skip
+            loss = f.loss_module(*largs)
+    outs = [t for t in _flat(out) if t.is_floating_point()]
+    out_finite = all(bool(torch.isfinite(t.detach()).all()) for t in outs)
+    out_max = max((float(t.detach().float().abs().max()) for t in outs if t.numel()), default=0.0)
+    what = _what(change, drop, f)
+    entry: dict[str, Any] = {"change": change, "ran": True, "loss": None}
+    if drop:
+        entry["rows"] = list(drop)
+    if loss is not None and isinstance(loss, torch.Tensor):
+        value = float(loss.detach().float().reshape(-1)[0]) if loss.numel() else math.nan
+        params = [p for p in state.values() if p.requires_grad]
+        grads_finite = True
+        if math.isfinite(value) and params and loss.grad_fn is not None:
+            grads = torch.autograd.grad(loss.sum(), params, allow_unused=True)
+            grads_finite = all(bool(torch.isfinite(g).all()) for g in grads if g is not None)
+        finite = math.isfinite(value) and grads_finite and out_finite
+        entry.update(loss=value if math.isfinite(value) else None, finite=finite,
+                     scope="forward, loss and backward")
+        tail = (f"the loss is {value:.4g}, finite" if math.isfinite(value)
+                else f"the loss is {value}")  # fmt: skip
+        if math.isfinite(value) and not grads_finite:
+            tail += ", but a gradient is not"
+        if not finite and change == "without_rows":
+            tail += ": leaving those rows out does not make the update finite"
+        entry["text"] = f"{what} {tail}" + (_meaning(change) if finite else "")
+        return entry
+    # the loss is the user's expression: the forward, then the producer op
+    entry["scope"] = "forward only (the loss expression is the training loop's own code)"
+    entry["finite"] = out_finite
+    text = f"{what} the model's output is {'finite' if out_finite else 'non-finite'}"
+    text += f" (max |x| {out_max:.3g})" if out_finite else ""
+    narrow = [str(t.dtype).replace("torch.", "") for t in outs
+              if t.dtype in (torch.float16, torch.bfloat16)]  # fmt: skip
+    precision = located.get("precision")
+    if change == "float32" and narrow and isinstance(precision, dict):
+        entry["finite"] = None
+        entry["scope"] = "forward; the model casts to a narrow dtype itself"
+        text += (f", still in {narrow[0]}: the model's own code casts to it; the producer "
+                 f"{located.get('op')} recomputed in float32 gives "
+                 f"{float(precision.get('value') or 0.0):.3g}, finite: a precision overflow")
+        entry["text"] = text
+        return entry
+    producer_phase = located.get("phase")
+    if out_finite and change == "float32" and producer_phase in ("loss", "backward", "preprocess"):
+        precision = located.get("precision")
+        if isinstance(precision, dict) and precision.get("value") is not None:
+            entry["scope"] = "forward, and the producer op recomputed in float32"
+            entry["producer_value"] = precision.get("value")
+            text += (f"; the producer {located.get('op')} recomputed in float32 gives "
+                     f"{float(precision['value']):.3g}, finite")  # fmt: skip
+            text += _meaning(change)
+        else:
+            entry["finite"] = None
+            text += "; the producer is outside the model and was not recomputed"
+    elif not out_finite and change == "without_rows":
+        text += ": leaving those rows out does not make the update finite"
+    elif out_finite and change == "without_rows" and producer_phase == "loss":
+        from nanscope.probes.producer import GRAPH_NODE, recompute_without_rows
+
+        again = recompute_without_rows(drop or [], batch or 0, f.loss)
+        GRAPH_NODE.clear()
+        if again is not None:
+            entry["finite"] = bool(again["finite"])
+            entry["scope"] = "forward, and the producer op recomputed without those rows"
+            text += (f"; the producer {again['op']} recomputed without them is "
+                     + (f"finite (max |x| {again['absmax']:.3g})" if again["finite"]
+                        else "still non-finite"))  # fmt: skip
+            if again["finite"]:
+                text += _meaning(change)
+        else:
+            entry["finite"] = None
+            text += "; the producer is in the loss expression and could not be recomputed"
+    elif out_finite and producer_phase in ("forward", None):
+        text += _meaning(change)
+    elif out_finite:
+        entry["finite"] = None
+        text += "; the failure is outside the model's forward, which could not be rerun"
+    entry["text"] = text
+    return entry
+
+
+def _meaning(change: str) -> str:
+    return {"float32": ": a precision overflow", "without_rows": ": those rows are the cause"}.get(
+        change, ""
+    )
+
+
+def _what(change: str, drop: list[int] | None, f: TorchFailure) -> str:
+    if change == "float32":
+        return f"rerun in float32, update {f.step}:"
+    rows = ", ".join(str(r) for r in (drop or [])[:5])
+    return f"rerun without batch row(s) {rows}, update {f.step}:"
+
+
+def _batch_size(f: TorchFailure) -> int | None:
+    import torch
+
+    for x in list(_flat(f.args)) + list(_flat(f.kwargs)):
+        if isinstance(x, torch.Tensor) and x.dim() >= 1:
+            return int(x.shape[0])
+    return None
+
+
+def _flat(obj: Any, depth: int = 0) -> list[Any]:
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    out: list[Any] = []
+    if depth < 3 and isinstance(obj, (list, tuple)):
+        for v in obj:
+            out.extend(_flat(v, depth + 1))
+    elif depth < 3 and isinstance(obj, dict):
+        for v in obj.values():
+            out.extend(_flat(v, depth + 1))
+    return out

@@ -1,0 +1,254 @@
+"""numpy's own floating-point error machinery as a producer probe: op and line for free.
+
+numpy already knows where a non-finite value is born: ``overflow encountered in square``, ``divide
+by zero encountered in log``, ``invalid value encountered in divide``. With ``np.seterr(...,
+"call")`` and ``np.seterrcall`` it calls us instead of printing, from inside the ufunc: the
+calling Python frame is the user's line, and its current bytecode instruction (``f_lasti``, with
+``co_positions``) is the exact operator or call (``** 2`` is numpy's ``square``). Each error is
+kept, tagged with the update it belongs to (the next ``Monitor.update``), and the warning numpy
+would have printed is still printed, once per line, as before.
+
+Only the error kinds that were set to ``"warn"`` (numpy's default) are switched to ``"call"``: a
+user's ``"ignore"``, ``"raise"`` or ``np.errstate(...)`` block is left alone (and then nothing is
+seen there, which the rules treat as "no producer located"). ``watch(monitor)`` returns the probe
+the Monitor calls after a detector fired: ``{"located": {...}}`` for the failing update's first
+error (the producer), the later ones as its ``chain``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dis
+import linecache
+import os
+import sys
+import threading
+import warnings
+import weakref
+from collections import deque
+from typing import Any
+
+__all__ = ["errors_of", "watch"]
+
+_KINDS = ("divide", "over", "invalid")
+_LOCK = threading.Lock()
+_WATCHES: weakref.WeakSet[_Watch] = weakref.WeakSet()
+_STATE: dict[str, Any] = {"installed": False, "previous": None}
+
+#: the message kind numpy passes to the callback -> its np.seterr key
+_SETTING = {"overflow": "over", "divide by zero": "divide", "invalid value": "invalid",
+            "underflow": "under"}  # fmt: skip
+
+_BINARY = {"**": "power", "*": "multiply", "/": "divide", "+": "add", "-": "subtract",
+           "@": "matmul", "//": "floor_divide", "%": "remainder", "**=": "power",
+           "*=": "multiply", "/=": "divide", "+=": "add", "-=": "subtract", "@=": "matmul",
+           "//=": "floor_divide"}  # fmt: skip
+
+
+class _Watch:
+    """One Monitor's record of the floating-point errors of its recent updates."""
+
+    def __init__(self, monitor: Any) -> None:
+        self.monitor = weakref.ref(monitor)
+        self.events: deque[dict[str, Any]] = deque(maxlen=64)
+
+    def add(self, event: dict[str, Any]) -> None:
+        monitor = self.monitor()
+        if monitor is None:
+            return
+        count = int(getattr(monitor, "_count", 0))
+        mine = [e for e in self.events if e["update"] == count + 1]
+        if len(mine) >= 16:
+            return
+        self.events.append({**event, "update": count + 1})
+
+    def probe(self, monitor: Any, alarm: Any) -> dict[str, Any]:
+        located = errors_of(self, int(getattr(alarm, "step", 0) or 0), monitor)
+        # no confirmation: nanscope holds a numpy fit's batch, not its model or loss code
+        return {"located": located} if located else {}
+
+
+def watch(monitor: Any) -> Any:
+    """Start recording numpy's floating-point errors for ``monitor``; returns its probe."""
+    w = _Watch(monitor)
+    try:
+        _install()
+        _WATCHES.add(w)
+    except Exception:
+        pass  # numpy missing or odd: the probe finds nothing
+    return w.probe
+
+
+def errors_of(w: _Watch, step: int, monitor: Any) -> dict[str, Any] | None:
+    """The producer of update ``step`` (its first floating-point error), with the rest as chain."""
+    count = int(getattr(monitor, "_count", step) or step)
+    events = [e for e in w.events if e["update"] == count]
+    if not events:
+        return None
+    producers = [e for e in events if e["why"].get("kind") != "nonfinite_input"]
+    first = producers[0] if producers else events[0]
+    located: dict[str, Any] = {
+        "op": first["op"], "source": first["source"], "message": first["message"],
+        "observed": bool(producers), "how": "numpy floating-point error", "step": step,
+        "why": first["why"], "inputs": first["inputs"],
+        "input_zero": bool(first["why"].get("zero", False)),
+    }  # fmt: skip
+    also = [p for p in producers[1:] if p["source"].get("line") != first["source"].get("line")
+            or p["op"] != first["op"]]  # fmt: skip
+    if also:
+        # numpy does not say which one reached the loss: every op that made a non-finite value
+        # from finite inputs in this update is kept (exp's inf can turn into 1/(1+inf) = 0 ...)
+        located["also"] = [{"op": e["op"], "source": e["source"], "message": e["message"],
+                            "why": e["why"]} for e in also[:6]]  # fmt: skip
+    rest = [e for e in events if e is not first]
+    if rest:
+        located["chain"] = [{"op": e["op"], "source": e["source"], "message": e["message"]}
+                            for e in rest[:8]]  # fmt: skip
+    return located
+
+
+# ---------------------------------------------------------------------------- the numpy side
+
+
+def _install() -> None:
+    with _LOCK:
+        if _STATE["installed"]:
+            return
+        import numpy as np
+
+        current = np.geterr()
+        wanted = {k: ("call" if current.get(k) == "warn" else current.get(k)) for k in _KINDS}
+        if all(v != "call" for v in wanted.values()):
+            return
+        previous_call = np.geterrcall()
+        _STATE["previous"] = previous_call
+        _STATE["modes"] = dict(current)
+        np.seterrcall(_on_error)
+        np.seterr(**wanted)  # type: ignore[arg-type]
+        _STATE["installed"] = True
+
+
+_NUMPY_DIRS: list[str] = []
+
+
+def _numpy_dirs() -> list[str]:
+    if not _NUMPY_DIRS:
+        import numpy as np
+
+        _NUMPY_DIRS.append(os.path.dirname(os.path.realpath(np.__file__)))
+        _NUMPY_DIRS.append(os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
+    return _NUMPY_DIRS
+
+
+def _on_error(kind: str, flag: int) -> None:
+    frame: Any = sys._getframe(1)
+    try:
+        event, user = _event(kind, frame)
+    except Exception:
+        event, user = None, frame
+    if event is not None:
+        for w in list(_WATCHES):
+            with contextlib.suppress(Exception):
+                w.add(event)
+    previous = _STATE.get("previous")
+    setting = (_STATE.get("modes") or {}).get(_SETTING.get(kind, ""), "warn")
+    if setting == "call" and callable(previous):
+        previous(kind, flag)  # the user's own callback, for the kinds they had set to "call"
+        return
+    if setting != "warn":
+        return
+    # what numpy would have printed under "warn", at the same line
+    op = event["op"] if event else "a ufunc"
+    message = f"{kind} encountered in {op}"
+    if user is not None:
+        code = user.f_code
+        warnings.warn_explicit(message, RuntimeWarning, code.co_filename, user.f_lineno,
+                               module=user.f_globals.get("__name__", "__main__"),
+                               registry=user.f_globals.setdefault("__warningregistry__", {}))
+    else:
+        warnings.warn(message, RuntimeWarning, stacklevel=2)
+
+
+def _event(kind: str, frame: Any) -> tuple[dict[str, Any] | None, Any]:
+    dirs = _numpy_dirs()
+    depth = 0
+    while frame is not None and depth < 32:
+        path = os.path.realpath(frame.f_code.co_filename)
+        if not any(path.startswith(d + os.sep) for d in dirs) and not path.startswith("<"):
+            break
+        frame = frame.f_back
+        depth += 1
+    if frame is None:
+        return None, None
+    code = frame.f_code
+    op, span = _instruction(frame)
+    line = linecache.getline(code.co_filename, frame.f_lineno).strip()
+    source: dict[str, Any] = {"file": code.co_filename, "line": frame.f_lineno,
+                              "function": code.co_name}  # fmt: skip
+    if line:
+        source["code"] = line
+    if span:
+        source["expression"] = span
+    why = _why(kind, op)
+    event = {"kind": kind, "op": op, "source": source, "message": f"{kind} encountered in {op}",
+             "why": why, "inputs": _inputs(why)}  # fmt: skip
+    return event, frame
+
+
+def _instruction(frame: Any) -> tuple[str, str]:
+    """The operator or the function the frame is executing, and its source text."""
+    code = frame.f_code
+    lasti = frame.f_lasti
+    span = ""
+    op = "?"
+    with contextlib.suppress(Exception):
+        positions = list(code.co_positions())
+        lineno, end_lineno, col, end_col = positions[lasti // 2]
+        if lineno is not None and lineno == end_lineno and col is not None:
+            text = linecache.getline(code.co_filename, lineno)
+            span = text[col:end_col]
+    with contextlib.suppress(Exception):
+        for ins in dis.get_instructions(code):
+            if ins.offset == lasti:
+                if ins.opname.startswith("BINARY_OP") and ins.argrepr in _BINARY:
+                    op = _BINARY[ins.argrepr]
+                    if op == "power" and span.replace(" ", "").endswith("**2"):
+                        op = "square"  # numpy computes x ** 2 as square
+                elif ins.opname.startswith("CALL") and "(" in span:
+                    op = span.split("(", 1)[0].rsplit(".", 1)[-1].strip() or "?"
+                break
+    return op, span
+
+
+_LOGS = ("log", "log2", "log10", "log1p", "arctanh", "xlogy")
+_DIVS = ("divide", "true_divide", "reciprocal", "floor_divide", "remainder", "sqrt", "std", "var",
+         "norm", "mean")  # fmt: skip
+
+
+def _why(kind: str, op: str) -> dict[str, Any]:
+    if op in _LOGS or op.startswith("log"):
+        if kind.startswith("divide"):
+            return {"kind": "log_domain", "zero": True, "text": "its argument was exactly 0"}
+        if kind.startswith("invalid"):
+            return {"kind": "log_domain", "text": "its argument was negative (or NaN)"}
+    if kind.startswith("divide"):
+        return {"kind": "zero_denominator", "zero": True, "text": "its denominator was exactly 0"}
+    if kind.startswith("overflow"):
+        return {"kind": "past_range", "text": f"{op} overflowed: its result passed the range of "
+                "its dtype"}  # fmt: skip
+    if kind.startswith("invalid") and op in _DIVS:
+        return {"kind": "zero_denominator", "zero": True,
+                "text": "0/0 (or the root of a negative value)"}  # fmt: skip
+    if kind.startswith("invalid") and op in ("add", "subtract", "multiply", "matmul", "sum"):
+        return {"kind": "nonfinite_input", "text": f"invalid value in {op}: inf - inf or 0 * inf, "
+                "from a value already non-finite"}  # fmt: skip
+    return {"kind": "invalid", "text": f"invalid value in {op} (inf - inf, 0 * inf or a NaN "
+            "input)"}  # fmt: skip
+
+
+def _inputs(why: dict[str, Any]) -> str:
+    if why.get("zero"):
+        return "exactly zero"
+    if why.get("kind") == "past_range":
+        return "huge"
+    return str(why.get("text", ""))
