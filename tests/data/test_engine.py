@@ -163,3 +163,20 @@ def test_data_wider_than_the_limit_is_refused_in_one_line(monkeypatch):
     frame = pl.DataFrame({f"c{i}": [1.0, 2.0] for i in range(51)})
     with pytest.raises(InputError, match="51 columns, more than the 50"):
         scan(frame)
+
+
+@pytest.mark.parametrize("in_memory_cells", [10_000_000, 0])
+def test_a_nan_row_in_every_column_of_a_wide_csv(tmp_path, monkeypatch, in_memory_cells):
+    # 120 flagged columns: pass 2 in many chunks, read once into memory or streamed from the file
+    import nanscope.data._engine as engine
+
+    monkeypatch.setattr(engine, "IN_MEMORY_CELLS", in_memory_cells)
+    table = np.random.default_rng(9).normal(size=(30, 120))
+    table[4, :] = np.nan
+    path = tmp_path / "wide.csv"
+    np.savetxt(path, table, delimiter=",", header=",".join(f"c{i}" for i in range(120)),
+               comments="")  # fmt: skip
+    report = scan(path)
+    nan = [f for f in report.findings if f.code == "S001"]
+    assert sorted(f.column for f in nan) == sorted(f"c{i}" for i in range(120))
+    assert all(f.rows == (4,) for f in nan)
