@@ -34,7 +34,7 @@ from torch import nn
 
 HERE = Path(__file__).parent
 SCRIPT = HERE / "fsdp_train.py"
-BOUND = 120  # seconds for a whole job, start-up of two torch processes included
+BOUND = 240  # seconds for a whole job (a guard against a hang; about 20 s on a quiet machine)
 RUN = ["-m", "nanscope", "run"]  # torchrun ... -m nanscope run -- fsdp_train.py
 
 
