@@ -81,6 +81,12 @@ def test_the_fixed_fit_is_healthy(fx) -> None:
     )
 
 
+#: fixtures whose fit is chaotic, and how many of their first updates hold to 1e-5 on any CPU:
+#: D006's tanh RNN at recurrent gain 3 multiplies a rounding difference (OpenBLAS picks its
+#: kernels per CPU) by ~1e4 over one 70-step sequence, so its later losses are machine-specific
+CHAOTIC = {"D006": 2}
+
+
 @pytest.mark.parametrize("fx", [fx for fx in FIXTURES if not fx.uses_torch],
                          ids=[fx.code for fx in FIXTURES if not fx.uses_torch])  # fmt: skip
 def test_recording_again_gives_the_committed_fixture(fx, tmp_path: Path) -> None:
@@ -89,8 +95,12 @@ def test_recording_again_gives_the_committed_fixture(fx, tmp_path: Path) -> None
     assert cause == fx.cause and confidence >= fx.min_confidence
     again, committed = read_trace(fx.trace(tmp_path)), read_trace(fx.trace())
     assert len(again) == len(committed)
-    # the same fit up to the last bits a different BLAS may round differently
-    assert np.allclose(again.column("loss"), committed.column("loss"), rtol=1e-5, equal_nan=True)
+    # the same fit up to the last bits a different BLAS may round differently; a chaotic fit
+    # amplifies those bits, so only its first updates can be compared across machines
+    upto = CHAOTIC.get(fx.code, len(committed))
+    assert np.allclose(
+        again.column("loss")[:upto], committed.column("loss")[:upto], rtol=1e-5, equal_nan=True
+    )
     assert (
         json.loads(fx.evidence(tmp_path).read_text()).keys()
         == json.loads(fx.evidence().read_text()).keys()

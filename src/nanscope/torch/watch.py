@@ -202,6 +202,7 @@ class Watcher:
         # closures
         self._in_closure = 0
         self._closure_checked = False
+        self._closure_losses: list[float] = []
         self._snapshot: list[torch.Tensor] | None = None
         # GradScaler
         self.scaler: Any = None
@@ -360,9 +361,19 @@ class Watcher:
     def _step_post(self, optimizer: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         self._stepped = True
         self._snapshot = None
+        if self._closure_losses:  # every closure evaluation of this update, the first one first
+            records = self.monitor.trace.records
+            if records and records[-1].get("step") == self.step:
+                first = records[-1].get("loss")
+                records[-1].setdefault("extra", {})["closure_losses"] = [
+                    first, *self._closure_losses]
+            self._closure_losses = []
+            self._losses = []  # the later evaluations' losses are not the next update's
 
     def _wrap_closure(self, closure: Callable[[], Any]) -> Callable[[], Any]:
         self._closure_checked = False
+        self._closure_losses = []
+        self._losses = []  # this update's loss is its first closure evaluation
         if isinstance(self.optimizer, torch.optim.LBFGS):
             # LBFGS changes the weights between closure calls: keep this update's start
             self._snapshot = [p.detach().clone() for p in self._params()]
@@ -377,6 +388,7 @@ class Watcher:
                 self._closure_checked = True
                 self.guard.run("step", self.check, out)
             elif isinstance(out, torch.Tensor) and out.numel() == 1:
+                self._closure_losses.append(float(out.detach()))
                 self.guard.run("step", self._check_inner, out)
             return out
 
