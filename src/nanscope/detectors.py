@@ -447,15 +447,19 @@ def stuck_at_zero(losses: Any) -> tuple[int, int] | None:
     non-zero losses or more, or None. A loss of exactly 0.0 that stays there is a logger writing 0
     for NaN, a batch whose labels are all masked, or a loss saturated in float precision: nothing
     is learned any more. (A fit that separates its data at once, zero from its second update, is
-    not a run that was learning and broke.)"""
+    not a run that was learning and broke; nor is one that reached the float noise floor of its
+    starting loss first, where exact zeros are rounding.)"""
     values = [float(v) for v in losses]
     i = len(values)
     while i > 0 and values[i - 1] == 0.0:
         i -= 1
     count = len(values) - i
-    before = sum(1 for v in values[:i] if math.isfinite(v) and v != 0.0)
-    if count < ZERO_RUN or before < ZERO_RUN:
+    before = [v for v in values[:i] if math.isfinite(v) and v != 0.0]
+    if count < ZERO_RUN or len(before) < ZERO_RUN:
         return None
+    last = sorted(abs(v) for v in before[-ZERO_RUN:])[ZERO_RUN // 2]
+    if last < NOISE_FLOOR * abs(before[0]):
+        return None  # it had already converged to the float noise floor: exact 0 is rounding
     return i, count
 
 

@@ -36,3 +36,5 @@ def test_a_loss_that_only_touches_zero_once_is_not_stuck() -> None:
     assert stuck_at_zero([0.0] * 8) is None  # never a finite non-zero loss before: nothing lost
     assert stuck_at_zero([0.7] + [0.0] * 9) is None  # separated at once: not a run that broke
     assert stuck_at_zero([3.0, 2.0, 1.5, 1.2, 1.0] + [0.0] * 5) == (5, 5)
+    converged = [14.0, 1.0, 1e-4, 1e-9, 3e-13, 1e-13, 4e-14, 2e-13, 1e-13]
+    assert stuck_at_zero(converged + [0.0] * 9) is None  # zeros at the noise floor: rounding

@@ -10,6 +10,8 @@ numbers after the explosion depend on rounding (chaos); the four-orders climb at
 not.
 """
 
+import os
+
 import torch
 from torch import nn
 
@@ -30,8 +32,8 @@ class Net(nn.Module):
 CAUSE = "exploding_gradients"
 STOPS = False  # the gradient saturates near 1e9 without overflowing: a "suspect" verdict
 
-torch.set_num_threads(1)
-torch.manual_seed(0)
+torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+torch.manual_seed(int(os.environ.get("ZOO_SEED", "0")))
 model = Net()
 opt = torch.optim.SGD(model.parameters(), lr=1e-4)
 for step in range(60):

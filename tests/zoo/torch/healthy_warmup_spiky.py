@@ -5,14 +5,15 @@ run ends well. Nothing is wrong; the spike detector must not stop it.
 """
 
 import math
+import os
 
 import torch
 from torch import nn
 
 CAUSE = "healthy"
 
-torch.set_num_threads(1)
-torch.manual_seed(0)
+torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+torch.manual_seed(int(os.environ.get("ZOO_SEED", "0")))
 X = torch.randn(1024, 16)
 y = (X[:, :4].sum(1) + 0.5 * torch.randn(1024) > 0).long()
 model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 2))

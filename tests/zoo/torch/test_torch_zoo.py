@@ -26,7 +26,7 @@ needs_run = pytest.mark.skipif(
 )
 
 
-KEYS = ("CAUSE", "OP", "MODULE", "BAD_ROWS", "STOPS", "ADVICE_NOT")
+KEYS = ("CAUSE", "OP", "MODULE", "BAD_ROWS", "STOPS", "ADVICE_NOT", "EVIDENCE")
 
 #: a decided case clears the engine's thresholds by this much: the top finding's confidence
 #: against the best other cause, a suspect verdict against the suspect threshold (0.6), and a
@@ -88,6 +88,8 @@ def check(case: Path, proc: Any, d: dict[str, Any]) -> None:
     report = f"{case.stem}: {json.dumps(d, default=str)[:3000]}"
     assert d["cause"] == expected["CAUSE"], report
     assert margin_of(d) >= MARGIN, f"decided without margin ({margin_of(d):.2f}): {report}"
+    if "EVIDENCE" in expected:
+        assert any(expected["EVIDENCE"] in e["text"] for e in d["evidence"]), report
     if "ADVICE_NOT" in expected:
         assert not any(expected["ADVICE_NOT"].lower() in a.lower() for a in d["actions"]), report
     if expected["CAUSE"] == "healthy":

@@ -64,10 +64,16 @@ def check(ctx: Context) -> Finding | None:
     if not finite_idx and not grad_first:
         return None
     k = max(finite_idx, key=lambda j: g[j]) if finite_idx else ctx.fail
+    overflow = _norm_overflow(ctx, upto)
+    if overflow is not None:
+        # the norm overflowed float32 before the run broke: the climb is what came before that
+        climb = [j for j in range(overflow) if math.isfinite(g[j]) and g[j] > 0]
+        if climb:
+            k = max(climb, key=lambda j: g[j])
     assert k is not None
     history = g[: max(0, k - 2)]
     history = history[np.isfinite(history) & (history > 0)]
-    ref_text = "its median over the run"
+    ref_text = "the median of the updates before"
     if history.size >= 3:
         ref = float(np.median(history))
     else:
@@ -87,7 +93,8 @@ def check(ctx: Context) -> Finding | None:
     if loss_hist.size and float(np.median(loss_hist)) > 0 and math.isfinite(loss_k):
         loss_ratio = float(loss_k / np.median(loss_hist))
     sudden = False
-    if grad_first and ratio < JUMP and ctx.fail is not None and not math.isfinite(g[ctx.fail]):
+    if (grad_first and overflow is None and ratio < JUMP and ctx.fail is not None
+            and not math.isfinite(g[ctx.fail])):  # fmt: skip
         # ordinary, then non-finite in one update while the loss was finite
         sudden = True
         ratio = peak = math.inf
@@ -130,7 +137,6 @@ def check(ctx: Context) -> Finding | None:
                 {"step": ctx.step_at(ctx.fail)},
             )
         )
-    overflow = _norm_overflow(ctx, upto)
     if overflow is not None:
         evidence.append(
             Evidence(
