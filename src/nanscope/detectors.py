@@ -15,8 +15,9 @@ that falls is fine; a gradient norm of 400 can be normal.
   AdamW diverge: a jump in a few updates, then a plateau far above the best the run reached (at
   least ``K`` (3x) above its best smoothed loss, more for a noisy run) for a window of updates
   (``WINDOW``, longer when the jump itself took longer), never falling back into its range
-  (``sqrt(k)`` times its best). Values at the float noise floor of the run's own starting loss
-  (below ``NOISE_FLOOR`` times it) are never a departure, and never a divergence either.
+  (``sqrt(k)`` times its best), and above where it started. Values at the float noise floor of
+  the run's own starting loss (below ``NOISE_FLOOR`` times it) are never a departure, and never a
+  divergence either.
 * :class:`Ascent` fires when ``ASCENT_RISES`` consecutive updates raise the loss while the applied
   update points along the gradient (cosine > 0.5): the update's sign is flipped.
 * :class:`Spikes` never stops a run; it tags updates whose loss or gradient norm jumps far above
@@ -199,8 +200,12 @@ class Departure:
 
     It fires when the loss has stayed out of its home range for ``WINDOW`` updates (or twice the
     number of updates the jump took, if longer) with the median of those updates at least
-    ``k * best``, above the float noise floor of the starting loss. A loss that comes home resets
-    it: an excursion the run recovers from is noise.
+    ``k * best`` and above where the run started (the median of its first ``SMOOTH`` losses: all
+    it learned is lost), not falling (a line through the log of those updates does not take them
+    below ``RECOVERING`` times where they began, beyond its noise), above the float noise floor
+    of the starting loss. A loss that comes home resets it: an excursion the run recovers from is
+    noise; a loss that rises back to its starting level (a GAN's discriminator, a harder
+    curriculum) or falls back towards its range (new data being learned) is not a departure.
     """
 
     K = 3.0
@@ -209,9 +214,13 @@ class Departure:
     WINDOW = 10
     MAX_WINDOW = 64
     ALPHA = 0.1
+    #: the trend of the updates out of range takes the loss below this fraction of where it
+    #: left, beyond noise: it is coming back (new data the run is learning), not departed
+    RECOVERING = 0.8
 
     def __init__(self) -> None:
         self._recent: deque[float] = deque(maxlen=self.SMOOTH)
+        self._head: list[float] = []  # the first losses: where the run started
         self._start: float | None = None
         self.best = math.inf
         self.best_step: int | None = None
@@ -236,12 +245,15 @@ class Departure:
         step = int(record["step"])
         if self._start is None:
             self._start = loss
+        if len(self._head) < self.SMOOTH:
+            self._head.append(loss)
         self._recent.append(loss)
         smooth = sorted(self._recent)[len(self._recent) // 2]
         if loss <= math.sqrt(self.k) * self.best or not math.isfinite(self.best):
             self.best, self.best_step = (smooth, step) if smooth < self.best else (
                 self.best, self.best_step)  # fmt: skip
-            if self._prev is not None and self._prev > 0:
+            if self._prev is not None and self._prev > 0 and not self._away:
+                # the noise of the run at home: between consecutive updates inside its range
                 change = abs(math.log(loss / self._prev))
                 self._noise += self.ALPHA * (change - self._noise) if self._noise_n else change
                 self._noise_n += 1
@@ -280,6 +292,12 @@ class Departure:
             return None
         if self._start is not None and plateau < NOISE_FLOOR * self._start:
             return None  # at the float noise floor of the starting loss
+        if _recovering(values[-self.MAX_WINDOW :], self.RECOVERING):
+            return None  # on its way back down: learning again (new data), not lost
+        head = sorted(self._head)
+        if head and plateau <= head[len(head) // 2]:
+            # back where it started is not lost: a GAN's discriminator, a harder curriculum
+            return None
         home_step, home_loss = self._home if self._home is not None else (0, self.best)
         # the jump: from the last update at home to the first one at the plateau's level
         to_step, to_loss = next(((s, v) for s, v in self._away if v >= k * self.best),
@@ -301,6 +319,22 @@ class Departure:
             "needed": needed,
             "start": self._start,
         }
+
+
+def _recovering(values: list[float], factor: float) -> bool:
+    """The loss falls over ``values``: a least-squares line through their log takes them below
+    ``factor`` times where they began, by more than twice its standard error (not noise)."""
+    n = len(values)
+    if n < 5:
+        return False
+    logs = np.log(np.asarray(values, dtype=float))
+    x = np.arange(n, dtype=float)
+    x -= x.mean()
+    sxx = float(np.sum(x * x))
+    slope = float(np.sum(x * (logs - logs.mean())) / sxx)
+    resid = logs - logs.mean() - slope * x
+    se = math.sqrt(float(np.sum(resid * resid)) / (n - 2) / sxx)
+    return slope * (n - 1) < math.log(factor) and slope < -2.0 * se
 
 
 def _direction(window: list[dict[str, Any]]) -> tuple[list[bool | None], list[bool | None]]:

@@ -7,22 +7,29 @@ from typing import Any
 import numpy as np
 
 
-def adam_mlp(monitor: Any, lr: float, updates: int = 150, seed: int = 0) -> None:
+def adam_mlp(
+    monitor: Any, lr: float, updates: int = 150, seed: int = 0, new_task_at: int | None = None
+) -> None:
     """A tanh MLP classifier (8 -> 16 -> 4) on minibatches of 32, trained with Adam at ``lr``.
 
     Healthy at lr 1e-2; at lr 3 each update moves every weight by ~lr, the logits blow up and the
-    loss jumps from ~1.5 to a plateau many times higher: divergence as Adam shows it.
+    loss jumps from ~1.5 to a plateau many times higher: divergence as Adam shows it. With
+    ``new_task_at``, the labels are drawn from another teacher from that update on (a new task,
+    as in continual learning): the loss goes back up to where it started and learns again.
     """
     rng = np.random.default_rng(seed)
     n, d, k, h = 512, 8, 4, 16
     X = rng.standard_normal((n, d))
     y = np.argmax(X @ rng.standard_normal((d, k)), axis=1)
+    y_new = np.argmax(X @ rng.standard_normal((d, k)), axis=1)
     P = {"W1": rng.standard_normal((d, h)) / np.sqrt(d),
          "W2": rng.standard_normal((h, k)) / np.sqrt(h)}  # fmt: skip
     m = {name: np.zeros_like(p) for name, p in P.items()}
     v = {name: np.zeros_like(p) for name, p in P.items()}
     rows = np.arange(32)
     for t in range(1, updates + 1):
+        if new_task_at is not None and t == new_task_at:
+            y = y_new
         idx = rng.choice(n, 32, replace=False)
         a = np.tanh(X[idx] @ P["W1"])
         z = a @ P["W2"]

@@ -60,6 +60,7 @@ def test_the_zoo_covers_every_cause_twice() -> None:
 
 
 def _run(case: Path, tmp_path: Path, **env_extra: str) -> tuple[Any, dict[str, Any]]:
+    tmp_path.mkdir(parents=True, exist_ok=True)
     out = tmp_path / "diagnosis.json"
     env = {**os.environ, "NANSCOPE_DIR": str(tmp_path / "runs"), "OMP_NUM_THREADS": "1",
            "NANSCOPE_NO_LEDGER": "1", **env_extra}  # fmt: skip
@@ -69,7 +70,13 @@ def _run(case: Path, tmp_path: Path, **env_extra: str) -> tuple[Any, dict[str, A
         capture_output=True, text=True, timeout=240, env=env, cwd=tmp_path,
     )  # fmt: skip
     assert out.exists(), proc.stdout[-2000:] + proc.stderr[-2000:]
-    return proc, json.loads(out.read_text())
+    d = json.loads(out.read_text())
+    log = os.environ.get("NANSCOPE_ZOO_MARGINS")
+    if log:  # a table of how far each case sits from flipping, for docs and reports
+        with open(log, "a") as f:
+            f.write(f"{case.stem} threads={env['OMP_NUM_THREADS']} seed={env.get('ZOO_SEED', '-')}"
+                    f" {d['verdict']} {d['cause']} {d['confidence']} margin={margin_of(d):.2f}\n")
+    return proc, d
 
 
 def margin_of(d: dict[str, Any]) -> float:
