@@ -29,6 +29,8 @@ The first update's loss is kept; its gradient was not. The learning rate is read
 and the gradient before it, ``lr = -<dw, g> / <g, g>`` on the samples, so each record carries the
 lr of the update before it. A script that calls ``clip_grad_norm_`` is checked right after the
 clip instead (its update applies the clipped gradient; the recorded norm is the pre-clip one).
+With gradient accumulation by hand, an update is recorded at its first micro-batch (a backward
+that follows no change of the weights adds to the update already recorded).
 """
 
 from __future__ import annotations
@@ -332,6 +334,8 @@ class _ManualUpdates:
     SAMPLE = 4096
     #: graph nodes walked at most to find the leaves a loss reaches
     MAX_NODES = 100_000
+    #: backward calls with no hand-made update seen (and no optimizer) before it stops looking
+    GIVE_UP = 16
 
     def __init__(self) -> None:
         self.optimizer_stepped = False
@@ -402,16 +406,23 @@ class _ManualUpdates:
         if self.off or _WATCHERS:
             return
         self._backwards += 1
-        self._pending = False
         with torch.no_grad():
             weights = [p.detach().reshape(-1)[: self.SAMPLE].clone() for p in self._params]
         previous, self._weights = self._weights, weights
         stepped, self.optimizer_stepped = self.optimizer_stepped, False
+        changed = previous is not None and any(
+            not torch.equal(a, b) for a, b in zip(previous, weights)
+        )
+        if self.watcher is not None and not changed:
+            # the weights did not move since the last backward: another micro-batch of the same
+            # update (gradient accumulation), already recorded with its first micro-batch
+            self._weights = previous
+            return
+        self._pending = False
         if self.watcher is None:
-            changed = previous is not None and any(
-                not torch.equal(a, b) for a, b in zip(previous, weights)
-            )
             if stepped or not changed:
+                if self._backwards >= self.GIVE_UP:
+                    self.off = True  # backward calls that never change the weights: not ours
                 self._first = _loss_value(self._loss)
                 self._grads = self._grad_sample()
                 return

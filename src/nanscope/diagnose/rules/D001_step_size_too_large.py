@@ -221,8 +221,9 @@ def _departure(ctx: Context) -> Finding | None:
     evidence = [
         Evidence(
             CODE,
-            f"the loss left its range and did not come back: best {num(dep['best'])} at {unit} "
-            f"{dep['best_step']}, then {num(dep['jump_from'])} -> {num(dep['jump_to'])} in "
+            f"the loss left its range and did not come back: best {num(dep['best'])} (median "
+            f"of {Departure.SMOOTH}) at {unit} {dep['best_step']}, then "
+            f"{num(dep['jump_from'])} -> {num(dep['jump_to'])} in "
             f"{dep['jump_updates']} {unit}(s) ({unit} {dep['jump_from_step']} -> "
             f"{dep['jump_to_step']}), and {'it ended' if ended else 'it stayed'} "
             f"{dep['window']} {unit}s at a median {num(dep['plateau'])}, {num(dep['factor'])}x its "
@@ -270,6 +271,12 @@ def _departure(ctx: Context) -> Finding | None:
         # one extreme row in the jump's batch threw the weights out: that row, not the lr
         confidence = 0.35
         alternatives.append(("extreme_batch", 0.6))
+    steady = dep["jump_updates"] > 3 and int(dep["best_step"] or 0) <= Departure.SMOOTH
+    if steady:
+        # never below where it started, then a climb over many updates rather than a jump: the
+        # update sign error's fingerprint as much as a step size's (only the loss can't tell)
+        confidence = min(confidence, 0.45)
+        alternatives.append(("update_sign_error", 0.45))
     cos = ctx.update_cos[: ctx.end]
     cos = cos[np.isfinite(cos)]
     if cos.size >= 3 and float(np.mean(cos > 0)) > 0.8:
