@@ -423,7 +423,8 @@ class _ManualUpdates:
             if stepped or not changed:
                 if self._backwards >= self.GIVE_UP:
                     self.off = True  # backward calls that never change the weights: not ours
-                self._first = _loss_value(self._loss)
+                if self._first is None:
+                    self._first = _loss_value(self._loss)  # update 1, its first micro-batch
                 self._grads = self._grad_sample()
                 return
             self._start()
@@ -459,9 +460,10 @@ class _ManualUpdates:
         for callback in list(on_watcher):
             _guard().run("autowatch on_watcher", callback, watcher)
         # the update before this one: its loss is known, its gradient is gone
+        # (every backward before the weights first changed belonged to that first update)
         first = self._first
-        step = self._backwards - 1
-        if first is not None and step >= 1:
+        step = 1
+        if first is not None:
             import math
 
             watcher.monitor.observe(

@@ -112,3 +112,33 @@ def test_an_lbfgs_update_has_the_loss_before_its_step_and_every_closure_loss() -
         assert record["loss"] == pytest.approx(losses[0], rel=1e-6)
         assert abs(record["loss"] - sum(losses) / len(losses)) > 1e-3 * losses[0]
         assert record["extra"]["closure_losses"] == pytest.approx(losses, rel=1e-6)
+
+
+ACCUMULATED = """
+import torch
+torch.manual_seed(0)
+X = torch.randn(256, 5)
+y = X @ torch.randn(5, 1)
+w = torch.zeros(5, 1, requires_grad=True)
+for step in range(30):
+    for micro in range(2):  # two micro-batches per update, the loss divided by 2
+        idx = torch.arange((2 * step + micro) * 8, (2 * step + micro) * 8 + 8) % 256
+        loss = ((X[idx] @ w - y[idx]) ** 2).mean() / 2
+        loss.backward()
+    torch.nn.utils.clip_grad_norm_([w], 0.5)
+    with torch.no_grad():
+        w.add_(w.grad, alpha=-0.1)
+        w.grad = None
+print("done")
+"""
+
+
+def test_hand_made_accumulation_is_one_update_per_step(tmp_path: Path) -> None:
+    proc, lines = _run(tmp_path, ACCUMULATED)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    records = lines[1:]
+    assert [r["step"] for r in records] == list(range(1, 31))
+    lrs = [r["lr"] for r in records if "lr" in r]
+    assert len(lrs) >= 28 and all(abs(lr - 0.1) < 1e-4 for lr in lrs), lrs
+    # checked after the clip, on the gradient of both micro-batches
+    assert all(r["extra"]["grad_norm_clipped"] <= 0.5 + 1e-5 for r in records[1:])

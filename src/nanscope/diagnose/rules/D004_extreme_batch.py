@@ -155,7 +155,7 @@ def check(ctx: Context) -> Finding | None:
         confidence=confidence,
         evidence=evidence,
         actions=actions,
-        step=ctx.step_at(k),
+        step=ctx.step_at(ctx.stop if ctx.fail is None and ctx.stop is not None else k),
         rows=rows,
         alternatives=alternatives,
     )
