@@ -679,6 +679,8 @@ class Watcher:
         if self.guard.faults or _hooks.GUARD.faults:
             torch_ev["hook_faults"] = {**_hooks.GUARD.faults, **self.guard.faults}
         evidence["torch"] = torch_ev
+        if alarm.data.get("shape") == "departure":
+            return evidence  # a finite plateau: no op produced a non-finite value to replay for
         try:
             from nanscope.probes.locate import locate
         except ImportError:

@@ -59,7 +59,9 @@ def test_the_zoo_covers_every_cause_twice() -> None:
     assert causes.get("healthy", 0) >= 3
 
 
-def _run(case: Path, tmp_path: Path, **env_extra: str) -> tuple[Any, dict[str, Any]]:
+def _run(
+    case: Path, tmp_path: Path, timeout: int = 240, **env_extra: str
+) -> tuple[Any, dict[str, Any]]:
     tmp_path.mkdir(parents=True, exist_ok=True)
     out = tmp_path / "diagnosis.json"
     env = {**os.environ, "NANSCOPE_DIR": str(tmp_path / "runs"), "OMP_NUM_THREADS": "1",
@@ -67,7 +69,7 @@ def _run(case: Path, tmp_path: Path, **env_extra: str) -> tuple[Any, dict[str, A
     proc = subprocess.run(
         [sys.executable, "-m", "nanscope.cli", "run", "--json", str(out), "--",
          sys.executable, str(case)],
-        capture_output=True, text=True, timeout=240, env=env, cwd=tmp_path,
+        capture_output=True, text=True, timeout=timeout, env=env, cwd=tmp_path,
     )  # fmt: skip
     assert out.exists(), proc.stdout[-2000:] + proc.stderr[-2000:]
     d = json.loads(out.read_text())
@@ -136,5 +138,6 @@ def test_case_holds_across_threads_and_seeds(case: Path, tmp_path: Path) -> None
         extra = {"OMP_NUM_THREADS": threads}
         if seed:
             extra["ZOO_SEED"] = seed
-        proc, d = _run(case, tmp_path / f"t{threads}s{seed or 0}", **extra)
+        # two threads on a loaded two-core machine are slow (oversubscribed), not wrong
+        proc, d = _run(case, tmp_path / f"t{threads}s{seed or 0}", timeout=900, **extra)
         check(case, proc, d)

@@ -222,7 +222,7 @@ def _departure(ctx: Context) -> Finding | None:
         Evidence(
             CODE,
             f"the loss left its range and did not come back: best {num(dep['best'])} (median "
-            f"of {Departure.SMOOTH}) at {unit} {dep['best_step']}, then "
+            f"of up to {Departure.SMOOTH} updates) at {unit} {dep['best_step']}, then "
             f"{num(dep['jump_from'])} -> {num(dep['jump_to'])} in "
             f"{dep['jump_updates']} {unit}(s) ({unit} {dep['jump_from_step']} -> "
             f"{dep['jump_to_step']}), and {'it ended' if ended else 'it stayed'} "
