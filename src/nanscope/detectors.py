@@ -11,6 +11,13 @@ that falls is fine; a gradient norm of 400 can be normal.
   at least ``GROWTH`` (10x), above anything the loss reached in the 64 updates before, with the
   gradient reversing direction or the weights flipping sign (an oversized step overshooting).
   Without gradients it needs ``LOSS_ONLY_GROWTH`` (100x) instead.
+* :class:`Departure` fires when the loss leaves its own range and does not come back, as Adam and
+  AdamW diverge: a jump in a few updates, then a plateau far above the best the run reached (at
+  least ``K`` (3x) above its best smoothed loss, more for a noisy run) for a window of updates
+  (``WINDOW``, longer when the jump itself took longer), never falling back into its range
+  (``sqrt(k)`` times its best), and above where it started. Values at the float noise floor of
+  the run's own starting loss (below ``NOISE_FLOOR`` times it) are never a departure, and never a
+  divergence either.
 * :class:`Ascent` fires when ``ASCENT_RISES`` consecutive updates raise the loss while the applied
   update points along the gradient (cosine > 0.5): the update's sign is flipped.
 * :class:`Spikes` never stops a run; it tags updates whose loss or gradient norm jumps far above
@@ -25,7 +32,24 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-__all__ = ["Alarm", "Ascent", "Detector", "Divergence", "NonFinite", "Spikes", "default_detectors"]
+import numpy as np
+
+__all__ = [
+    "NOISE_FLOOR",
+    "Alarm",
+    "Ascent",
+    "Departure",
+    "Detector",
+    "Divergence",
+    "NonFinite",
+    "Spikes",
+    "default_detectors",
+    "stuck_at_zero",
+]
+
+#: losses below this fraction of the run's own first loss are at the float noise floor: ratios
+#: between them (1e-14 -> 4e-13) are rounding, not growth
+NOISE_FLOOR = 1e-6
 
 
 @dataclass(frozen=True)
@@ -92,6 +116,7 @@ class Divergence:
         self._prev: float | None = None
         self._rise_from: float | None = None
         self._rises = 0
+        self._start: float | None = None
 
     def step(self, record: dict[str, Any]) -> Alarm | None:
         loss = _num(record.get("loss"))
@@ -99,6 +124,8 @@ class Divergence:
             self._recent.clear()
             self._prev, self._rises = None, 0
             return None
+        if self._start is None:
+            self._start = loss
         self._recent.append(record)
         self._history.append(loss)
         rising = self._prev is not None and loss > self._prev
@@ -108,6 +135,8 @@ class Divergence:
         self._rises = self._rises + 1 if rising else 0
         if self._rises < self.RISES:
             return None  # the common case: read nothing more
+        if _at_noise_floor(loss, self._start):
+            return None  # rounding noise of a converged fit, not growth
         rises = min(self._rises, self.SLOW_RISES)
         window = list(self._recent)[-(rises + 1) :]
         losses = [float(rec["loss"]) for rec in window]
@@ -150,6 +179,163 @@ class Divergence:
             f"loss grew {growth:.3g}x over {n} consecutive updates, {how}",
             {"growth": growth, "rises": n, "oscillating": sum(known), "shape": shape},
         )
+
+
+def _at_noise_floor(loss: float, start: float | None) -> bool:
+    """The loss sits at the float noise floor of the run's own first loss."""
+    return start is not None and start > 0 and abs(loss) < NOISE_FLOOR * start
+
+
+class Departure:
+    """The loss jumps out of its own range and stays out: divergence as adaptive optimizers show it.
+
+    Adam and AdamW normalise the step, so an oversized learning rate does not make the loss grow
+    geometrically: it jumps within a few updates and then plateaus far above the best the run had
+    reached (3.5 -> 20, 8.8 -> 394). The detector keeps
+
+    * ``best``: the running minimum of the loss smoothed over ``SMOOTH`` updates (one lucky batch
+      is not the run's best);
+    * ``noise``: a moving average of ``|log(loss_t / loss_{t-1})|`` while the loss is at home,
+      which sets ``k = max(K, exp(NOISE_SIGMAS * noise))``;
+    * the run's home range: below ``sqrt(k) * best``.
+
+    It fires when the loss has stayed out of its home range for ``WINDOW`` updates (or twice the
+    number of updates the jump took, if longer) with the median of those updates at least
+    ``k * best`` and above where the run started (the median of its first ``SMOOTH`` losses: all
+    it learned is lost), not falling (a line through the log of those updates does not take them
+    below ``RECOVERING`` times where they began, beyond its noise), above the float noise floor
+    of the starting loss. A loss that comes home resets it: an excursion the run recovers from is
+    noise; a loss that rises back to its starting level (a GAN's discriminator, a harder
+    curriculum) or falls back towards its range (new data being learned) is not a departure.
+    """
+
+    K = 3.0
+    NOISE_SIGMAS = 4.0
+    SMOOTH = 5
+    WINDOW = 10
+    MAX_WINDOW = 64
+    ALPHA = 0.1
+    #: the trend of the updates out of range takes the loss below this fraction of where it
+    #: left, beyond noise: it is coming back (new data the run is learning), not departed
+    RECOVERING = 0.8
+
+    def __init__(self) -> None:
+        self._recent: deque[float] = deque(maxlen=self.SMOOTH)
+        self._head: list[float] = []  # the first losses: where the run started
+        self._start: float | None = None
+        self.best = math.inf
+        self.best_step: int | None = None
+        self._noise = 0.0
+        self._noise_n = 0
+        self._prev: float | None = None
+        self._home: tuple[int, float] | None = None  # the last update inside the range
+        self._away: deque[tuple[int, float]] = deque(maxlen=2 * self.MAX_WINDOW)
+        self._away_n = 0
+        self._fired = False
+
+    @property
+    def k(self) -> float:
+        return max(self.K, math.exp(self.NOISE_SIGMAS * self._noise))
+
+    def step(self, record: dict[str, Any]) -> Alarm | None:
+        loss = _num(record.get("loss"))
+        if loss is None or loss <= 0:
+            if loss is None:
+                self._prev = None
+            return None
+        step = int(record["step"])
+        if self._start is None:
+            self._start = loss
+        if len(self._head) < self.SMOOTH:
+            self._head.append(loss)
+        self._recent.append(loss)
+        smooth = sorted(self._recent)[len(self._recent) // 2]
+        if loss <= math.sqrt(self.k) * self.best or not math.isfinite(self.best):
+            self.best, self.best_step = (smooth, step) if smooth < self.best else (
+                self.best, self.best_step)  # fmt: skip
+            if self._prev is not None and self._prev > 0 and not self._away:
+                # the noise of the run at home: between consecutive updates inside its range
+                change = abs(math.log(loss / self._prev))
+                self._noise += self.ALPHA * (change - self._noise) if self._noise_n else change
+                self._noise_n += 1
+            self._prev = loss
+            self._home = (step, loss)
+            self._away.clear()
+            self._away_n = 0
+            return None
+        self._prev = loss
+        self._away.append((step, loss))
+        self._away_n += 1
+        if self._fired or self._away_n < self.WINDOW:
+            return None
+        data = self.state()
+        if data is None or data["window"] < data["needed"]:
+            return None
+        self._fired = True
+        return Alarm(
+            "diverging",
+            step,
+            f"the loss left its range and stayed out: best {data['best']:.3g} at update "
+            f"{data['best_step']}, then {data['jump_from']:.3g} -> {data['jump_to']:.3g} in "
+            f"{data['jump_updates']} update(s) and {data['window']} updates at a median "
+            f"{data['plateau']:.3g} ({data['factor']:.3g}x its best)",
+            {"shape": "departure", **data},
+        )
+
+    def state(self) -> dict[str, Any] | None:
+        """The departure under way (the loss out of its range right now), or None."""
+        if not self._away or not math.isfinite(self.best):
+            return None
+        k = self.k
+        values = [v for _, v in self._away]
+        plateau = float(np.median(values))
+        if plateau < k * self.best:
+            return None
+        if self._start is not None and plateau < NOISE_FLOOR * self._start:
+            return None  # at the float noise floor of the starting loss
+        if _recovering(values[-self.MAX_WINDOW :], self.RECOVERING):
+            return None  # on its way back down: learning again (new data), not lost
+        head = sorted(self._head)
+        if head and plateau <= head[len(head) // 2]:
+            # back where it started is not lost: a GAN's discriminator, a harder curriculum
+            return None
+        home_step, home_loss = self._home if self._home is not None else (0, self.best)
+        # the jump: from the last update at home to the first one at the plateau's level
+        to_step, to_loss = next(((s, v) for s, v in self._away if v >= k * self.best),
+                                self._away[0])  # fmt: skip
+        jump_updates = max(1, to_step - home_step)
+        needed = min(self.MAX_WINDOW, max(self.WINDOW, 2 * jump_updates))
+        return {
+            "best": self.best,
+            "best_step": self.best_step,
+            "jump_from": home_loss,
+            "jump_from_step": home_step,
+            "jump_to": to_loss,
+            "jump_to_step": to_step,
+            "jump_updates": jump_updates,
+            "plateau": plateau,
+            "factor": plateau / self.best,
+            "k": k,
+            "window": self._away_n,
+            "needed": needed,
+            "start": self._start,
+        }
+
+
+def _recovering(values: list[float], factor: float) -> bool:
+    """The loss falls over ``values``: a least-squares line through their log takes them below
+    ``factor`` times where they began, by more than twice its standard error (not noise)."""
+    n = len(values)
+    if n < 5:
+        return False
+    logs = np.log(np.asarray(values, dtype=float))
+    x = np.arange(n, dtype=float)
+    x -= x.mean()
+    sxx = float(np.sum(x * x))
+    slope = float(np.sum(x * (logs - logs.mean())) / sxx)
+    resid = logs - logs.mean() - slope * x
+    se = math.sqrt(float(np.sum(resid * resid)) / (n - 2) / sxx)
+    return slope * (n - 1) < math.log(factor) and slope < -2.0 * se
 
 
 def _direction(window: list[dict[str, Any]]) -> tuple[list[bool | None], list[bool | None]]:
@@ -286,9 +472,35 @@ class _LogHistory:
         return jump
 
 
+#: this many exact zeros in a row, to the end, after at least as many finite non-zero losses (a
+#: run that was learning): the run is stuck at 0
+ZERO_RUN = 5
+
+
+def stuck_at_zero(losses: Any) -> tuple[int, int] | None:
+    """``(first index, count)`` of the exact zeros a loss series ends on after ``ZERO_RUN`` finite
+    non-zero losses or more, or None. A loss of exactly 0.0 that stays there is a logger writing 0
+    for NaN, a batch whose labels are all masked, or a loss saturated in float precision: nothing
+    is learned any more. (A fit that separates its data at once, zero from its second update, is
+    not a run that was learning and broke; nor is one that reached the float noise floor of its
+    starting loss first, where exact zeros are rounding.)"""
+    values = [float(v) for v in losses]
+    i = len(values)
+    while i > 0 and values[i - 1] == 0.0:
+        i -= 1
+    count = len(values) - i
+    before = [v for v in values[:i] if math.isfinite(v) and v != 0.0]
+    if count < ZERO_RUN or len(before) < ZERO_RUN:
+        return None
+    last = sorted(abs(v) for v in before[-ZERO_RUN:])[ZERO_RUN // 2]
+    if last < NOISE_FLOOR * abs(before[0]):
+        return None  # it had already converged to the float noise floor: exact 0 is rounding
+    return i, count
+
+
 def default_detectors() -> list[Any]:
     """The detectors a Monitor runs, cheapest first."""
-    return [NonFinite(), Spikes(), Ascent(), Divergence()]
+    return [NonFinite(), Spikes(), Ascent(), Divergence(), Departure()]
 
 
 # ---------------------------------------------------------------------- the extension point

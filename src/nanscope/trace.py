@@ -255,10 +255,11 @@ class Trace:
             loss = self.column("loss")
             counts = np.maximum(counts, (self.present("loss") & ~np.isfinite(loss)).astype(float))
         elif what == "grads":
+            # only where no element count was taken: a counted 0 with an inf norm is a float32
+            # norm that overflowed while every element was finite
             grad = self.column("grad_norm")
-            counts = np.maximum(
-                counts, (self.present("grad_norm") & ~np.isfinite(grad)).astype(float)
-            )
+            guess = self.present("grad_norm") & ~self.present("nf_grads") & ~np.isfinite(grad)
+            counts = np.maximum(counts, guess.astype(float))
         return counts
 
 

@@ -81,9 +81,10 @@ def test_the_fixed_fit_is_healthy(fx) -> None:
     )
 
 
-#: fits whose losses depend on the CPU's BLAS kernels after a couple of updates (D006: a saturated
-#: tanh RNN with recurrent gain 3 is chaotic, another CPU's rounding changes update 3 onwards)
-CHAOTIC = {"D006"}
+#: fixtures whose fit is chaotic, and how many of their first updates hold to 1e-5 on any CPU:
+#: D006's tanh RNN at recurrent gain 3 multiplies a rounding difference (OpenBLAS picks its
+#: kernels per CPU) by ~1e4 over one 70-step sequence, so its later losses are machine-specific
+CHAOTIC = {"D006": 2}
 
 
 @pytest.mark.parametrize("fx", [fx for fx in FIXTURES if not fx.uses_torch],
@@ -95,8 +96,8 @@ def test_recording_again_gives_the_committed_fixture(fx, tmp_path: Path) -> None
     again, committed = read_trace(fx.trace(tmp_path)), read_trace(fx.trace())
     assert len(again) == len(committed)
     # the same fit up to the last bits a different BLAS may round differently; a chaotic fit
-    # amplifies those bits within a few updates, so there only its start must agree
-    upto = 2 if fx.code in CHAOTIC else len(committed)
+    # amplifies those bits, so only its first updates can be compared across machines
+    upto = CHAOTIC.get(fx.code, len(committed))
     assert np.allclose(
         again.column("loss")[:upto], committed.column("loss")[:upto], rtol=1e-5, equal_nan=True
     )

@@ -26,7 +26,25 @@ from typing import Any
 ZOO = Path(__file__).resolve().parent
 FRAMEWORKS = ("numpy", "torch")
 
-__all__ = ["FRAMEWORKS", "ZOO", "Case", "Outcome", "load_cases", "run_case"]
+__all__ = ["FRAMEWORKS", "MARGIN", "ZOO", "Case", "Outcome", "load_cases", "margin", "run_case"]
+
+#: a decided case clears the engine's thresholds by this much: the top finding's confidence
+#: against the best other cause, a suspect verdict against the suspect threshold, and a healthy
+#: run's strongest finding against it, so float rounding on another machine cannot flip it
+MARGIN = 0.1
+#: the engine's threshold for calling a finite run suspect (nanscope.diagnose.engine.SUSPECT)
+SUSPECT = 0.6
+
+
+def margin(d: dict[str, Any]) -> float:
+    """How far a diagnosis (its ``to_dict()``) sits from flipping to another answer."""
+    others = [a["confidence"] for a in d.get("alternatives") or [] if a["cause"] != d["cause"]]
+    if d["cause"] == "healthy":
+        return SUSPECT - max(others, default=0.0)
+    gap = float(d["confidence"]) - max(others, default=0.0)
+    if d["verdict"] == "suspect":
+        gap = min(gap, float(d["confidence"]) - SUSPECT)
+    return gap
 
 
 @dataclass(frozen=True)

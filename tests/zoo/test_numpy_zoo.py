@@ -64,6 +64,8 @@ def test_case_diagnosis(case, tmp_path: Path) -> None:  # type: ignore[no-untype
     assert diagnosis.cause == case.cause, diagnosis.message()
     if case.cause != "healthy":
         assert diagnosis.verdict in ("nonfinite", "diverging", "suspect")
+    decided = _zoo.margin(diagnosis.to_dict())
+    assert decided >= _zoo.MARGIN, f"decided without margin ({decided:.2f}): {diagnosis.message()}"
     named = {row.get("dataset_row") for row in diagnosis.rows}
     for row in case.bad_rows:
         assert row in named, f"row {row} not named; rows: {diagnosis.rows}"

@@ -108,9 +108,9 @@ class Context:
             return dict(alarm)
         if self.evidence.get("replayed") is False:
             return None
-        from nanscope.detectors import Ascent, Divergence
+        from nanscope.detectors import Ascent, Departure, Divergence
 
-        detectors: list[Ascent | Divergence] = [Ascent(), Divergence()]
+        detectors: list[Ascent | Divergence | Departure] = [Ascent(), Divergence(), Departure()]
         for record in self.records:
             loss = record.get("loss")
             if loss is None or not math.isfinite(loss):

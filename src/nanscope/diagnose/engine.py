@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from nanscope.detectors import stuck_at_zero
 from nanscope.diagnose.context import Context
 from nanscope.diagnose.diagnosis import Diagnosis, Evidence, Finding
 from nanscope.diagnose.rules import load_rules
@@ -100,6 +101,8 @@ def diagnose(trace: Trace | Any, evidence: Mapping[str, Any] | None = None) -> D
         return _interrupted(ctx, findings, stopped, run)
     else:
         verdict = "healthy"
+    if verdict == "healthy" and _zeros(ctx) is not None:
+        verdict = "suspect"  # a loss stuck at exactly 0.0 is not a converged one
     summary = _summary(ctx)
     notes = _notes(ctx, stopped)
     if verdict == "healthy":
@@ -140,7 +143,8 @@ def diagnose(trace: Trace | Any, evidence: Mapping[str, Any] | None = None) -> D
             "Log the loss per update, not per epoch: it shows whether the loss grew before it "
             "broke, which settles the cause."
         )
-    located = top.located or ctx.located
+    # an op that produced a non-finite value is evidence only when something went non-finite
+    located = top.located or (ctx.located if ctx.fail is not None else None)
     return Diagnosis(
         verdict=verdict,
         cause=top.cause,
@@ -187,6 +191,15 @@ def _unknown(
         seen.append(f"the first non-finite {fn['what']} appeared at update {fn['step']}")
     if ctx.alarm:
         seen.append(str(ctx.alarm.get("text")))
+    zeros = _zeros(ctx)
+    if zeros is not None:
+        first, count = zeros
+        seen.append(
+            f"the loss fell to exactly 0.0 at update {ctx.step_at(first)} and stayed there for "
+            f"the last {count} updates, after finite non-zero losses: a real loss almost never "
+            "reaches exact zero; a logger that writes 0 for NaN, batches whose labels are all "
+            "masked out, or a loss saturated in float precision does, and nothing is learned"
+        )
     for m in ctx.messages_of("oom", "nccl", "traceback"):
         seen.append(f"log line {m.get('line')}: {m.get('text')}")
     text = "; ".join(seen) or "something went wrong but no rule recognised it"
@@ -199,6 +212,12 @@ def _unknown(
     if missing:
         actions.append(
             "Record more per update so the rules can decide: " + ", ".join(missing) + "."
+        )
+    if zeros is not None:
+        actions.insert(
+            0,
+            f"Look at update {ctx.step_at(zeros[0])}: print the loss before any logging filter, "
+            "the gradient norm (0 or NaN means nothing is learned) and the batch's labels.",
         )
     actions.append(
         "Run the script under `nanscope run` (PyTorch) so the failing update is replayed and the "
@@ -333,6 +352,15 @@ def _interrupted(
         summary=summary,
         extra=_extra(ctx),
     )
+
+
+def _zeros(ctx: Context) -> tuple[int, int] | None:
+    """Where a finite run's loss got stuck at exactly 0.0 (index, count), or None."""
+    if ctx.fail is not None:
+        return None
+    idx = np.flatnonzero(np.isfinite(ctx.loss))
+    found = stuck_at_zero(ctx.loss[idx])
+    return (int(idx[found[0]]), found[1]) if found is not None else None
 
 
 def _public_row(row: Mapping[str, Any]) -> dict[str, Any]:

@@ -16,6 +16,21 @@ The global hooks (all guarded: a fault inside nanscope warns once and switches t
   parameters the optimizer holds is the model; its arguments (also keyword arguments, as Hugging
   Face models take them) are the batch. Loss modules are seen through the loss-module patch;
 * the backward patch of :mod:`nanscope.torch._hooks` (the loss).
+
+Scripts that update their parameters by hand (``p.data.add_(p.grad, alpha=-lr)``, ``with
+torch.no_grad(): p -= lr * p.grad``), with no ``torch.optim`` optimizer, are watched by
+:class:`_ManualUpdates`: at the end of each backward (an autograd engine callback) it compares a
+sample of the leaves the loss reached with the sample it kept at the end of the previous backward.
+When they changed and no optimizer stepped in between, the script updates by hand: from then on
+every backward is an update, checked right after it (the gradient fresh, the weights not yet
+changed) by a :class:`~nanscope.torch.watch.Watcher` on a stand-in optimizer
+(:class:`ManualUpdate`).
+The first update's loss is kept; its gradient was not. The learning rate is read off the update
+and the gradient before it, ``lr = -<dw, g> / <g, g>`` on the samples, so each record carries the
+lr of the update before it. A script that calls ``clip_grad_norm_`` is checked right after the
+clip instead (its update applies the clipped gradient; the recorded norm is the pre-clip one).
+With gradient accumulation by hand, an update is recorded at its first micro-batch (a backward
+that follows no change of the weights adds to the update already recorded).
 """
 
 from __future__ import annotations
@@ -29,7 +44,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["arm", "disarm", "enable", "enabled", "on_watcher", "watchers"]
+__all__ = ["ManualUpdate", "arm", "disarm", "enable", "enabled", "on_watcher", "watchers"]
 
 _LOCK = threading.Lock()
 _ENABLED = False
@@ -72,6 +87,7 @@ def disarm() -> None:
         for watcher in list(_WATCHERS.values()):
             watcher.close()
         _WATCHERS.clear()
+        _MANUAL.close()
         _SEEN.clear()
         _BOUND.clear()
         _ENABLED = False
@@ -82,8 +98,11 @@ def enabled() -> bool:
 
 
 def watchers() -> list[Any]:
-    """The watchers created so far (one per optimizer that stepped)."""
-    return list(_WATCHERS.values())
+    """The watchers created so far (one per optimizer that stepped, one for hand updates)."""
+    found = list(_WATCHERS.values())
+    if _MANUAL.watcher is not None:
+        found.append(_MANUAL.watcher)
+    return found
 
 
 class _TorchImportHook(importlib.abc.MetaPathFinder):
@@ -146,6 +165,7 @@ def enable() -> None:
 
     _hooks.install()
     _hooks.register(_COLLECTOR)
+    _hooks.register(_MANUAL)
     _HANDLES.append(optimizer_mod.register_optimizer_step_pre_hook(_step_pre))
     _HANDLES.append(optimizer_mod.register_optimizer_step_post_hook(_step_post))
     _HANDLES.append(module_mod.register_module_forward_pre_hook(_forward_pre))
@@ -240,6 +260,7 @@ _COLLECTOR = _Collector()
 
 
 def _step_pre(optimizer: Any, args: Any, kwargs: Any) -> Any:
+    _MANUAL.optimizer_stepped = True
     watcher = _guard().run("autowatch step", _watcher_for, optimizer)
     _COLLECTOR.reset()
     if watcher is None:
@@ -295,3 +316,207 @@ def _bind(watcher: Any) -> None:
     watcher.on_forward(args, kwargs, output)
     _BOUND.setdefault(id(module), []).append(watcher)
     _SEEN.pop(id(module), None)
+
+
+# ---------------------------------------------------------------------- updates by hand
+
+
+class ManualUpdate:
+    """Stands in for an optimizer when a script changes its parameters by hand."""
+
+    def __init__(self, params: list[Any]) -> None:
+        self.param_groups: list[dict[str, Any]] = [{"params": params, "lr": None}]
+
+
+class _ManualUpdates:
+    """Finds and watches parameter updates made without ``torch.optim`` (see the module doc)."""
+
+    #: elements per parameter compared between backward calls and used to read the lr
+    SAMPLE = 4096
+    #: graph nodes walked at most to find the leaves a loss reaches
+    MAX_NODES = 100_000
+    #: backward calls with no hand-made update seen (and no optimizer) before it stops looking
+    GIVE_UP = 16
+
+    def __init__(self) -> None:
+        self.optimizer_stepped = False
+        self.watcher: Any = None
+        self.off = False
+        self._params: list[Any] = []
+        self._weights: list[Any] | None = None
+        self._grads: list[Any] | None = None
+        self._loss: Any = None
+        self._site: Any = None
+        self._backwards = 0
+        self._first: float | None = None
+        self._lr: float | None = None
+        self.clips = False
+        self._pending = False
+
+    # the hooks of nanscope.torch._hooks call these on every live object
+    def owns(self, optimizer: Any) -> bool:
+        return False
+
+    def on_loss_module(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        pass
+
+    def on_clip(self, total: Any) -> None:
+        """The script clips: its update uses the clipped gradient, so the check waits for it."""
+        self.clips = True
+        if self.off or _WATCHERS:
+            return
+        if self.watcher is None:
+            self._grads = self._grad_sample()
+        elif self._pending:
+            self._pending = False
+            self.watcher.on_clip(total)  # the pre-clip norm, whatever order the hooks run in
+            self._check()
+
+    def close(self) -> None:
+        if self.watcher is not None:
+            self.watcher.close()
+        self.__init__()  # type: ignore[misc]
+
+    def on_backward(self, tensor: Any, site: Any) -> None:
+        if self.off or _WATCHERS:
+            self.off = self.off or bool(_WATCHERS)  # torch.optim steps: not a hand-made loop
+            return
+        grad_fn = getattr(tensor, "grad_fn", None)
+        if grad_fn is None:
+            return
+        if self.watcher is None:
+            leaves = _leaves(grad_fn, self.MAX_NODES)
+            if not leaves:
+                return
+            if [id(p) for p in leaves] != [id(p) for p in self._params]:
+                self._params, self._weights, self._grads = leaves, None, None
+        self._loss, self._site = tensor, site
+        grad_fn.register_prehook(self._queue)
+
+    def _queue(self, grad_outputs: Any) -> None:
+        from torch.autograd import Variable
+
+        Variable._execution_engine.queue_callback(self._after_backward)
+
+    def _after_backward(self) -> None:
+        _guard().run("manual updates", self._observe)
+
+    def _observe(self) -> None:
+        import torch
+
+        if self.off or _WATCHERS:
+            return
+        self._backwards += 1
+        with torch.no_grad():
+            weights = [p.detach().reshape(-1)[: self.SAMPLE].clone() for p in self._params]
+        previous, self._weights = self._weights, weights
+        stepped, self.optimizer_stepped = self.optimizer_stepped, False
+        changed = previous is not None and any(
+            not torch.equal(a, b) for a, b in zip(previous, weights)
+        )
+        if self.watcher is not None and not changed:
+            # the weights did not move since the last backward: another micro-batch of the same
+            # update (gradient accumulation), already recorded with its first micro-batch
+            self._weights = previous
+            return
+        self._pending = False
+        if self.watcher is None:
+            if stepped or not changed:
+                if self._backwards >= self.GIVE_UP:
+                    self.off = True  # backward calls that never change the weights: not ours
+                if self._first is None:
+                    self._first = _loss_value(self._loss)  # update 1, its first micro-batch
+                self._grads = self._grad_sample()
+                return
+            self._start()
+        self._lr = _read_lr(previous, self._grads, weights)
+        if self.clips:
+            self._pending = True  # checked once clip_grad_norm_ has clipped this gradient
+            return
+        self._check()
+
+    def _grad_sample(self) -> list[Any]:
+        import torch
+
+        with torch.no_grad():
+            return [
+                None if p.grad is None else p.grad.detach().reshape(-1)[: self.SAMPLE].clone()
+                for p in self._params
+            ]
+
+    def _check(self) -> None:
+        self._grads = self._grad_sample()  # the gradient this update applies
+        self.watcher.optimizer.param_groups[0]["lr"] = self._lr
+        self.watcher.check()
+
+    def _start(self) -> None:
+        from nanscope.torch.watch import Watcher
+
+        optimizer = ManualUpdate(list(self._params))
+        watcher = Watcher(None, optimizer, hook_optimizer=False)
+        watcher.monitor.meta["source"] = "torch (nanscope run)"
+        watcher.monitor.meta["optimizer"] = "manual update (no torch.optim)"
+        self.watcher = watcher
+        _bind(watcher)
+        for callback in list(on_watcher):
+            _guard().run("autowatch on_watcher", callback, watcher)
+        # the update before this one: its loss is known, its gradient is gone
+        # (every backward before the weights first changed belonged to that first update)
+        first = self._first
+        step = 1
+        if first is not None:
+            import math
+
+            watcher.monitor.observe(
+                {"step": step, "loss": first, "nf_loss": 0 if math.isfinite(first) else 1}
+            )
+        watcher.step = step
+        watcher.on_backward(self._loss, self._site)  # it registered after this backward began
+
+
+def _loss_value(loss: Any) -> float | None:
+    try:
+        return float(loss.detach().float())
+    except Exception:
+        return None
+
+
+def _leaves(grad_fn: Any, limit: int) -> list[Any]:
+    """The leaf tensors (parameters) a loss's autograd graph accumulates gradients into."""
+    seen: set[int] = set()
+    leaves: list[Any] = []
+    stack = [grad_fn]
+    while stack and len(seen) < limit:
+        node = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        variable = getattr(node, "variable", None)
+        if variable is not None:
+            leaves.append(variable)
+            continue
+        for child, _ in getattr(node, "next_functions", ()):
+            if child is not None:
+                stack.append(child)
+    leaves.reverse()  # roughly the order the script made them
+    return leaves
+
+
+def _read_lr(weights: Any, grads: Any, now: list[Any]) -> float | None:
+    """``-<w_now - w_before, g_before> / <g_before, g_before>`` over the samples, when positive."""
+    if weights is None or grads is None:
+        return None
+    num = den = 0.0
+    for before, g, after in zip(weights, grads, now):
+        if g is None or before.shape != after.shape:
+            continue
+        g = g.double()
+        num -= float(((after.double() - before.double()) * g).sum())
+        den += float((g * g).sum())
+    if not den > 0:
+        return None
+    lr = num / den
+    return lr if lr > 0 and lr == lr and lr != float("inf") else None
+
+
+_MANUAL = _ManualUpdates()

@@ -172,6 +172,7 @@ class Watcher:
         self._extra: dict[str, Any] = {}
         self._in_closure = 0
         self._closure_checked = False
+        self._closure_losses: list[float] = []
         self._snapshot: list[torch.Tensor] | None = None  # LBFGS: the weights at the step's start
         self._failing: dict[str, Any] = {}  # the update being observed: step, late, what
         self._observing = False
@@ -305,9 +306,19 @@ class Watcher:
         _producer.LIVE.stop()
         self.precision.on_step()
         self._snapshot = None
+        if self._closure_losses:  # every closure evaluation of this update, the first one first
+            records = self.monitor.trace.records
+            if records and records[-1].get("step") == self.step:
+                first = records[-1].get("loss")
+                records[-1].setdefault("extra", {})["closure_losses"] = [
+                    first, *self._closure_losses]
+            self._closure_losses = []
+            self.window.losses = []  # the later evaluations' losses are not the next update's
 
     def _wrap_closure(self, closure: Callable[[], Any]) -> Callable[[], Any]:
         self._closure_checked = False
+        self._closure_losses = []
+        self.window.losses = []  # this update's loss is its first closure evaluation
         if isinstance(self.optimizer, torch.optim.LBFGS):
             # LBFGS changes the weights between closure calls: keep this update's start
             self._snapshot = [p.detach().clone() for p in self.params()]
@@ -322,6 +333,7 @@ class Watcher:
                 self._closure_checked = True
                 self.guard.run("step", self.check, out)
             elif isinstance(out, torch.Tensor) and out.numel() == 1:
+                self._closure_losses.append(float(out.detach()))
                 self.guard.run("step", self._check_inner, out)
             return out
 
@@ -423,6 +435,8 @@ class Watcher:
         if self.guard.faults or _hooks.GUARD.faults:
             torch_ev["hook_faults"] = {**_hooks.GUARD.faults, **self.guard.faults}
         evidence["torch"] = torch_ev
+        if alarm.data.get("shape") == "departure":
+            return evidence  # a finite plateau: no op produced a non-finite value to replay for
         try:
             from nanscope.probes.locate import locate
         except ImportError:

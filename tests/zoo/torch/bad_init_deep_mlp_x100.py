@@ -4,13 +4,15 @@ Each layer scales the activations by ~40; on the very first batch they overflow 
 first loss is inf, with clean inputs.
 """
 
+import os
+
 import torch
 from torch import nn
 
 CAUSE = "bad_initialization"
 
-torch.set_num_threads(1)
-torch.manual_seed(0)
+torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+torch.manual_seed(int(os.environ.get("ZOO_SEED", "0")))
 layers = []
 for _ in range(16):
     layers += [nn.Linear(64, 64), nn.ReLU()]

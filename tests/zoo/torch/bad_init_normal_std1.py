@@ -3,6 +3,8 @@
 first loss is already non-finite.
 """
 
+import os
+
 import torch
 from torch import nn
 
@@ -27,8 +29,8 @@ class Deep(nn.Module):
         return self.out(h)
 
 
-torch.set_num_threads(1)
-torch.manual_seed(0)
+torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+torch.manual_seed(int(os.environ.get("ZOO_SEED", "0")))
 X = torch.randn(64, 10)
 y = torch.randint(0, 3, (64,))
 model = Deep()

@@ -8,6 +8,8 @@ the sequence length. Adam's normalised step keeps the weights in place while the
 float32 — while the loss is still finite.
 """
 
+import os
+
 import torch
 from torch import nn
 
@@ -28,8 +30,8 @@ class Net(nn.Module):
 
 CAUSE = "exploding_gradients"
 
-torch.set_num_threads(1)
-torch.manual_seed(3)
+torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+torch.manual_seed(int(os.environ.get("ZOO_SEED", "3")))
 model = Net()
 opt = torch.optim.Adam(model.parameters(), lr=1e-3)
 for step in range(1, 200):

@@ -3,6 +3,8 @@ sentinel; the rest are of order one). The MLP descends for many updates, then th
 blows it up.
 """
 
+import os
+
 from torch.utils.data import DataLoader, TensorDataset
 
 import torch
@@ -11,8 +13,8 @@ from torch import nn
 CAUSE = "extreme_batch"
 BAD_ROWS = [333]
 
-torch.set_num_threads(1)
-torch.manual_seed(5)
+torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+torch.manual_seed(int(os.environ.get("ZOO_SEED", "5")))
 X = torch.randn(480, 3)
 y = (X[:, :1] * 2 - X[:, 2:3]).clone()
 y[333, 0] = 3e19  # the sentinel for a missing reading

@@ -4,14 +4,16 @@ the output error and the weight gradient of the last layer passes 65504: inf in 
 float32.
 """
 
+import os
+
 import torch
 from torch import nn
 
 CAUSE = "fp16_overflow"
 MODULE = "4"
 
-torch.set_num_threads(1)
-torch.manual_seed(0)
+torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+torch.manual_seed(int(os.environ.get("ZOO_SEED", "0")))
 X = (300 + 100 * torch.randn(128, 32)).half()
 y = torch.randn(128, 1).half()
 model = nn.Sequential(nn.Linear(32, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(),

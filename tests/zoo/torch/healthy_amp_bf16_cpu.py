@@ -3,13 +3,15 @@ an MLP regressor, float32 master weights, AdamW. bfloat16 has float32's range, s
 overflows; the loss falls.
 """
 
+import os
+
 import torch
 from torch import nn
 
 CAUSE = "healthy"
 
-torch.set_num_threads(1)
-torch.manual_seed(0)
+torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+torch.manual_seed(int(os.environ.get("ZOO_SEED", "0")))
 X = torch.randn(512, 20)
 y = X[:, :5].sum(1, keepdim=True) + 0.1 * torch.randn(512, 1)
 model = nn.Sequential(nn.Linear(20, 128), nn.GELU(), nn.Linear(128, 128), nn.GELU(),

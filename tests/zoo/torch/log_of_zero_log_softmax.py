@@ -5,14 +5,16 @@ The unscaled inputs make logits of several hundred from the first update; softma
 true class's probability of some rows to exactly 0 and the log is -inf.
 """
 
+import os
+
 import torch
 from torch import nn
 
 CAUSE = "log_of_zero"
 OP = "log"
 
-torch.set_num_threads(1)
-torch.manual_seed(0)
+torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+torch.manual_seed(int(os.environ.get("ZOO_SEED", "0")))
 X = torch.randint(0, 256, (128, 64)).float()
 y = torch.randint(0, 10, (128,))
 model = nn.Linear(64, 10)

@@ -4,6 +4,8 @@ A small classifier-regressor trained with SGD and an L1 loss, sequential batches
 holds row 41 has an infinite target, and its loss is inf at once, with no growth before it.
 """
 
+import os
+
 from torch.utils.data import DataLoader, TensorDataset
 
 import torch
@@ -12,8 +14,8 @@ from torch import nn
 CAUSE = "nonfinite_input"
 BAD_ROWS = [41]
 
-torch.set_num_threads(1)
-torch.manual_seed(3)
+torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+torch.manual_seed(int(os.environ.get("ZOO_SEED", "3")))
 X = torch.randn(256, 4)
 y = (X.sum(1, keepdim=True) > 0).float() * 3.0
 y[41, 0] = float("inf")

@@ -5,6 +5,8 @@ holds row 137; that update's loss is NaN. nanscope must name the row of the data
 the batch.
 """
 
+import os
+
 from torch.utils.data import DataLoader, TensorDataset
 
 import torch
@@ -13,8 +15,8 @@ from torch import nn
 CAUSE = "nonfinite_input"
 BAD_ROWS = [137]
 
-torch.set_num_threads(1)
-torch.manual_seed(0)
+torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+torch.manual_seed(int(os.environ.get("ZOO_SEED", "0")))
 X = torch.randn(512, 6)
 y = X @ torch.randn(6, 1) + 0.1 * torch.randn(512, 1)
 X[137, 2] = float("nan")

@@ -4,6 +4,8 @@ subtracting it: ``p.add_(grad, alpha=lr)``.
 The loss of a logistic-regression model rises smoothly from the first update, no oscillation.
 """
 
+import os
+
 import torch
 from torch import nn
 
@@ -22,8 +24,8 @@ class MySGD(torch.optim.Optimizer):
 
 CAUSE = "update_sign_error"
 
-torch.set_num_threads(1)
-torch.manual_seed(0)
+torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+torch.manual_seed(int(os.environ.get("ZOO_SEED", "0")))
 X = torch.randn(400, 5)
 y = (X[:, :1] - X[:, 1:2] > 0).float()
 model = nn.Linear(5, 1)

@@ -3,6 +3,8 @@
 Trains an MLP regressor; the loss climbs steadily from update one.
 """
 
+import os
+
 import torch
 from torch import nn
 
@@ -25,8 +27,8 @@ class Momentum(torch.optim.Optimizer):
 
 CAUSE = "update_sign_error"
 
-torch.set_num_threads(1)
-torch.manual_seed(2)
+torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+torch.manual_seed(int(os.environ.get("ZOO_SEED", "2")))
 X = torch.randn(300, 4)
 y = torch.sin(X[:, :1]) + X[:, 1:2]
 model = nn.Sequential(nn.Linear(4, 16), nn.Tanh(), nn.Linear(16, 1))

@@ -4,13 +4,15 @@ Full-batch SGD at lr 1e-3 would suit standardised features; the big column makes
 10^4 times larger, so every update overshoots and the loss grows geometrically to inf.
 """
 
+import os
+
 import torch
 from torch import nn
 
 CAUSE = "step_size_too_large"
 
-torch.set_num_threads(1)
-torch.manual_seed(1)
+torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+torch.manual_seed(int(os.environ.get("ZOO_SEED", "1")))
 n = 200
 rooms = torch.randint(1, 6, (n, 1)).float()
 area = 40 + 160 * torch.rand(n, 1)

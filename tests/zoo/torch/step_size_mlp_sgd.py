@@ -4,13 +4,15 @@ Every update overshoots the minimum further than the last; within a few dozen up
 overflows. A tenfold smaller learning rate trains fine.
 """
 
+import os
+
 import torch
 from torch import nn
 
 CAUSE = "step_size_too_large"
 
-torch.set_num_threads(1)
-torch.manual_seed(0)
+torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+torch.manual_seed(int(os.environ.get("ZOO_SEED", "0")))
 X = torch.randn(256, 8)
 y = 10 * (X @ torch.randn(8, 1))
 model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 1))

@@ -6,6 +6,8 @@ vector. The first three batches happen to hold sequences of one length; the firs
 divides 0 by 0 at every padded position, and the loss is NaN.
 """
 
+import os
+
 import torch
 from torch import nn
 
@@ -28,8 +30,8 @@ def cosine_distance(o, t):
     return 1 - (o * t).sum(-1) / (o.norm(dim=-1) * t.norm(dim=-1))
 
 
-torch.set_num_threads(1)
-torch.manual_seed(0)
+torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+torch.manual_seed(int(os.environ.get("ZOO_SEED", "0")))
 emb = torch.randn(50, 8)
 emb[0] = 0.0  # the padding token's target embedding
 pad_in = torch.randn(8)  # the input side has a learned-looking PAD vector

@@ -6,6 +6,8 @@ is exactly 0. The forward is finite, but the gradient of sqrt at 0 is infinite, 
 and every weight's gradient is NaN.
 """
 
+import os
+
 import torch
 from torch import nn
 
@@ -23,8 +25,8 @@ class Siamese(nn.Module):
         return torch.sqrt(((self.enc(a) - self.enc(b)) ** 2).sum(-1))
 
 
-torch.set_num_threads(1)
-torch.manual_seed(0)
+torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+torch.manual_seed(int(os.environ.get("ZOO_SEED", "0")))
 model = Siamese()
 opt = torch.optim.SGD(model.parameters(), lr=0.05)
 for step in range(50):

@@ -3,7 +3,9 @@
 What it does
     Looks at the updates before the failure (or before the divergence detector stopped the run)
     for a growth phase: consecutive updates whose loss rises, each rise larger than the last, while
-    the gradient reverses direction and the weights flip sign.
+    the gradient reverses direction and the weights flip sign. Failing that, for a departure (as
+    Adam and AdamW diverge): the loss jumped out of its own range within a few updates and stayed
+    out, many times above the best it had reached, never coming back.
 
 Why is this bad?
     An oversized step jumps across the valley to a point higher up the other side, and the next
@@ -14,11 +16,16 @@ Fingerprint
     The loss grows geometrically over several updates (0.7, 1.4, 6, 90, 3e4, inf); successive
     gradients point in opposite directions; the weights alternate in sign and grow. The update
     still points downhill (cosine(update, gradient) < 0): the direction is right, the length wrong.
+    Under an adaptive optimizer (Adam, AdamW) the step is normalised, so the loss does not grow
+    geometrically: it jumps in 1-3 updates and plateaus far above its best (3.5 -> 20), and each
+    update moves the weights by a large fraction of their norm.
 
 Evidence
     The growth factor and number of rising updates; the fraction of updates where the gradient
-    reversed; the sign-flip fraction; the cosine between update and gradient; as contributing
-    findings, an unscaled input column (its scale against the median column's) or an extreme row.
+    reversed; the sign-flip fraction; the cosine between update and gradient; for a departure, the
+    best loss and its update, the jump (from, to, in how many updates), the plateau's level and
+    length, and the update-to-weight ratio where it was recorded; as contributing findings, an
+    unscaled input column (its scale against the median column's) or an extreme row.
 
 Action
     Cut the learning rate tenfold and rerun (``nanscope sweep`` does it); standardise unscaled
@@ -32,8 +39,12 @@ Example
 
 from __future__ import annotations
 
+import math
+from typing import Any
+
 import numpy as np
 
+from nanscope.detectors import NOISE_FLOOR, Departure
 from nanscope.diagnose.context import Context
 from nanscope.diagnose.diagnosis import Evidence, Finding
 from nanscope.diagnose.rules._common import num, row_text, tenfold_action
@@ -47,13 +58,29 @@ UNSCALED_RATIO = 100.0
 OUTLIER_Z = 50.0
 
 
+#: an update that moves the weights by more than this fraction of their norm is a large step
+#: (healthy training moves them by ~1e-3 per update, ~1e-2 early with Adam: the tiny GPT of the
+#: zoo at lr 1e-2 moves them by 0.9%; at lr 3, by 137%)
+LARGE_UPDATE = 0.1
+
+
 def check(ctx: Context) -> Finding | None:
+    finding = _growth(ctx)
+    if finding is None:
+        finding = _departure(ctx)
+    return finding
+
+
+def _growth(ctx: Context) -> Finding | None:
     rise = ctx.rise
     broke = ctx.fail is not None or ctx.stop is not None
     if rise is None:
         return None
     if not rise.sustained:
         return None  # one jump on top of noise is a spike, not a geometric climb
+    first = ctx.finite_loss[0] if ctx.finite_loss.size else math.nan
+    if first > 0 and abs(ctx.loss[rise.end]) < NOISE_FLOOR * first:
+        return None  # rounding at the float noise floor of the starting loss, not growth
     strong_growth = rise.length >= 3 and (rise.growth >= 10 or rise.geometric)
     explosive = rise.length >= 2 and rise.growth >= 1e3
     if broke:
@@ -144,7 +171,8 @@ def check(ctx: Context) -> Finding | None:
                 "Check whether the outlier row dominates the gradient; squared error weights a "
                 "large residual quadratically."
             )
-    actions.append("If the loss is still fragile after the cut, clip the gradient norm.")
+    if not _clips(ctx):
+        actions.append("If the loss is still fragile after the cut, clip the gradient norm.")
     actions.append("Record the learning rate that worked so the next run starts from it.")
     step_index = (
         ctx.fail if ctx.fail is not None else (ctx.stop if ctx.stop is not None else rise.end)
@@ -159,6 +187,164 @@ def check(ctx: Context) -> Finding | None:
         contributing=contributing,
         alternatives=[] if oscillating else [("update_sign_error", 0.25)],
     )
+
+
+def departure(ctx: Context) -> dict[str, Any] | None:
+    """The departure that stopped the run, or the one under way where the trace ends (replayed
+    with the detector over the updates before the failure), or None."""
+    alarm = ctx.alarm
+    if alarm and alarm.get("shape") == "departure":
+        return dict(alarm)
+    if ctx.stop is not None:
+        return None  # stopped by another detector
+    detector = Departure()
+    found: dict[str, Any] | None = None
+    for record in ctx.records[: ctx.end]:
+        fired = detector.step(record)
+        if fired is not None:
+            found = dict(fired.data)
+            break
+    if found is None:
+        found = detector.state()
+        if found is None or found["window"] < detector.WINDOW:
+            return None
+        # still out of its range where the trace ends, however long the jump took
+    return found
+
+
+def _departure(ctx: Context) -> Finding | None:
+    dep = departure(ctx)
+    if dep is None:
+        return None
+    unit = "epoch" if ctx.granularity == "epoch" else "update"
+    ended = ctx.stop is None and ctx.fail is None
+    evidence = [
+        Evidence(
+            CODE,
+            f"the loss left its range and did not come back: best {num(dep['best'])} (median "
+            f"of up to {Departure.SMOOTH} updates) at {unit} {dep['best_step']}, then "
+            f"{num(dep['jump_from'])} -> {num(dep['jump_to'])} in "
+            f"{dep['jump_updates']} {unit}(s) ({unit} {dep['jump_from_step']} -> "
+            f"{dep['jump_to_step']}), and {'it ended' if ended else 'it stayed'} "
+            f"{dep['window']} {unit}s at a median {num(dep['plateau'])}, {num(dep['factor'])}x its "
+            f"best (its range: below {num(math.sqrt(dep['k']) * dep['best'])})",
+            {"best_loss": dep["best"], "best_step": dep["best_step"],
+             "jump_from": dep["jump_from"], "jump_from_step": dep["jump_from_step"],
+             "jump_to": dep["jump_to"], "jump_to_step": dep["jump_to_step"],
+             "jump_updates": dep["jump_updates"], "plateau": dep["plateau"],
+             "plateau_updates": dep["window"], "factor": dep["factor"], "k": dep["k"]},
+        )
+    ]  # fmt: skip
+    confidence = 0.6
+    if dep["jump_updates"] <= 3:
+        confidence += 0.1  # a jump, not a drift
+    ratio = _update_ratio(ctx, dep)
+    if ratio is not None:
+        during, before = ratio
+        if during >= LARGE_UPDATE:
+            confidence += 0.1
+        evidence.append(
+            Evidence(
+                CODE,
+                f"each update moved the weights by a median {num(100 * during)}% of their norm "
+                f"after the jump (norm as last measured)"
+                + (f" ({num(100 * before)}% before it)" if before is not None else "")
+                + (": steps that large throw the fit out of its valley" if during >= LARGE_UPDATE
+                   else ""),
+                {"update_to_weight": during, "update_to_weight_before": before},
+            )
+        )  # fmt: skip
+    optimizer = str(ctx.trace.meta.get("optimizer") or "")
+    if "adam" in optimizer.lower():
+        evidence.append(
+            Evidence(
+                CODE,
+                f"{optimizer} normalises the step, so a learning rate too large shows as a jump "
+                "to a plateau rather than as geometric growth to inf",
+                {"optimizer": optimizer},
+            )
+        )
+    jump_index = _index_of(ctx, dep["jump_to_step"])
+    extreme = ctx.rows_near(jump_index, ("extreme",), back=dep["jump_updates"] + 1)
+    alternatives: list[tuple[str, float]] = []
+    if extreme:
+        # one extreme row in the jump's batch threw the weights out: that row, not the lr
+        confidence = 0.35
+        alternatives.append(("extreme_batch", 0.6))
+    steady = dep["jump_updates"] > 3 and int(dep["best_step"] or 0) <= Departure.SMOOTH
+    if steady:
+        # never below where it started, then a climb over many updates rather than a jump: the
+        # update sign error's fingerprint as much as a step size's (only the loss can't tell)
+        confidence = min(confidence, 0.45)
+        alternatives.append(("update_sign_error", 0.45))
+    cos = ctx.update_cos[: ctx.end]
+    cos = cos[np.isfinite(cos)]
+    if cos.size >= 3 and float(np.mean(cos > 0)) > 0.8:
+        confidence = min(confidence, 0.35)  # the updates climb the gradient: a sign error
+        alternatives.append(("update_sign_error", 0.6))
+    actions = [tenfold_action(_peak_lr(ctx))]
+    if "adam" in optimizer.lower():
+        actions.append(
+            "With warm-up and a schedule, the peak learning rate is the one to cut; clipping the "
+            "gradient norm does not bound an adaptive optimizer's step (about lr per weight)."
+        )
+    elif _clips(ctx):
+        actions.append(
+            "The script already clips the gradient norm: each step is still up to lr x max_norm "
+            "long, so it is the learning rate to cut, not the clipping to add."
+        )
+    else:
+        actions.append("With warm-up and a schedule, the peak learning rate is the one to cut.")
+    actions.append("Record the learning rate that worked so the next run starts from it.")
+    step_index = ctx.stop if ctx.stop is not None else (ctx.end - 1)
+    return Finding(
+        rule=CODE,
+        cause=CAUSE,
+        confidence=confidence,
+        evidence=evidence,
+        actions=actions,
+        step=ctx.step_at(step_index),
+        alternatives=alternatives,
+    )
+
+
+def _clips(ctx: Context) -> bool:
+    """The script clips the gradient norm (the adapter recorded the pre-clip norm)."""
+    return any((r.get("extra") or {}).get("grad_norm_source") == "pre_clip" for r in ctx.records)
+
+
+def _index_of(ctx: Context, step: Any) -> int | None:
+    if step is None:
+        return None
+    hits = np.flatnonzero(ctx.steps == int(step))
+    return int(hits[0]) if hits.size else None
+
+
+def _peak_lr(ctx: Context) -> float | None:
+    lr = ctx.trace.column("lr")[: max(ctx.end, 1)]
+    lr = lr[np.isfinite(lr)]
+    return float(lr.max()) if lr.size else None
+
+
+def _update_ratio(ctx: Context, dep: dict[str, Any]) -> tuple[float, float | None] | None:
+    """Median ||update|| / ||weights|| after the jump (and before it), where both were recorded."""
+    un = ctx.trace.column("update_norm")[: ctx.end]
+    wn = ctx.trace.column("weight_norm")[: ctx.end].copy()
+    # the weight norm is taken on full updates only: carry the last one measured forward
+    for i in range(1, wn.size):
+        if not np.isfinite(wn[i]):
+            wn[i] = wn[i - 1]
+    with np.errstate(all="ignore"):
+        ratio = un / wn
+    ok = np.isfinite(ratio) & (wn > 0)
+    split = _index_of(ctx, dep["jump_to_step"])
+    if split is None:
+        return None
+    after = ratio[split:][ok[split:]]
+    before = ratio[:split][ok[:split]]
+    if not after.size:
+        return None
+    return float(np.median(after)), (float(np.median(before)) if before.size else None)
 
 
 def _contributing(ctx: Context) -> list[Evidence]:

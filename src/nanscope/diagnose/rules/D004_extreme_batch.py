@@ -12,7 +12,8 @@ Why is this bad?
     would have failed at the start; this fit was fine until that batch.
 
 Fingerprint
-    Loss descends for many updates, then one spike to inf/NaN with no growth phase before it.
+    Loss descends for many updates, then one spike to inf/NaN with no growth phase before it,
+    or one jump to a plateau the run never comes back from (the weights thrown far out).
 
 Evidence
     The spike (its ratio to the recent loss), how long the descent lasted, and the extreme row:
@@ -44,9 +45,20 @@ TITLE = "One extreme batch after a long descent"
 SPIKE = 10.0
 
 
+def _departed(ctx: Context) -> bool:
+    alarm = ctx.alarm or {}
+    return ctx.fail is None and ctx.stop is not None and alarm.get("shape") == "departure"
+
+
 def _spike_index(ctx: Context) -> int | None:
     if ctx.fail is not None:
         return ctx.fail
+    if _departed(ctx):
+        # stopped on a plateau after a jump: the jump is the spike
+        step = (ctx.alarm or {}).get("jump_to_step")
+        hits = np.flatnonzero(ctx.steps == int(step)) if step is not None else np.array([])
+        if hits.size:
+            return int(hits[0])
     # no NaN: the largest finite spike tagged by the detector
     best, best_ratio = None, SPIKE
     for i, record in enumerate(ctx.records):
@@ -70,7 +82,7 @@ def check(ctx: Context) -> Finding | None:
         return None  # a growth phase before the jump, not a sudden spike
     if not ctx.descended_before(onset) and onset < 5:
         return None  # neither a long descent nor a long stretch before the jump
-    if ctx.fail is None and ctx.stop is not None:
+    if ctx.fail is None and ctx.stop is not None and not _departed(ctx):
         return None  # stopped on a sustained climb
     ratio = ctx.spike_ratio(onset)
     rows = ctx.rows_near(k, ("extreme",), back=k - onset + 2)
@@ -110,7 +122,7 @@ def check(ctx: Context) -> Finding | None:
         )
     else:
         measured = ctx.trace.has("input_absmax")
-        confidence = 0.3 if measured else 0.5
+        confidence = 0.3 if measured or _departed(ctx) else 0.5
         if ctx.granularity == "epoch":
             evidence.append(
                 Evidence(
@@ -143,7 +155,7 @@ def check(ctx: Context) -> Finding | None:
         confidence=confidence,
         evidence=evidence,
         actions=actions,
-        step=ctx.step_at(k),
+        step=ctx.step_at(ctx.stop if ctx.fail is None and ctx.stop is not None else k),
         rows=rows,
         alternatives=alternatives,
     )

@@ -17,11 +17,13 @@ Fingerprint
 
 Evidence
     The gradient-norm ratio against the run's median, the loss ratio over the same span, the layer
-    that dominates and its growth.
+    that dominates and its growth; whether the script clips (pre-clip norm recorded) and whether the
+    norm merely overflowed float32 while every gradient element stayed finite.
 
 Action
-    Clip the gradient norm; regularise the weights; for recurrent layers prefer tanh to relu and
-    check the recurrent weights' scale; lower the learning rate.
+    Clip the gradient norm (when the script already clips, cut the learning rate instead: the
+    recorded norm is then the pre-clip one); regularise the weights; for recurrent layers prefer
+    tanh to relu and check the recurrent weights' scale; lower the learning rate.
 
 Example
     A hand-written tanh RNN unrolled over many steps whose recurrent weights grow past 1: its
@@ -36,7 +38,7 @@ import numpy as np
 
 from nanscope.diagnose.context import Context
 from nanscope.diagnose.diagnosis import Evidence, Finding
-from nanscope.diagnose.rules._common import num
+from nanscope.diagnose.rules._common import num, tenfold_action
 
 CODE = "D006"
 CAUSE = "exploding_gradients"
@@ -62,12 +64,26 @@ def check(ctx: Context) -> Finding | None:
     if not finite_idx and not grad_first:
         return None
     k = max(finite_idx, key=lambda j: g[j]) if finite_idx else ctx.fail
+    overflow = _norm_overflow(ctx, upto)
+    if overflow is not None:
+        # the norm overflowed float32 before the run broke: the climb is what came before that
+        climb = [j for j in range(overflow) if math.isfinite(g[j]) and g[j] > 0]
+        if climb:
+            k = max(climb, key=lambda j: g[j])
     assert k is not None
     history = g[: max(0, k - 2)]
     history = history[np.isfinite(history) & (history > 0)]
-    if history.size < 3:
-        return None
-    ref = float(np.median(history))
+    ref_text = "the median of the updates before"
+    if history.size >= 3:
+        ref = float(np.median(history))
+    else:
+        # a climb from the first updates: its reference is where it started
+        early = g[:k]
+        early = early[np.isfinite(early) & (early > 0)]
+        if broke or early.size < 2:
+            return None
+        ref = float(early.min())
+        ref_text = "its value at the start of the climb"
     peak = float(g[k]) if math.isfinite(g[k]) else math.inf
     ratio = peak / ref if ref > 0 else math.inf
     loss_hist = ctx.loss[: max(0, k - 2)]
@@ -77,7 +93,8 @@ def check(ctx: Context) -> Finding | None:
     if loss_hist.size and float(np.median(loss_hist)) > 0 and math.isfinite(loss_k):
         loss_ratio = float(loss_k / np.median(loss_hist))
     sudden = False
-    if grad_first and ratio < JUMP and ctx.fail is not None and not math.isfinite(g[ctx.fail]):
+    if (grad_first and overflow is None and ratio < JUMP and ctx.fail is not None
+            and not math.isfinite(g[ctx.fail])):  # fmt: skip
         # ordinary, then non-finite in one update while the loss was finite
         sudden = True
         ratio = peak = math.inf
@@ -104,8 +121,8 @@ def check(ctx: Context) -> Finding | None:
     evidence = [
         Evidence(
             CODE,
-            f"the gradient norm reached {num(peak)} at update {ctx.step_at(k)}, {num(ratio)}x its "
-            f"median over the run ({num(ref)})"
+            f"the gradient norm reached {num(peak)} at update {ctx.step_at(k)}, {num(ratio)}x "
+            f"{ref_text} ({num(ref)})"
             + (f", while the loss moved only {num(loss_ratio)}x" if math.isfinite(loss_ratio)
                else ""),
             {"grad_norm": peak, "median_grad_norm": ref, "ratio": ratio, "loss_ratio": loss_ratio},
@@ -120,25 +137,86 @@ def check(ctx: Context) -> Finding | None:
                 {"step": ctx.step_at(ctx.fail)},
             )
         )
+    if overflow is not None:
+        evidence.append(
+            Evidence(
+                CODE,
+                f"the gradient norm overflowed float32 at update {ctx.step_at(overflow)} (inf) "
+                "while every gradient element was still finite: the sum of squares passed 3.4e38, "
+                "no element was NaN or inf",
+                {"norm_overflow_step": ctx.step_at(overflow)},
+            )
+        )
     layer = _dominant_layer(ctx, k)
     if layer is not None:
         evidence.append(layer)
-    actions = [
-        "Clip the gradient norm before the optimizer step (e.g. "
-        "torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0)).",
-        "Regularise the weights (L2 / weight decay) so they cannot grow without bound.",
-        "In recurrent layers use tanh rather than relu and check the scale of the recurrent "
-        "weights; lower the learning rate if the gradient stays large after clipping.",
-    ]
+    clip = _clipping(ctx, upto)
+    if clip is not None:
+        evidence.append(
+            Evidence(
+                CODE,
+                "the script clips the gradient norm"
+                + (f" (to about {num(clip)})" if math.isfinite(clip) else "")
+                + ": the recorded norm is the one before clipping; clipping kept it from the "
+                "weights but not from growing",
+                {"clipped": True, "clip_norm": clip},
+            )
+        )
+        actions = [
+            tenfold_action(ctx.lr_now)
+            + " The script already clips the gradient norm; a pre-clip norm that keeps growing "
+            "says the weights are being driven somewhere the gradient explodes.",
+            "Regularise the weights (L2 / weight decay) so they cannot grow without bound.",
+            "In recurrent layers use tanh rather than relu and check the scale of the recurrent "
+            "weights.",
+        ]
+    else:
+        actions = [
+            "Clip the gradient norm before the optimizer step (e.g. "
+            "torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0)).",
+            "Regularise the weights (L2 / weight decay) so they cannot grow without bound.",
+            "In recurrent layers use tanh rather than relu and check the scale of the recurrent "
+            "weights; lower the learning rate if the gradient stays large after clipping.",
+        ]
+    if ctx.fail is not None:
+        at = ctx.fail
+    elif ctx.stop is not None:
+        at = ctx.stop
+    else:
+        at = k
     return Finding(
         rule=CODE,
         cause=CAUSE,
         confidence=confidence,
         evidence=evidence,
         actions=actions,
-        step=ctx.step_at(ctx.fail if ctx.fail is not None else k),
+        step=ctx.step_at(at),
         alternatives=[("step_size_too_large", 0.3)] if not elastic else [],
     )
+
+
+def _clipping(ctx: Context, upto: int) -> float | None:
+    """The norm the script clips to (the largest post-clip norm seen), when it clips."""
+    found = False
+    clipped: list[float] = []
+    for record in ctx.records[:upto]:
+        extra = record.get("extra") or {}
+        if extra.get("grad_norm_source") == "pre_clip":
+            found = True
+            value = extra.get("grad_norm_clipped")
+            if isinstance(value, (int, float)) and math.isfinite(value):
+                clipped.append(float(value))
+    if not found:
+        return None
+    return max(clipped) if clipped else math.nan
+
+
+def _norm_overflow(ctx: Context, upto: int) -> int | None:
+    """First update whose gradient norm is inf while its gradient elements were counted finite."""
+    g = ctx.trace.column("grad_norm")[:upto]
+    counted = ctx.trace.column("nf_grads")[:upto]
+    hits = np.flatnonzero(np.isinf(g) & (counted == 0))
+    return int(hits[0]) if hits.size else None
 
 
 def _dominant_layer(ctx: Context, k: int) -> Evidence | None:
