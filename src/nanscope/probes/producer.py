@@ -352,6 +352,9 @@ class FirstUpdateWatch:
                 kwargs = kwargs or {}
                 if not watch.active or compiling() or threading.get_ident() != watch.thread:
                     return func(*args, **kwargs)
+                if any(t.__name__ == "DTensor" for t in types):
+                    # a sharded tensor: checking it would run collectives on this rank alone
+                    return func(*args, **kwargs)
                 return watch._call(func, args, kwargs)
 
         compiling = getattr(getattr(_torch(), "compiler", None), "is_compiling", lambda: False)

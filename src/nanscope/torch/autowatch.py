@@ -406,6 +406,11 @@ class _ManualUpdates:
 
         if self.off or _WATCHERS:
             return
+        if any(_unreadable(p) for p in self._params):
+            # FSDP's gathered parameters are freed after backward, DTensors need collectives to
+            # read: a sharded run updates through torch.optim, not by hand
+            self.off = True
+            return
         self._backwards += 1
         with torch.no_grad():
             weights = [p.detach().reshape(-1)[: self.SAMPLE].clone() for p in self._params]
@@ -472,6 +477,16 @@ class _ManualUpdates:
             )
         watcher.step = step
         watcher.on_backward(self._loss, self._site)  # it registered after this backward began
+
+
+def _unreadable(p: Any) -> bool:
+    """A leaf whose values cannot be read here: a DTensor, or one whose storage was freed."""
+    if type(p).__name__ == "DTensor":
+        return True
+    try:
+        return p.numel() > 0 and p.untyped_storage().size() == 0
+    except Exception:
+        return True
 
 
 def _loss_value(loss: Any) -> float | None:
