@@ -293,6 +293,15 @@ def precision_verdict(dtype: str, recomputed: dict[str, Any]) -> dict[str, Any] 
 # ------------------------------------------------------------------------------ the live watch
 
 
+def _multi_rank() -> bool:
+    """Whether this process is one rank of several in an initialised process group."""
+    dist = getattr(_torch(), "distributed", None)
+    try:
+        return bool(dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1)
+    except Exception:
+        return False
+
+
 class FirstUpdateWatch:
     """Checks every op of the first update, live, and keeps the first producer and its chain.
 
@@ -352,8 +361,10 @@ class FirstUpdateWatch:
                 kwargs = kwargs or {}
                 if not watch.active or compiling() or threading.get_ident() != watch.thread:
                     return func(*args, **kwargs)
-                if any(t.__name__ == "DTensor" for t in types):
-                    # a sharded tensor: checking it would run collectives on this rank alone
+                if _multi_rank():
+                    # ranks exchange tensors (DDP, FSDP): checking ops here would wait on or
+                    # reorder collectives on one rank alone, so this update is not watched
+                    watch.active = False
                     return func(*args, **kwargs)
                 return watch._call(func, args, kwargs)
 
