@@ -167,6 +167,7 @@ def test_static_loss_scale_is_named_as_the_overflowing_scale() -> None:
     assert loc["loss_scale"] == 2.0**24
     assert d.cause == "fp16_overflow"
     assert any("loss scale of 2^24" in e.text for e in d.evidence)
+    assert d.actions[0].startswith("Drop the fixed loss scale")
 
 
 def test_without_rows_rerun_makes_a_nan_row_update_finite() -> None:

@@ -156,7 +156,7 @@ def check(ctx: Context) -> Finding | None:
                 {"phase": "optimizer"},
             )
         )
-    elif "div" in op.lower() or family == "root":
+    elif not computed and ("div" in op.lower() or family == "root"):
         evidence.append(
             Evidence(
                 CODE,

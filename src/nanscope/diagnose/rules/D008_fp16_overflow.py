@@ -173,14 +173,14 @@ def check(ctx: Context) -> Finding | None:
     if not evidence:
         return None
     actions = list(ACTIONS)
+    source = (located.get("source") or {}) if located else {}
+    if source.get("file"):
+        actions.insert(0, f"The overflow is at {source['file']}:{source.get('line')}.")
     if prod is not None and prod.loss_scale is not None:
         actions.insert(0, f"Drop the fixed loss scale ({num(prod.loss_scale)}): use "
                           "torch.amp.GradScaler, which lowers the scale when the gradients "
                           "overflow, or a scale small enough that the largest gradient stays "
                           "below 65504.")  # fmt: skip
-    source = (located.get("source") or {}) if located else {}
-    if source.get("file"):
-        actions.insert(0, f"The overflow is at {source['file']}:{source.get('line')}.")
     i = ctx.fail
     return Finding(
         rule=CODE,
