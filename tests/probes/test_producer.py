@@ -100,6 +100,35 @@ def test_preprocessing_division_is_the_producer_not_the_rows() -> None:
     assert d.cause == "zero_division"
     assert "not read from the data" in " ".join(e.text for e in d.evidence)
     assert not any("Drop or impute" in a for a in d.actions)
+    # nonfinite_input defers to the observed producer: a weak alternative at most
+    assert all(a["confidence"] <= 0.3 for a in d.alternatives if a["cause"] == "nonfinite_input")
+    rows = [c for c in d.confirmation if c["change"] == "without_rows"]
+    assert rows and not rows[0]["ran"] and "column 2" in rows[0]["text"]
+
+
+def test_a_column_nan_in_every_row_is_not_drop_these_rows_without_a_producer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("NANSCOPE_FIRST_UPDATE", "0")  # no first-update watch: no producer seen
+    torch.manual_seed(0)
+    X = torch.randn(64, 4)
+    X[:, 1] = 3.0
+    y = X[:, :1]
+    model = nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def body(step: int) -> None:
+        xb = X[16 * step : 16 * step + 16]
+        xb = (xb - xb.mean(0)) / xb.std(0)
+        opt.zero_grad()
+        nn.functional.mse_loss(model(xb), y[16 * step : 16 * step + 16]).backward()
+        opt.step()
+
+    d = _fit(model, opt, 4, body)
+    assert d.cause == "nonfinite_input" and d.confidence <= 0.6
+    text = " ".join(e.text for e in d.evidence)
+    assert "column 1 of the inputs is non-finite in every row (16 of 16)" in text
+    assert not any("Drop or impute" in a for a in d.actions)
 
 
 def test_optimizer_step_producer_from_finite_gradients() -> None:

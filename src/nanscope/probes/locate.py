@@ -441,6 +441,9 @@ class _Locator:
         rows = self._rows()
         if rows:
             result["rows"] = rows
+        columns = self._nonfinite_columns()
+        if columns:
+            result["nonfinite_columns"] = columns
         located: dict[str, Any] | None = None
         model = self.f.model
         if model is not None and hasattr(model, "named_modules"):
@@ -500,6 +503,32 @@ class _Locator:
                 row["step"] = self.f.step
             found.extend(bad)
         return found
+
+    def _nonfinite_columns(self) -> list[dict[str, Any]]:
+        """Columns of the batch that are non-finite in every one of its rows (two rows or more):
+        such a column is computed (a division or a log over it), not a few bad rows of the data."""
+        out: list[dict[str, Any]] = []
+        sources: list[tuple[str, Any]] = []
+        inputs = _float_tensors(self.f.args) or _float_tensors(self.f.kwargs)
+        if inputs:
+            sources.append(("inputs", inputs[0]))
+        if self.f.targets is not None:
+            targets = [t for t in _tensors(self.f.targets) if t.is_floating_point()]
+            if targets:
+                sources.append(("targets", targets[0]))
+        for source, tensor in sources:
+            try:
+                if tensor.dim() < 1 or tensor.shape[0] < 2:
+                    continue
+                flat = tensor.detach().reshape(tensor.shape[0], -1)
+                bad = ~self.torch.isfinite(flat).any(dim=0)
+                cols = [int(c) for c in self.torch.nonzero(bad).reshape(-1)[:16].tolist()]
+            except Exception:
+                continue
+            if cols:
+                out.append({"source": source, "columns": cols, "rows": int(flat.shape[0]),
+                            "step": self.f.step})  # fmt: skip
+        return out
 
     # ---------------------------------------------------------------- forward replay
 
