@@ -263,6 +263,53 @@ def test_numpy_overflow_is_named_with_numpy_line_and_still_warns() -> None:
     assert loc["op"] == "square" and loc["observed"] and loc["why"]["kind"] == "past_range"
     _marked(loc, "the numpy square line")
     assert not any(a["cause"] == "log_of_zero" for a in info.value.diagnosis.alternatives)
+    # the confirming experiment: the square recomputed from its operand in float64
+    wide = [c for c in info.value.diagnosis.confirmation if c["change"] == "float64"]
+    assert wide and wide[0]["ran"] and wide[0]["finite"], info.value.diagnosis.confirmation
+    assert "precision overflow of float32" in wide[0]["text"] and wide[0]["largest"] > 3.4e38
+
+
+def test_numpy_without_rows_recomputes_the_producer_without_the_extreme_row() -> None:
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((200, 3)).astype(np.float32)
+    y = (X @ np.array([1.0, -2.0, 0.5])).astype(np.float32)
+    y[57] = np.float32(4e19)  # a mis-keyed target
+    w = np.zeros(3, np.float32)
+    monitor = nanscope.Monitor(write=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(nanscope.DivergenceError) as info:
+            for step in range(10):
+                idx = np.arange(20 * step, 20 * step + 20)
+                Xb, yb = X[idx], y[idx]
+                r = Xb @ w - yb
+                loss = float(np.mean(r ** 2))
+                g = (Xb.T @ r / np.float32(20)).astype(np.float32)
+                monitor.update(loss, params={"w": w}, grads={"w": g}, inputs=Xb, targets=yb,
+                               index=idx)  # fmt: skip
+                w = (w - np.float32(0.1) * g).astype(np.float32)
+    d = info.value.diagnosis
+    rows = [c for c in d.confirmation if c["change"] == "without_rows"]
+    assert rows and rows[0]["ran"] and rows[0]["finite"] and rows[0]["rows"] == [17], rows
+    lr = [c for c in d.confirmation if c["change"] == "lr_x0.1"]
+    assert lr and not lr[0]["ran"] and "no function to rerun" in lr[0]["text"]
+
+
+def test_numpy_nan_row_gets_honest_not_run_entries() -> None:
+    X = np.ones((8, 2))
+    X[5, 1] = np.nan
+    w = np.zeros(2)
+    monitor = nanscope.Monitor(write=False)
+    with pytest.raises(nanscope.DivergenceError) as info:
+        r = X @ w - 1.0
+        monitor.update(float(np.mean(r ** 2)), params={"w": w}, grads={"w": X.T @ r}, inputs=X)
+    d = info.value.diagnosis
+    assert d.cause == "nonfinite_input"
+    changes = {c["change"]: c for c in d.confirmation}
+    assert set(changes) == {"float64", "without_rows", "lr_x0.1"}
+    assert not any(c["ran"] for c in d.confirmation)
+    assert changes["without_rows"]["rows"] == [5]
+    assert "no function to rerun" in changes["without_rows"]["text"]
 
 
 def test_numpy_errstate_ignore_is_respected_and_gives_no_producer() -> None:
