@@ -60,7 +60,13 @@ class _Watch:
         mine = [e for e in self.events if e["update"] == count + 1]
         if len(mine) >= 16:
             return
-        self.events.append({**event, "update": count + 1})
+        for old in self.events:  # operands are kept for the update in progress only
+            if old["update"] <= count:
+                old.pop("operands", None)
+        event = {**event, "update": count + 1}
+        if len(mine) >= 2:
+            event.pop("operands", None)  # the producer is the first one: no more copies
+        self.events.append(event)
 
     def probe(self, monitor: Any, alarm: Any) -> dict[str, Any]:
         step = int(getattr(alarm, "step", 0) or 0)
@@ -222,7 +228,7 @@ _RECOMPUTE = {"square": ("square", 1), "power": ("power", 2), "multiply": ("mult
               "reciprocal": ("reciprocal", 1), "cosh": ("cosh", 1),
               "sinh": ("sinh", 1)}  # fmt: skip
 #: operands larger than this (elements) are not copied
-MAX_OPERAND = 2_000_000
+MAX_OPERAND = 1_000_000
 
 
 def _operands(span: str, frame: Any) -> list[Any] | None:
