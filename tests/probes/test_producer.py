@@ -377,3 +377,46 @@ def test_the_watch_leaves_the_stack_even_under_a_mode_the_user_pushed_after_it()
         assert torch._C._len_torch_function_stack() == 1  # only the user's is left
     assert _get_current_function_mode() is None
     w.close()
+
+
+def test_a_replayed_loss_module_producer_gets_the_line_that_called_the_loss() -> None:
+    torch.manual_seed(0)
+    X = torch.randn(64, 4)
+    y = X[:, :1].clone()
+    y[40] = 3e20  # a mis-keyed target, in the third batch: its square passes float32's range
+    model = nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    loss_fn = nn.MSELoss()
+
+    def body(step: int) -> None:
+        xb, yb = X[16 * step : 16 * step + 16], y[16 * step : 16 * step + 16]
+        opt.zero_grad()
+        loss = loss_fn(model(xb), yb)  # the loss module line
+        loss.backward()
+        opt.step()
+
+    d = _fit(model, opt, 4, body)
+    loc = d.located
+    assert loc["op"] == "mse_loss" and loc["step"] == 3 and loc["observed"], loc
+    _marked(loc, "the loss module line")
+    assert loc["source"]["call"] == "loss module"
+
+
+def test_a_replayed_backward_producer_in_a_torch_module_gets_the_model_call_line() -> None:
+    torch.manual_seed(0)
+    X = (300 + 100 * torch.randn(64, 16)).half()
+    y = torch.randn(64, 1).half()
+    model = nn.Sequential(nn.Linear(16, 128), nn.ReLU(), nn.Linear(128, 1)).half()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-4)
+
+    def body(step: int) -> None:
+        opt.zero_grad()
+        out = model(X)  # the model call line
+        nn.functional.mse_loss(out, y).backward()
+        opt.step()
+
+    d = _fit(model, opt, 20, body)
+    loc = d.located
+    assert loc["phase"] == "backward" and d.cause == "fp16_overflow", loc
+    _marked(loc, "the model call line")
+    assert loc["source"]["call"] == "model"

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import linecache
 import math
 import os
 import re
@@ -725,8 +726,29 @@ class _Locator:
         if self.f.autocast is not None:
             located["autocast"] = str(self.f.autocast).replace("torch.", "")
         if located["source"] is None:
+            located["source"] = self._call_site(located.get("module"))
+        if located["source"] is None:
             located["source"] = _scan_function(self.f.backward_site, origin["op"])
         return located
+
+    def _call_site(self, module: Any) -> dict[str, Any] | None:
+        """The user's line that called the loss module or the model the op ran in (the op itself
+        is inside torch's code): recorded when the call was made, not guessed."""
+        if not module:
+            return None
+        loss_module = self.f.loss_module
+        key = "model_site"
+        if loss_module is not None and module == self.names.get(id(loss_module)):
+            key = "loss_site"
+        site = self.f.extra.get(key)
+        if not isinstance(site, dict) or not site.get("file"):
+            return None
+        out = dict(site)
+        code = linecache.getline(str(site["file"]), int(site.get("line") or 0)).strip()
+        if code:
+            out["code"] = code
+        out["call"] = "loss module" if key == "loss_site" else "model"
+        return out
 
     # ---------------------------------------------------------------- backward replay
 
@@ -803,6 +825,8 @@ class _Locator:
         source = None
         with contextlib.suppress(Exception):
             source = _source_from_traceback(node.metadata.get("traceback_"), self.lib)
+        if source is None:
+            source = self._call_site(info.get("module"))
         if source is None:
             source = _scan_function(self.f.backward_site, name)
         located: dict[str, Any] = {
