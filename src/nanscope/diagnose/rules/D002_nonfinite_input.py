@@ -2,7 +2,9 @@
 
 What it does
     Checks the batch of the failing update (and the one before) for NaN or inf in the inputs or
-    the targets, and names the rows and columns that hold them.
+    the targets, and names the rows and columns that hold them. It defers (confidence 0.3) to an
+    op of the training loop seen making those values from finite data (the producer), and a
+    column non-finite in every row of every batch is reported as a column, not as rows to drop.
 
 Why is this bad?
     One missing value in a feature or a target makes the averaged loss and gradient NaN, and a NaN
