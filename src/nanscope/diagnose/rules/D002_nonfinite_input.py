@@ -99,7 +99,7 @@ def check(ctx: Context) -> Finding | None:
                 {"computed": True, "op": made.op, "phase": made.phase}))  # fmt: skip
             actions = [
                 f"Fix the computation at {made.where()}: the data it starts from is finite.",
-                "Do not drop rows: every batch goes through the same computation.",
+                "Fix the computation rather than dropping rows: every batch goes through it.",
             ]
         elif columns:
             confidence = 0.6
