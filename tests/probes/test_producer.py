@@ -100,6 +100,35 @@ def test_preprocessing_division_is_the_producer_not_the_rows() -> None:
     assert d.cause == "zero_division"
     assert "not read from the data" in " ".join(e.text for e in d.evidence)
     assert not any("Drop or impute" in a for a in d.actions)
+    # nonfinite_input defers to the observed producer: a weak alternative at most
+    assert all(a["confidence"] <= 0.3 for a in d.alternatives if a["cause"] == "nonfinite_input")
+    rows = [c for c in d.confirmation if c["change"] == "without_rows"]
+    assert rows and not rows[0]["ran"] and "column 2" in rows[0]["text"]
+
+
+def test_a_column_nan_in_every_row_is_not_drop_these_rows_without_a_producer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("NANSCOPE_FIRST_UPDATE", "0")  # no first-update watch: no producer seen
+    torch.manual_seed(0)
+    X = torch.randn(64, 4)
+    X[:, 1] = 3.0
+    y = X[:, :1]
+    model = nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def body(step: int) -> None:
+        xb = X[16 * step : 16 * step + 16]
+        xb = (xb - xb.mean(0)) / xb.std(0)
+        opt.zero_grad()
+        nn.functional.mse_loss(model(xb), y[16 * step : 16 * step + 16]).backward()
+        opt.step()
+
+    d = _fit(model, opt, 4, body)
+    assert d.cause == "nonfinite_input" and d.confidence <= 0.6
+    text = " ".join(e.text for e in d.evidence)
+    assert "column 1 of the inputs is non-finite in every row (16 of 16)" in text
+    assert not any("Drop or impute" in a for a in d.actions)
 
 
 def test_optimizer_step_producer_from_finite_gradients() -> None:
@@ -234,6 +263,53 @@ def test_numpy_overflow_is_named_with_numpy_line_and_still_warns() -> None:
     assert loc["op"] == "square" and loc["observed"] and loc["why"]["kind"] == "past_range"
     _marked(loc, "the numpy square line")
     assert not any(a["cause"] == "log_of_zero" for a in info.value.diagnosis.alternatives)
+    # the confirming experiment: the square recomputed from its operand in float64
+    wide = [c for c in info.value.diagnosis.confirmation if c["change"] == "float64"]
+    assert wide and wide[0]["ran"] and wide[0]["finite"], info.value.diagnosis.confirmation
+    assert "precision overflow of float32" in wide[0]["text"] and wide[0]["largest"] > 3.4e38
+
+
+def test_numpy_without_rows_recomputes_the_producer_without_the_extreme_row() -> None:
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((200, 3)).astype(np.float32)
+    y = (X @ np.array([1.0, -2.0, 0.5])).astype(np.float32)
+    y[57] = np.float32(4e19)  # a mis-keyed target
+    w = np.zeros(3, np.float32)
+    monitor = nanscope.Monitor(write=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(nanscope.DivergenceError) as info:
+            for step in range(10):
+                idx = np.arange(20 * step, 20 * step + 20)
+                Xb, yb = X[idx], y[idx]
+                r = Xb @ w - yb
+                loss = float(np.mean(r ** 2))
+                g = (Xb.T @ r / np.float32(20)).astype(np.float32)
+                monitor.update(loss, params={"w": w}, grads={"w": g}, inputs=Xb, targets=yb,
+                               index=idx)  # fmt: skip
+                w = (w - np.float32(0.1) * g).astype(np.float32)
+    d = info.value.diagnosis
+    rows = [c for c in d.confirmation if c["change"] == "without_rows"]
+    assert rows and rows[0]["ran"] and rows[0]["finite"] and rows[0]["rows"] == [17], rows
+    lr = [c for c in d.confirmation if c["change"] == "lr_x0.1"]
+    assert lr and not lr[0]["ran"] and "no function to rerun" in lr[0]["text"]
+
+
+def test_numpy_nan_row_gets_honest_not_run_entries() -> None:
+    X = np.ones((8, 2))
+    X[5, 1] = np.nan
+    w = np.zeros(2)
+    monitor = nanscope.Monitor(write=False)
+    with pytest.raises(nanscope.DivergenceError) as info:
+        r = X @ w - 1.0
+        monitor.update(float(np.mean(r ** 2)), params={"w": w}, grads={"w": X.T @ r}, inputs=X)
+    d = info.value.diagnosis
+    assert d.cause == "nonfinite_input"
+    changes = {c["change"]: c for c in d.confirmation}
+    assert set(changes) == {"float64", "without_rows", "lr_x0.1"}
+    assert not any(c["ran"] for c in d.confirmation)
+    assert changes["without_rows"]["rows"] == [5]
+    assert "no function to rerun" in changes["without_rows"]["text"]
 
 
 def test_numpy_errstate_ignore_is_respected_and_gives_no_producer() -> None:
@@ -301,3 +377,46 @@ def test_the_watch_leaves_the_stack_even_under_a_mode_the_user_pushed_after_it()
         assert torch._C._len_torch_function_stack() == 1  # only the user's is left
     assert _get_current_function_mode() is None
     w.close()
+
+
+def test_a_replayed_loss_module_producer_gets_the_line_that_called_the_loss() -> None:
+    torch.manual_seed(0)
+    X = torch.randn(64, 4)
+    y = X[:, :1].clone()
+    y[40] = 3e20  # a mis-keyed target, in the third batch: its square passes float32's range
+    model = nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    loss_fn = nn.MSELoss()
+
+    def body(step: int) -> None:
+        xb, yb = X[16 * step : 16 * step + 16], y[16 * step : 16 * step + 16]
+        opt.zero_grad()
+        loss = loss_fn(model(xb), yb)  # the loss module line
+        loss.backward()
+        opt.step()
+
+    d = _fit(model, opt, 4, body)
+    loc = d.located
+    assert loc["op"] == "mse_loss" and loc["step"] == 3 and loc["observed"], loc
+    _marked(loc, "the loss module line")
+    assert loc["source"]["call"] == "loss module"
+
+
+def test_a_replayed_backward_producer_in_a_torch_module_gets_the_model_call_line() -> None:
+    torch.manual_seed(0)
+    X = (300 + 100 * torch.randn(64, 16)).half()
+    y = torch.randn(64, 1).half()
+    model = nn.Sequential(nn.Linear(16, 128), nn.ReLU(), nn.Linear(128, 1)).half()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-4)
+
+    def body(step: int) -> None:
+        opt.zero_grad()
+        out = model(X)  # the model call line
+        nn.functional.mse_loss(out, y).backward()
+        opt.step()
+
+    d = _fit(model, opt, 20, body)
+    loc = d.located
+    assert loc["phase"] == "backward" and d.cause == "fp16_overflow", loc
+    _marked(loc, "the model call line")
+    assert loc["source"]["call"] == "model"

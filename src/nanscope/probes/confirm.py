@@ -83,6 +83,13 @@ def _experiment(change: str, f: TorchFailure, found: dict[str, Any]) -> dict[str
         if not narrow and not autocast:
             return None  # already float32: nothing to change
         return _rerun(f, located, change, dtype=torch.float32)
+    for cols in found.get("nonfinite_columns") or []:
+        if isinstance(cols, dict) and cols.get("columns"):
+            names = ", ".join(str(c) for c in cols["columns"][:5])
+            return {"change": change, "ran": False, "finite": False, "loss": None,
+                    "text": f"not run: column {names} of the {cols.get('source')} is non-finite "
+                            f"in every row of the batch ({cols.get('rows')} rows): no row can be "
+                            "left out; the column is broken, not rows"}  # fmt: skip
     rows = _suspect_rows(found)
     if not rows:
         return None

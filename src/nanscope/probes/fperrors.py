@@ -60,12 +60,33 @@ class _Watch:
         mine = [e for e in self.events if e["update"] == count + 1]
         if len(mine) >= 16:
             return
-        self.events.append({**event, "update": count + 1})
+        for old in self.events:  # operands are kept for the update in progress only
+            if old["update"] <= count:
+                old.pop("operands", None)
+        event = {**event, "update": count + 1}
+        if len(mine) >= 2:
+            event.pop("operands", None)  # the producer is the first one: no more copies
+        self.events.append(event)
 
     def probe(self, monitor: Any, alarm: Any) -> dict[str, Any]:
-        located = errors_of(self, int(getattr(alarm, "step", 0) or 0), monitor)
-        # no confirmation: nanscope holds a numpy fit's batch, not its model or loss code
-        return {"located": located} if located else {}
+        step = int(getattr(alarm, "step", 0) or 0)
+        located = errors_of(self, step, monitor)
+        out: dict[str, Any] = {"located": located} if located else {}
+        others = [p for p in getattr(monitor, "probes", []) if p != self.probe]
+        if getattr(alarm, "kind", "nonfinite") == "nonfinite" and not others:
+            # (a framework adapter's probe, PyTorch's, runs its own experiment)
+            # a numpy loop has no function nanscope can rerun: the producer op is recomputed
+            # from the operands numpy's error callback saw, where they were plain names
+            count = int(getattr(monitor, "_count", step) or step)
+            first = next((e for e in self.events if e["update"] == count
+                          and e["why"].get("kind") != "nonfinite_input"), None)  # fmt: skip
+            try:
+                out["confirmation"] = confirm_numpy(first, monitor, step)
+            except Exception as exc:  # a probe bug must never kill the user's run
+                out["confirmation"] = [{"change": "float64", "ran": False, "finite": None,
+                                        "loss": None, "text": f"not run: the recompute failed "
+                                        f"({type(exc).__name__}: {exc})"}]  # fmt: skip
+        return out
 
 
 def watch(monitor: Any) -> Any:
@@ -192,7 +213,178 @@ def _event(kind: str, frame: Any) -> tuple[dict[str, Any] | None, Any]:
     why = _why(kind, op)
     event = {"kind": kind, "op": op, "source": source, "message": f"{kind} encountered in {op}",
              "why": why, "inputs": _inputs(why)}  # fmt: skip
+    operands = _operands(span, frame)
+    if operands is not None:
+        event["operands"] = operands  # kept in memory for the recompute, never written out
     return event, frame
+
+
+#: the ops nanscope recomputes from their operands (numpy's own functions, nothing else)
+_RECOMPUTE = {"square": ("square", 1), "power": ("power", 2), "multiply": ("multiply", 2),
+              "divide": ("divide", 2), "true_divide": ("divide", 2), "add": ("add", 2),
+              "subtract": ("subtract", 2), "matmul": ("matmul", 2), "exp": ("exp", 1),
+              "expm1": ("expm1", 1), "log": ("log", 1), "log2": ("log2", 1),
+              "log10": ("log10", 1), "log1p": ("log1p", 1), "sqrt": ("sqrt", 1),
+              "reciprocal": ("reciprocal", 1), "cosh": ("cosh", 1),
+              "sinh": ("sinh", 1)}  # fmt: skip
+#: operands larger than this (elements) are not copied
+MAX_OPERAND = 1_000_000
+
+
+def _operands(span: str, frame: Any) -> list[Any] | None:
+    """The operands of ``a ** 2`` / ``np.exp(z)`` when each is a plain name or a number: copies
+    of the arrays (looked up in the frame, nothing is evaluated)."""
+    import ast
+
+    import numpy as np
+
+    if not span or len(span) > 200:
+        return None
+    try:
+        node = ast.parse(span.strip(), mode="eval").body
+    except SyntaxError:
+        return None
+    if isinstance(node, ast.BinOp):
+        parts = [node.left, node.right]
+    elif isinstance(node, ast.Call) and not node.keywords and 1 <= len(node.args) <= 2:
+        parts = list(node.args)
+    else:
+        return None
+    out: list[Any] = []
+    for part in parts:
+        if isinstance(part, ast.Constant) and isinstance(part.value, (int, float)):
+            out.append(part.value)
+        elif isinstance(part, ast.Name):
+            value = frame.f_locals.get(part.id, frame.f_globals.get(part.id))
+            if isinstance(value, np.ndarray) and value.size <= MAX_OPERAND:
+                out.append(value.copy())
+            elif isinstance(value, (np.floating, float, int)):
+                out.append(value)
+            else:
+                return None
+        else:
+            return None
+    return out
+
+
+def _recompute(op: str, operands: list[Any], dtype: Any = None, keep: Any = None) -> Any:
+    import numpy as np
+
+    name, arity = _RECOMPUTE[op]
+    args = []
+    for a in operands[:arity]:
+        if isinstance(a, np.ndarray):
+            if keep is not None and a.ndim >= 1 and a.shape[0] == keep.shape[0]:
+                a = a[keep]
+            if dtype is not None and a.dtype.kind == "f":
+                a = a.astype(dtype)
+        elif dtype is not None and isinstance(a, (float, np.floating)):
+            a = dtype(a)
+        args.append(a)
+    with np.errstate(all="ignore"):
+        return np.asarray(getattr(np, name)(*args))
+
+
+def _not_run(change: str, text: str) -> dict[str, Any]:
+    return {"change": change, "ran": False, "finite": None, "loss": None, "text": text}
+
+
+_NO_FUNCTION = "a numpy loop gives nanscope no function to rerun"
+
+
+def confirm_numpy(event: dict[str, Any] | None, monitor: Any, step: int) -> list[dict[str, Any]]:
+    """The confirming experiment for a numpy fit: the producer op recomputed in float64 and
+    without the suspect rows, from its operands; what cannot be recomputed says why."""
+    import numpy as np
+
+    out: list[dict[str, Any]] = []
+    rows = _numpy_suspect_rows(monitor, step)
+    batch = _batch_len(monitor)
+    op = event["op"] if event else None
+    operands = event.get("operands") if event else None
+    where = ""
+    if event:
+        src = event["source"]
+        where = f"{op} at {os.path.basename(str(src.get('file')))}:{src.get('line')}"
+    if not event or operands is None or op not in _RECOMPUTE:
+        why = (f"{_NO_FUNCTION}, and the operands of {where} are not plain names"
+               if event else f"{_NO_FUNCTION}, and numpy reported no floating-point error in "
+               "this update's code (none happened, or np.errstate silenced it)")  # fmt: skip
+        out.append(_not_run("float64", f"not run: {why}"))
+        if rows:
+            out.append({**_not_run("without_rows", f"not run: {_NO_FUNCTION} (the batch is "
+                        "kept, not the loss code)"), "rows": rows})  # fmt: skip
+        out.append(_not_run("lr_x0.1", f"not run: {_NO_FUNCTION}"))
+        return out
+    scope = "the producer op recomputed from its operands (numpy's error callback saw them)"
+    narrow = [a for a in operands if isinstance(a, (np.ndarray, np.floating))
+              and a.dtype.kind == "f" and a.dtype.itemsize < 8]  # fmt: skip
+    if narrow:
+        dtype = narrow[0].dtype
+        wide = _recompute(op, operands, dtype=np.float64)
+        finite = bool(np.isfinite(wide).all())
+        finite_part = np.abs(wide[np.isfinite(wide)])
+        big = float(finite_part.max()) if finite_part.size else 0.0
+        limit = float(np.finfo(dtype).max)
+        if finite and big > limit:
+            text = (f"in float64, {where} is finite (largest {big:.3g}, past {dtype}'s "
+                    f"{limit:.3g}): a precision overflow of {dtype}")  # fmt: skip
+        elif finite:
+            text = f"in float64, {where} is finite (largest {big:.3g})"
+        else:
+            text = f"in float64, {where} is still non-finite: not a precision problem"
+        out.append({"change": "float64", "ran": True, "finite": finite, "loss": None,
+                    "scope": scope, "text": text,
+                    "largest": big if finite else None})  # fmt: skip
+    if rows:
+        shaped = [a for a in operands if isinstance(a, np.ndarray) and a.ndim >= 1]
+        if batch is None or not shaped or any(a.shape[0] != batch for a in shaped):
+            out.append({**_not_run("without_rows", f"not run: {_NO_FUNCTION}, and the operands of "
+                        f"{where} are not one row per batch row"), "rows": rows})  # fmt: skip
+        else:
+            keep = np.ones(batch, dtype=bool)
+            keep[[r for r in rows if r < batch]] = False
+            if not keep.any():
+                out.append({**_not_run("without_rows", "not run: every row of the batch is a "
+                            "suspect"), "rows": rows})  # fmt: skip
+            else:
+                result = _recompute(op, operands, keep=keep)
+                finite = bool(np.isfinite(result).all())
+                names = ", ".join(str(r) for r in rows[:8])
+                outcome = ("finite: those rows made the value" if finite
+                           else "still non-finite: leaving those rows out does not fix it")
+                text = f"{where} recomputed without batch row(s) {names}: {outcome}"
+                out.append({"change": "without_rows", "ran": True, "finite": finite,
+                            "loss": None, "rows": rows, "scope": scope, "text": text})  # fmt: skip
+    out.append(_not_run("lr_x0.1", f"not run: {_NO_FUNCTION}"))
+    return out
+
+
+def _numpy_suspect_rows(monitor: Any, step: int) -> list[int]:
+    rows: list[int] = []
+    try:
+        found = monitor._probe_rows(1)
+    except Exception:
+        return rows
+    for row in found or []:
+        if not isinstance(row, dict) or row.get("why") not in ("nan", "inf", "extreme"):
+            continue
+        b = row.get("batch_row")
+        if isinstance(b, int) and b not in rows:
+            rows.append(b)
+    return rows[:64]
+
+
+def _batch_len(monitor: Any) -> int | None:
+    recent = getattr(monitor, "_recent", None)
+    if not recent:
+        return None
+    _, inputs, targets, _ = recent[-1]
+    for batch in (inputs, targets):
+        shape = getattr(batch, "shape", None)
+        if shape:
+            return int(shape[0])
+    return None
 
 
 def _instruction(frame: Any) -> tuple[str, str]:

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import linecache
 import math
 import os
 import re
@@ -441,6 +442,9 @@ class _Locator:
         rows = self._rows()
         if rows:
             result["rows"] = rows
+        columns = self._nonfinite_columns()
+        if columns:
+            result["nonfinite_columns"] = columns
         located: dict[str, Any] | None = None
         model = self.f.model
         if model is not None and hasattr(model, "named_modules"):
@@ -500,6 +504,32 @@ class _Locator:
                 row["step"] = self.f.step
             found.extend(bad)
         return found
+
+    def _nonfinite_columns(self) -> list[dict[str, Any]]:
+        """Columns of the batch that are non-finite in every one of its rows (two rows or more):
+        such a column is computed (a division or a log over it), not a few bad rows of the data."""
+        out: list[dict[str, Any]] = []
+        sources: list[tuple[str, Any]] = []
+        inputs = _float_tensors(self.f.args) or _float_tensors(self.f.kwargs)
+        if inputs:
+            sources.append(("inputs", inputs[0]))
+        if self.f.targets is not None:
+            targets = [t for t in _tensors(self.f.targets) if t.is_floating_point()]
+            if targets:
+                sources.append(("targets", targets[0]))
+        for source, tensor in sources:
+            try:
+                if tensor.dim() < 1 or tensor.shape[0] < 2:
+                    continue
+                flat = tensor.detach().reshape(tensor.shape[0], -1)
+                bad = ~self.torch.isfinite(flat).any(dim=0)
+                cols = [int(c) for c in self.torch.nonzero(bad).reshape(-1)[:16].tolist()]
+            except Exception:
+                continue
+            if cols:
+                out.append({"source": source, "columns": cols, "rows": int(flat.shape[0]),
+                            "step": self.f.step})  # fmt: skip
+        return out
 
     # ---------------------------------------------------------------- forward replay
 
@@ -696,8 +726,29 @@ class _Locator:
         if self.f.autocast is not None:
             located["autocast"] = str(self.f.autocast).replace("torch.", "")
         if located["source"] is None:
+            located["source"] = self._call_site(located.get("module"))
+        if located["source"] is None:
             located["source"] = _scan_function(self.f.backward_site, origin["op"])
         return located
+
+    def _call_site(self, module: Any) -> dict[str, Any] | None:
+        """The user's line that called the loss module or the model the op ran in (the op itself
+        is inside torch's code): recorded when the call was made, not guessed."""
+        if not module:
+            return None
+        loss_module = self.f.loss_module
+        key = "model_site"
+        if loss_module is not None and module == self.names.get(id(loss_module)):
+            key = "loss_site"
+        site = self.f.extra.get(key)
+        if not isinstance(site, dict) or not site.get("file"):
+            return None
+        out = dict(site)
+        code = linecache.getline(str(site["file"]), int(site.get("line") or 0)).strip()
+        if code:
+            out["code"] = code
+        out["call"] = "loss module" if key == "loss_site" else "model"
+        return out
 
     # ---------------------------------------------------------------- backward replay
 
@@ -774,6 +825,8 @@ class _Locator:
         source = None
         with contextlib.suppress(Exception):
             source = _source_from_traceback(node.metadata.get("traceback_"), self.lib)
+        if source is None:
+            source = self._call_site(info.get("module"))
         if source is None:
             source = _scan_function(self.f.backward_site, name)
         located: dict[str, Any] = {

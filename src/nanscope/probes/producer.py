@@ -341,9 +341,11 @@ class FirstUpdateWatch:
     def start(self) -> None:
         """Push the mode (once per process): every op from now to the first step is checked."""
         with self.lock:
-            if self.active or self.broken or not self.enabled():
+            if self.active:
                 return
-            self.reset()
+            self.reset()  # a producer of an earlier watch in this process is not this run's
+            if self.broken or not self.enabled():
+                return
             try:
                 self._start()
             except Exception as exc:

@@ -75,6 +75,28 @@ def _is_library(filename: str) -> bool:
 _SITE_CACHE: dict[tuple[int, int], CallSite | None] = {}
 
 
+#: the user's line of the last loss-module call (read by the watcher's window at that call)
+LOSS_SITE: dict[str, CallSite | None] = {"site": None}
+
+
+def caller_site(depth: int = 2, limit: int = 12, skip_from: str = "") -> CallSite | None:
+    """Like :func:`user_site`, uncached (the starting frame is torch's, the same every call);
+    ``None`` when a nanscope function named ``skip_from`` is on the way (a late call)."""
+    try:
+        f: Any = sys._getframe(depth)
+    except ValueError:
+        return None
+    while f is not None and limit > 0:
+        filename = f.f_code.co_filename
+        if skip_from and f.f_code.co_name == skip_from and _is_library(filename):
+            return None
+        if not filename.startswith("<") and not _is_library(filename):
+            return CallSite(filename, f.f_lineno, f.f_code.co_name)
+        f = f.f_back
+        limit -= 1
+    return None
+
+
 def live_watchers() -> list[Any]:
     return list(_LIVE)
 
@@ -185,6 +207,7 @@ def _patch_loss() -> None:
 
     def loss_call(self: Any, *args: Any, **kwargs: Any) -> Any:
         if _LIVE:
+            LOSS_SITE["site"] = user_site(2)  # the user's line that called the loss module
             for watcher in list(_LIVE):
                 GUARD.run("loss module", watcher.on_loss_module, self, args, kwargs)
         return call(self, *args, **kwargs)

@@ -254,6 +254,9 @@ class Watcher:
     def on_forward(self, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any = None) -> None:
         """The model's forward was called with ``args``/``kwargs`` (and returned ``output``)."""
         self.window.on_forward(args, kwargs, output, rng=self.failure is None)
+        with contextlib.suppress(Exception):
+            # the user's line that called the model (None when called late, not from a forward)
+            self.window.model_site = _hooks.caller_site(2, skip_from="_bind")
 
     def on_batch(self, inputs: Any, targets: Any) -> None:
         """A trainer callback names this step's batch (read where the forward's arguments fail)."""

@@ -46,6 +46,9 @@ class StepWindow:
         self.given: tuple[Any, Any] = (None, None)
         self.loss_module: Any = None
         self.loss_args: tuple[Any, ...] = ()
+        #: the user's lines that called the loss module and the model (for the producer's line)
+        self.loss_site: CallSite | None = None
+        self.model_site: CallSite | None = None
         self.last_loss: torch.Tensor | None = None
         self.site: CallSite | None = None
         self.reset()
@@ -99,6 +102,9 @@ class StepWindow:
     def on_loss_module(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         self.loss_module = module
         self.loss_args = args
+        from nanscope.torch import _hooks
+
+        self.loss_site = _hooks.LOSS_SITE.get("site")
         if len(args) < 2:
             target = kwargs.get("target")
             if target is not None:
@@ -180,6 +186,10 @@ class StepWindow:
             extra["rng_state"] = self.rng
         if self.graph_located and current:
             extra["graph_located"] = self.graph_located
+        for key in ("loss_site", "model_site"):
+            site = getattr(self, key, None)
+            if site is not None:
+                extra[key] = {"file": site.file, "line": site.line, "function": site.function}
         return TorchFailure(
             model=model, args=args, kwargs=kwargs, output=self.output, loss=self.last_loss,
             loss_module=self.loss_module, loss_args=self.loss_args, targets=targets,

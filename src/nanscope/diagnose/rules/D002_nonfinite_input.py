@@ -2,7 +2,9 @@
 
 What it does
     Checks the batch of the failing update (and the one before) for NaN or inf in the inputs or
-    the targets, and names the rows and columns that hold them.
+    the targets, and names the rows and columns that hold them. It defers (confidence 0.3) to an
+    op of the training loop seen making those values from finite data (the producer), and a
+    column non-finite in every row of every batch is reported as a column, not as rows to drop.
 
 Why is this bad?
     One missing value in a feature or a target makes the averaged loss and gradient NaN, and a NaN
@@ -31,6 +33,7 @@ from __future__ import annotations
 from nanscope.diagnose.context import Context
 from nanscope.diagnose.diagnosis import Evidence, Finding
 from nanscope.diagnose.rules._common import num, row_text
+from nanscope.diagnose.rules._producer import Producer, producer_of
 
 CODE = "D002"
 CAUSE = "nonfinite_input"
@@ -82,10 +85,44 @@ def check(ctx: Context) -> Finding | None:
             "Do not replace the NaN loss with zero: that hides the bad rows and keeps training on "
             "garbage.",
         ]
+        confidence = 0.95 if hit == i else 0.85
+        made = _made_in_loop(ctx)
+        columns = _whole_columns(ctx, hit)
+        if made is not None:
+            # an op of the training loop was seen making the batch's NaN from finite values:
+            # the data is not what is broken (the producer's rule names it)
+            confidence = 0.3
+            evidence.append(Evidence(
+                CODE,
+                f"but the non-finite values were made in the training loop by {made.where()} "
+                "from finite inputs [observed]: computed, not read from the data",
+                {"computed": True, "op": made.op, "phase": made.phase}))  # fmt: skip
+            actions = [
+                f"Fix the computation at {made.where()}: the data it starts from is finite.",
+                "Fix the computation rather than dropping rows: every batch goes through it.",
+            ]
+        elif columns:
+            confidence = 0.6
+            text = "; ".join(
+                f"column {', '.join(str(c) for c in e['columns'][:5])} of the {e['source']} is "
+                f"non-finite in every row ({e['rows']} of {e['rows']})"
+                for e in columns
+            )
+            evidence.append(Evidence(
+                CODE,
+                f"{text}, in every batch seen: a whole column is computed (a division or a log "
+                "over it) or empty in the data, not a few bad rows",
+                {"columns": columns}))  # fmt: skip
+            actions = [
+                "Find where that column is made: a per-column division by a std or a range of 0, "
+                "or a log of a column of zeros, breaks every row at once; if it is empty in the "
+                "data file, drop the column, not rows.",
+                "Do not drop rows: every row holds the same broken column.",
+            ]
         return Finding(
             rule=CODE,
             cause=CAUSE,
-            confidence=0.95 if hit == i else 0.85,
+            confidence=confidence,
             evidence=evidence,
             actions=actions,
             step=ctx.step_at(i),
@@ -116,3 +153,29 @@ def check(ctx: Context) -> Finding | None:
         step=ctx.step_at(0),
         alternatives=[("log_of_zero", 0.3), ("bad_initialization", 0.25)],
     )
+
+
+def _made_in_loop(ctx: Context) -> Producer | None:
+    """The producer, when an op of the training loop's preprocessing was seen making the value."""
+    prod = producer_of(ctx.located)
+    if prod is None or not prod.known or not prod.observed or prod.phase != "preprocess":
+        return None
+    if prod.inputs_nonfinite():
+        return None
+    return prod
+
+
+def _whole_columns(ctx: Context, hit: int) -> list[dict]:
+    """Columns non-finite in every row of the failing batch, when every batch before it (as
+    counted in the trace) held non-finite inputs too."""
+    found = [
+        e
+        for e in ctx.evidence.get("nonfinite_columns") or []
+        if isinstance(e, dict) and e.get("columns") and int(e.get("rows") or 0) >= 2
+    ]
+    if not found:
+        return []
+    counts = ctx.nonfinite["inputs"][: hit + 1] + ctx.nonfinite["targets"][: hit + 1]
+    if len(counts) and not bool((counts > 0).all()):
+        return []  # the earlier batches were clean: rows that arrived with this batch
+    return found

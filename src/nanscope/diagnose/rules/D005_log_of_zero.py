@@ -75,7 +75,11 @@ def check(ctx: Context) -> Finding | None:
     if other_op and prod is not None and prod.observed:
         return None  # another op produced it: log_of_zero only follows a log
     input_zero = prod is not None and (prod.zero or prod.kind == "log_domain")
-    if nf["inputs"][i] > 0 or nf["targets"][i] > 0 or nf["params"][i] > 0:
+    computed = (prod is not None and op_is_log and prod.observed and prod.phase == "preprocess"
+                and input_zero)  # fmt: skip
+    if (nf["inputs"][i] > 0 or nf["targets"][i] > 0) and not computed:
+        return None
+    if nf["params"][i] > 0:
         return None
     if not (nf["loss"][i] > 0 or ctx.filtered_nan[i]) and not op_is_log:
         return None
@@ -153,12 +157,21 @@ def check(ctx: Context) -> Finding | None:
                 {"weight_growth": float(weights[-1] / weights[0])},
             )
         )
+    actions = list(ACTIONS)
+    if computed:
+        evidence.append(Evidence(
+            CODE, "the -inf/NaN in the batch is computed by this log in the training loop, not "
+            "read from the data", {"phase": "preprocess"}))  # fmt: skip
+        src = located.get("source") or {}
+        where = f"{src.get('file')}:{src.get('line')}" if src.get("file") else "the log"
+        actions = [f"Fix {where}: a log transform of counts or amounts that can be 0 needs "
+                   "log1p (log(1 + x)) or a clamp (x.clamp_min(eps)); do not drop the rows."]
     return Finding(
         rule=CODE,
         cause=CAUSE,
         confidence=confidence,
         evidence=evidence,
-        actions=list(ACTIONS),
+        actions=actions,
         step=ctx.step_at(i),
         located=located or None,
         alternatives=[] if op_is_log else [("zero_division", 0.15)],
