@@ -102,8 +102,10 @@ def main() -> None:
           f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cpus")  # fmt: skip
     for mode, m in med.items():
         peak, start = m["peak_kb"] / 1024, m["start_kb"] / 1024
-        print(f"{mode:8s} peak {peak:8.1f} MiB  start {start:7.1f} MiB"
-              f"  wall {m['wall']:6.2f} s  user {m['user']:6.2f} s  sys {m['sys']:5.2f} s")
+        print(
+            f"{mode:8s} peak {peak:8.1f} MiB  start {start:7.1f} MiB"
+            f"  wall {m['wall']:6.2f} s  user {m['user']:6.2f} s  sys {m['sys']:5.2f} s"
+        )
     print(f"peak RSS ratio watched/plain: {w['peak_kb'] / p['peak_kb']:.3f}")
     grown_p, grown_w = p["peak_kb"] - p["start_kb"], w["peak_kb"] - w["start_kb"]
     if grown_p > 0:
