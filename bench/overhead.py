@@ -2,7 +2,8 @@
 
     python bench/overhead.py [--device cpu|cuda] [--steps N] [--rounds R]
 
-For each workload (3-layer MLP 512 wide, batch 128, Adam; 2-layer LSTM; small TransformerEncoder)
+For each workload (3-layer MLP 512 wide, batch 128, Adam; 2-layer LSTM; small TransformerEncoder;
+a character-level transformer of 12 small blocks, ~100 module calls per forward)
 it times blocks of ``--steps`` training updates, alternating plain / watched / detect_anomaly
 (ABCABC...), so drift in the machine's speed hits all three alike, and prints the median ratio of
 each to plain. Target: watched / plain <= 1.03 at default settings.
@@ -61,7 +62,55 @@ def _transformer(device: str) -> tuple[nn.Module, Callable[[], Any]]:
     return model, lambda: loss_fn(model(x), y)
 
 
-WORKLOADS = {"mlp512": _mlp, "lstm2": _lstm, "transformer": _transformer}
+class _CharBlock(nn.Module):
+    """One small pre-norm block: many small modules, each a cheap call (module-heavy)."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.norm1 = nn.LayerNorm(width)
+        self.qkv = nn.Linear(width, 3 * width)
+        self.proj = nn.Linear(width, width)
+        self.norm2 = nn.LayerNorm(width)
+        self.up = nn.Linear(width, 2 * width)
+        self.act = nn.GELU()
+        self.down = nn.Linear(2 * width, width)
+        self.drop = nn.Dropout(0.0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, w = x.shape
+        q, k, v = self.qkv(self.norm1(x)).view(b, t, 3, 4, w // 4).unbind(2)
+        att = nn.functional.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True
+        )
+        x = x + self.drop(self.proj(att.transpose(1, 2).reshape(b, t, w)))
+        return x + self.drop(self.down(self.act(self.up(self.norm2(x)))))
+
+
+class _CharModel(nn.Module):
+    def __init__(self, vocab: int = 64, width: int = 32, layers: int = 12) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, width)
+        self.blocks = nn.ModuleList(_CharBlock(width) for _ in range(layers))
+        self.norm = nn.LayerNorm(width)
+        self.head = nn.Linear(width, vocab)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        x = self.embed(idx)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.norm(x))
+
+
+def _chartf(device: str) -> tuple[nn.Module, Callable[[], Any]]:
+    """A character-level transformer, 12 small blocks (~100 module calls per forward)."""
+    model = _CharModel().to(device)
+    idx = torch.randint(0, 64, (8, 32), device=device)
+    target = torch.randint(0, 64, (8, 32), device=device)
+    loss_fn = nn.CrossEntropyLoss()
+    return model, lambda: loss_fn(model(idx).reshape(-1, 64), target.reshape(-1))
+
+
+WORKLOADS = {"mlp512": _mlp, "lstm2": _lstm, "transformer": _transformer, "chartf": _chartf}
 
 
 def _block(step: Callable[[], None], steps: int, device: str) -> float:

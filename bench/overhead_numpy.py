@@ -4,6 +4,10 @@ Runs plain and watched steps interleaved in one process (ABAB...) so both see th
 state, timed in CPU time of this process (robust to other processes on a shared machine), and
 prints the median per-step times and their ratio. Target: watched/plain <= 1.03-1.05.
 
+A second Monitor, fed the same update right after, writes every record straight to disk (the
+writer as it was before buffering, ``TraceWriter(flush_lines=1)``): the two ratios compare the
+buffered writer with the write-through one in the same run. The order of the two alternates.
+
     python bench/overhead_numpy.py [--steps 400] [--batch 256] [--no-write]
 """
 
@@ -23,6 +27,7 @@ import time  # noqa: E402
 import numpy as np  # noqa: E402
 
 import nanscope  # noqa: E402
+from nanscope.trace import TraceWriter  # noqa: E402
 
 
 def make_problem(batch: int, seed: int = 0):
@@ -69,7 +74,12 @@ def main() -> None:
     lr = 0.05
     with tempfile.TemporaryDirectory() as tmp:
         mon = nanscope.Monitor(run_dir=f"{tmp}/run", write=not args.no_write)
-        plain, watched, update_only = [], [], []
+        through = nanscope.Monitor(
+            run_dir=f"{tmp}/through",
+            write=not args.no_write,
+            writer=TraceWriter(f"{tmp}/through/trace.jsonl", flush_lines=1),
+        )
+        plain, watched, update_only, update_through = [], [], [], []
         rng = np.random.default_rng(1)
         for step in range(args.steps):
             idx = rng.integers(0, len(X), size=args.batch)
@@ -80,24 +90,33 @@ def main() -> None:
                 params_a[k] -= lr * g[k]
             t1 = time.process_time()
             loss, g = loss_and_grads(params_b, Xb, yb)
+            first, second = (mon, through) if step % 2 else (through, mon)
             u0 = time.process_time()
-            mon.update(loss, params=params_b, grads=g, lr=lr, inputs=Xb, targets=yb)
+            first.update(loss, params=params_b, grads=g, lr=lr, inputs=Xb, targets=yb)
             u1 = time.process_time()
+            second.update(loss, params=params_b, grads=g, lr=lr, inputs=Xb, targets=yb)
+            u2 = time.process_time()
+            ours, old = (u1 - u0, u2 - u1) if first is mon else (u2 - u1, u1 - u0)
             for k in params_b:
                 params_b[k] -= lr * g[k]
             t2 = time.process_time()
             if step >= 20:  # warm-up excluded
                 plain.append(t1 - t0)
-                watched.append(t2 - t1)
-                update_only.append(u1 - u0)
+                watched.append(t2 - t1 - old)
+                update_only.append(ours)
+                update_through.append(old)
         mon.close()
-    p, w, u = (statistics.median(v) for v in (plain, watched, update_only))
+        through.close()
+    p, w, u, o = (statistics.median(v) for v in (plain, watched, update_only, update_through))
     print(f"model: {n_params:,} parameters, batch {args.batch}, {args.steps} steps, "
           f"trace {'in memory' if args.no_write else 'written to disk'}")  # fmt: skip
     print(f"plain step       median {p * 1e3:8.3f} ms")
     print(f"watched step     median {w * 1e3:8.3f} ms")
     print(f"Monitor.update   median {u * 1e6:8.0f} us")
+    print(f"Monitor.update, write-through writer  median {o * 1e6:8.0f} us")
+    print(f"load average (1 min): {os.getloadavg()[0]:.1f} on {os.cpu_count()} cpus")
     print(f"ratio (plain + Monitor.update) / plain: {(p + u) / p:.3f}")
+    print(f"ratio (plain + update, write-through writer) / plain: {(p + o) / p:.3f}")
     print(f"ratio watched/plain (whole steps, noisier): {w / p:.3f}")
 
 

@@ -371,6 +371,12 @@ class Monitor:
         if writer is not None:
             writer.write(record)
 
+    def flush(self) -> None:
+        """Write the trace lines the writer buffers (it writes on its own every half second)."""
+        flush = getattr(self._writer, "flush", None)
+        if callable(flush):
+            flush()
+
     def _open_writer(self) -> Any:
         """The trace writer, opened on first use; None when this Monitor writes no files."""
         if not self._write:
@@ -423,6 +429,7 @@ class Monitor:
         self.events.append(event)
         try:
             self.write(event)
+            self.flush()
         except Exception as exc:
             self._internal_fault("record_event", exc)
         # after the header is written: the rules read the events from the trace's meta
@@ -465,6 +472,10 @@ class Monitor:
         if not first and self.policy == "warn":
             return
         self.alarm = alarm
+        try:
+            self.flush()  # the trace up to the alarm is on disk whatever happens next
+        except Exception as exc:
+            self._internal_fault("flush", exc)
         self._freeze_last_good(alarm)
         diagnosis = self.diagnose()
         self.save_diagnosis(diagnosis)

@@ -40,9 +40,11 @@ extra              dict    anything else (loss scale, skipped steps, rank, messa
 
 On disk a trace is JSONL: a header line ``{"schema": "nanscope.trace/1", ...meta}`` followed by one
 record per line. Non-finite floats are written as the strings ``"nan"``, ``"inf"``, ``"-inf"`` so
-that every line is strict JSON; :func:`read_trace` turns them back into floats. The writer flushes
-after every record, so a killed process leaves a readable trace (a truncated last line is skipped
-with a warning, and ``trace.meta["truncated"]`` says so).
+that every line is strict JSON; :func:`read_trace` turns them back into floats. The writer buffers
+records for at most half a second (or 64 lines) and writes events, alarms, closes, interpreter
+exit and SIGTERM at once, so a killed process leaves a readable trace missing only its last
+moments (a truncated last line is skipped with a warning, and ``trace.meta["truncated"]`` says
+so).
 
 Besides records, a trace may hold *event* lines, ``{"event": "<name>", ...fields}``, written by
 :meth:`TraceWriter.event` (for example ``{"event": "interrupted", "signal": "SIGINT", "step": 41}``
@@ -52,9 +54,16 @@ never among the records.
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import json
 import math
+import os
+import signal
+import threading
+import time
 import warnings
+import weakref
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import IO, Any
@@ -71,6 +80,7 @@ __all__ = [
     "TraceWriter",
     "decode_record",
     "encode_record",
+    "flush_all",
     "is_event",
     "read_trace",
 ]
@@ -263,43 +273,128 @@ class Trace:
         return counts
 
 
+#: a buffered line waits at most this long (seconds) before it is written ...
+FLUSH_SECONDS = 0.5
+#: ... or until this many lines are waiting
+FLUSH_LINES = 64
+
+_OPEN: weakref.WeakSet[TraceWriter] = weakref.WeakSet()
+_SIGNAL_STATE: dict[str, Any] = {"installed": False}
+
+
+def flush_all() -> None:
+    """Write every open trace writer's buffered lines now (atexit and SIGTERM call this)."""
+    for writer in list(_OPEN):
+        with contextlib.suppress(Exception):
+            writer.flush()
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:  # pragma: no cover - runs in a signal
+    """Flush the traces, then die of SIGTERM as the process would have without us."""
+    flush_all()
+    with contextlib.suppress(Exception):
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _arm_sigterm() -> None:
+    """Flush on SIGTERM too, but only where nobody handles SIGTERM yet (``nanscope run`` and
+    torchrun's arm turn it into an exception that unwinds to close/atexit anyway)."""
+    if _SIGNAL_STATE["installed"]:
+        return
+    _SIGNAL_STATE["installed"] = True
+    if threading.current_thread() is not threading.main_thread():
+        return
+    with contextlib.suppress(ValueError, OSError, TypeError):
+        if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, _on_sigterm)
+
+
+atexit.register(flush_all)
+
+
 class TraceWriter:
-    """Appends records to a JSONL file, flushing after each so a killed run leaves a trace.
+    """Appends records to a JSONL file, buffered by time and count so a killed run keeps a trace.
+
+    A record line waits in memory until ``flush_lines`` lines wait or ``flush_seconds`` passed
+    since the last write to disk (checked on each record: a slow fit writes every record at once);
+    the header, the first ``flush_lines`` records (a short run is never cut), every event and
+    :meth:`flush` write at once, and so do :meth:`close`, interpreter exit and SIGTERM (when no
+    other handler owns it). A SIGKILLed run loses at most the lines of its
+    last ``flush_seconds`` (or ``flush_lines``); :func:`read_trace` skips a cut last line.
+    ``flush_lines=1`` writes every record at once.
 
     The header line is written when the file is new or empty; opening an existing trace again
     appends to it (an event after the run, a resumed run) without a second header.
     """
 
-    def __init__(self, path: str | Path, meta: Mapping[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        path: str | Path,
+        meta: Mapping[str, Any] | None = None,
+        *,
+        flush_seconds: float = FLUSH_SECONDS,
+        flush_lines: int = FLUSH_LINES,
+    ) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.flush_seconds = float(flush_seconds)
+        self.flush_lines = max(1, int(flush_lines))
+        self._pending: list[str] = []
+        #: the first lines go straight to disk: a short run (or a run's start) is never cut
+        self._through = self.flush_lines
+        self._flushed_at = time.monotonic()
         self._file: IO[str] | None = self.path.open("a", encoding="utf-8")
         if self._file.tell() == 0:
             header = {"schema": TRACE_SCHEMA, **dict(meta or {})}
-            self._write_line(encode_record(header))
+            self._write_line(encode_record(header), now=True)
+        _OPEN.add(self)
+        _arm_sigterm()
 
-    def _write_line(self, line: str) -> None:
+    def _write_line(self, line: str, *, now: bool = False) -> None:
         if self._file is None:
             return
-        self._file.write(line + "\n")
+        self._pending.append(line + "\n")
+        if self._through > 0:
+            self._through -= 1
+            now = True
+        if (
+            now
+            or len(self._pending) >= self.flush_lines
+            or time.monotonic() - self._flushed_at >= self.flush_seconds
+        ):
+            self.flush()
+
+    def flush(self) -> None:
+        """Write the buffered lines to disk now."""
+        self._flushed_at = time.monotonic()
+        if self._file is None or not self._pending:
+            return
+        text = "".join(self._pending)
+        self._pending.clear()
+        self._file.write(text)
         self._file.flush()
 
     def write(self, record: Mapping[str, Any]) -> None:
         self._write_line(encode_record(record))
 
     def event(self, name: str, **fields: Any) -> None:
-        """Write one event line ``{"event": name, ...fields}`` (not an update record).
+        """Write one event line ``{"event": name, ...fields}`` (not an update record), at once.
 
         :func:`read_trace` collects these into ``trace.meta["events"]``. The event
         ``interrupted`` carries ``signal`` (``"SIGINT"``, ``"SIGTERM"``, ``"KeyboardInterrupt"``)
         and ``step`` (the last update seen).
         """
-        self._write_line(encode_record({**fields, "event": str(name)}))
+        self._write_line(encode_record({**fields, "event": str(name)}), now=True)
 
     def close(self) -> None:
         if self._file is not None:
-            self._file.close()
-            self._file = None
+            try:
+                self.flush()
+            finally:
+                self._file.close()
+                self._file = None
+        _OPEN.discard(self)
 
 
 def is_event(obj: Mapping[str, Any]) -> bool:

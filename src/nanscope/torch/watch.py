@@ -317,6 +317,13 @@ class Watcher:
                     first, *self._closure_losses]
             self._closure_losses = []
             self.window.losses = []  # the later evaluations' losses are not the next update's
+        self._drop_graph()
+
+    def _drop_graph(self) -> None:
+        """Forget the loss tensor and the output once the update is checked: they hold the
+        autograd graph (an unrolled graph, LBFGS's last closure) until the next backward."""
+        self.window.last_loss = None
+        self.window.output = None
 
     def _wrap_closure(self, closure: Callable[[], Any]) -> Callable[[], Any]:
         self._closure_checked = False
@@ -395,6 +402,7 @@ class Watcher:
             shards = sharded.local_shards(self.params())
             self.deferred.drain(self._process, shards, allow_raise=True)
         window.reset()
+        self._drop_graph()
 
     def _process(
         self, step: int, values: list[float], ctx: dict[str, Any], *, batch: Any, late: bool = False
