@@ -131,6 +131,7 @@ VARIANTS = [("1", ""), ("2", ""), ("1", "7"), ("2", "7")]
 @needs_run
 @pytest.mark.skipif(not os.environ.get("NANSCOPE_ZOO_VARIANTS"),
                     reason="set NANSCOPE_ZOO_VARIANTS=1: each case under 2 thread counts x 2 seeds")
+@pytest.mark.timeout(4 * 900)  # four runs; two threads on a loaded two-core machine are slow
 @pytest.mark.parametrize("case", CASES, ids=[c.stem for c in CASES])
 def test_case_holds_across_threads_and_seeds(case: Path, tmp_path: Path) -> None:
     """The cases that read ZOO_SEED (the realistic trainers) run with another seed too."""
