@@ -295,7 +295,7 @@ def precision_verdict(dtype: str, recomputed: dict[str, Any]) -> dict[str, Any] 
 
 def _multi_rank() -> bool:
     """Whether this process is one rank of several in an initialised process group."""
-    dist = getattr(_torch(), "distributed", None)
+    dist: Any = getattr(_torch(), "distributed", None)
     try:
         return bool(dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1)
     except Exception:
