@@ -25,19 +25,23 @@ EXPECTED: dict[str, set[str]] = {
 }
 
 
-def cause_of(path: Path) -> str | None:
+def constant(path: Path, name: str) -> object:
     tree = ast.parse(path.read_text(), filename=str(path))
     for node in tree.body:
         if (
             isinstance(node, ast.Assign)
             and len(node.targets) == 1
             and isinstance(node.targets[0], ast.Name)
-            and node.targets[0].id == "CAUSE"
+            and node.targets[0].id == name
             and isinstance(node.value, ast.Constant)
-            and isinstance(node.value.value, str)
         ):
             return node.value.value
     return None
+
+
+def cause_of(path: Path) -> str | None:
+    cause = constant(path, "CAUSE")
+    return cause if isinstance(cause, str) else None
 
 
 def test_zoo_present_or_skipped() -> None:
@@ -53,6 +57,9 @@ def test_zoo_case_lint(path: Path) -> None:
     codes = {f.code for f in findings}
     if cause == "healthy":
         assert findings == [], "healthy case flagged:\n" + "\n".join(f.format() for f in findings)
+    elif constant(path, "LINT") is False:
+        # the case says why: the zero is in the data, so no source-level rule can see it
+        pytest.skip(f"{path.name}: its fault is not visible in the source")
     elif cause in EXPECTED:
         assert codes & EXPECTED[cause], (
             f"{cause} case not flagged by {sorted(EXPECTED[cause])}; got {sorted(codes)}"
