@@ -6,10 +6,9 @@ imports: ``import`` statements at any depth (a lazy import inside a function is 
 dependency), ``importlib.import_module("...")`` calls with a literal name, but not the imports of
 an ``if TYPE_CHECKING:`` block (types only). Then each layer's forbidden imports are checked.
 
-A violation that lives in a file another part of the project owns and that is not fixed yet is
-listed in :data:`KNOWN_VIOLATIONS` with the reason; once fixed, take it off the list (a stale
-entry is reported by :func:`test_report_stale_allowances`, which only warns, since the fixes
-land from other branches).
+A violation that cannot be fixed at once is listed in :data:`KNOWN_VIOLATIONS` with the reason
+(the list is empty now); a fixed one must come off it (:func:`test_no_stale_allowance`). Writes
+of another module's private state are pinned by ``test_private_state.py``.
 """
 
 from __future__ import annotations
@@ -17,7 +16,6 @@ from __future__ import annotations
 import ast
 import subprocess
 import sys
-import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -190,11 +188,7 @@ LAYERS: list[tuple[str, tuple[str, ...], str]] = [
 ]
 
 #: (importer, imported, reason) pairs that break a layer today, in files not fixed yet
-KNOWN_VIOLATIONS: set[tuple[str, str]] = {
-    # torch/distributed.py (owned by the torch adapter work) keeps a legacy `run_main` that calls
-    # the CLI; issue 12 removes it
-    ("nanscope.torch.distributed", "nanscope.cli"),
-}
+KNOWN_VIOLATIONS: set[tuple[str, str]] = set()  # none left; private writes: test_private_state.py
 
 
 def _forbidden(module: str, imported: str, forbidden: tuple[str, ...]) -> bool:
@@ -298,55 +292,7 @@ def test_importing_a_layer_loads_nothing_above_it(statement: str, absent: tuple[
     assert done.stdout.strip() == "[]", f"{statement} loaded {done.stdout.strip()}"
 
 
-#: (module, "target") assignments to another object's private attribute, in files not fixed yet
-KNOWN_PRIVATE_WRITES: set[tuple[str, str]] = {
-    # a marker nanscope sets on the optimizer class it patched (its own name, on a foreign class)
-    ("nanscope.experiment.lrpatch", "optimizer_cls._nanscope_patched"),
-    # torch adapter work (issue 12): the autowatch wrapper and the distributed combinator still
-    # reach into the Watcher / Monitor; their owners replace these with public extension points
-    ("nanscope.torch.autowatch", "watcher._output"),
-    ("nanscope.torch.distributed", "monitor._detectors"),
-    ("nanscope.torch.distributed", "monitor._reset_detectors"),
-    ("nanscope.torch.distributed", "autowatch._watcher_for"),
-}
-
-
-def private_writes() -> set[tuple[str, str]]:
-    """``obj._name = ...`` where ``obj`` is not ``self``/``cls``: one module writing another's
-    private state."""
-    found = set()
-    for module, path in MODULES.items():
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            targets: list[ast.expr] = []
-            if isinstance(node, ast.Assign):
-                targets = list(node.targets)
-            elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
-                targets = [node.target]
-            for target in targets:
-                for sub in ast.walk(target):
-                    if (
-                        isinstance(sub, ast.Attribute)
-                        and sub.attr.startswith("_")
-                        and not sub.attr.startswith("__")
-                        and not (
-                            isinstance(sub.value, ast.Name) and sub.value.id in ("self", "cls")
-                        )
-                    ):
-                        found.add((module, ast.unparse(sub)))
-    return found
-
-
-def test_no_module_writes_another_modules_private_state() -> None:
-    found = private_writes()
-    assert not found - KNOWN_PRIVATE_WRITES, sorted(found - KNOWN_PRIVATE_WRITES)
-
-
-def test_report_stale_allowances() -> None:
-    # when one is fixed, take it off the list so it cannot come back (a warning, not a failure:
-    # the fixes land from other branches)
+def test_no_stale_allowance() -> None:
+    # a fixed violation comes off the list, so it cannot come back unnoticed
     gone = KNOWN_VIOLATIONS - {(m, i) for m, i, _ in violations()}
-    gone_writes = KNOWN_PRIVATE_WRITES - private_writes()
-    if gone or gone_writes:
-        warnings.warn(
-            f"fixed, remove from the allow-lists: {sorted(gone | gone_writes)}", stacklevel=1
-        )
+    assert not gone, f"fixed, remove from KNOWN_VIOLATIONS: {sorted(gone)}"
