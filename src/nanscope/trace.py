@@ -462,10 +462,34 @@ def read_trace(path: str | Path) -> Trace:
             )
         else:
             warnings.warn(f"{path}: skipped {len(bad)} unreadable line(s): {bad[:5]}", stacklevel=2)
-    if events:
-        meta["events"] = events
     if not records and meta.get("schema") != TRACE_SCHEMA:
         raise TraceError(f"{path}: holds no trace records")
     for i, record in enumerate(records):
         record.setdefault("step", i + 1)
+    events = _attach_closure_losses(records, events)
+    if events:
+        meta["events"] = events
     return Trace(records, meta)
+
+
+#: the event a closure optimizer's update writes after its step: every closure evaluation's loss
+CLOSURE_LOSSES = "closure_losses"
+
+
+def _attach_closure_losses(
+    records: list[dict[str, Any]], events: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """Put each ``closure_losses`` event back on its update as ``extra["closure_losses"]`` (the
+    update's record is written at its first closure evaluation, the others come after it)."""
+    if not any(e.get("event") == CLOSURE_LOSSES for e in events):
+        return events
+    by_step = {r.get("step"): r for r in records}
+    rest = []
+    for event in events:
+        record = by_step.get(event.get("step")) if event.get("event") == CLOSURE_LOSSES else None
+        if record is None:
+            rest.append(event)
+            continue
+        losses = event.get("losses")
+        record.setdefault("extra", {})[CLOSURE_LOSSES] = list(losses) if losses else []
+    return rest

@@ -313,8 +313,11 @@ class Watcher:
             records = self.monitor.trace.records
             if records and records[-1].get("step") == self.step:
                 first = records[-1].get("loss")
-                records[-1].setdefault("extra", {})["closure_losses"] = [
-                    first, *self._closure_losses]
+                losses = [first, *self._closure_losses]
+                records[-1].setdefault("extra", {})["closure_losses"] = losses
+                # on disk too: the record was written at the first evaluation (trace.read_trace
+                # puts this line back on it)
+                self.monitor.write({"event": "closure_losses", "step": self.step, "losses": losses})
             self._closure_losses = []
             self.window.losses = []  # the later evaluations' losses are not the next update's
         self._drop_graph()

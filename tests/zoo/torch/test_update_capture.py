@@ -82,8 +82,9 @@ def test_a_script_with_an_optimizer_gets_no_second_watcher(tmp_path: Path) -> No
     assert lines[0]["optimizer"] == "SGD" and len(lines) == 41
 
 
-def test_an_lbfgs_update_has_the_loss_before_its_step_and_every_closure_loss() -> None:
+def test_an_lbfgs_update_has_the_loss_before_its_step_and_every_closure_loss(tmp_path) -> None:
     import nanscope
+    from nanscope.trace import read_trace
 
     torch.manual_seed(0)
     X = torch.randn(64, 3, dtype=torch.float64)
@@ -92,7 +93,8 @@ def test_an_lbfgs_update_has_the_loss_before_its_step_and_every_closure_loss() -
     model = model.double()
     opt = torch.optim.LBFGS(model.parameters(), lr=0.8, max_iter=10)
     seen: list[list[float]] = []
-    with nanscope.watch(model, opt, monitor=nanscope.Monitor(write=False)) as watcher:
+    monitor = nanscope.Monitor(run_dir=tmp_path / "run")
+    with nanscope.watch(model, opt, monitor=monitor) as watcher:
         for _ in range(4):
             seen.append([])
 
@@ -111,6 +113,11 @@ def test_an_lbfgs_update_has_the_loss_before_its_step_and_every_closure_loss() -
         # the first evaluation, not the mean of all (the record holds it in float32)
         assert record["loss"] == pytest.approx(losses[0], rel=1e-6)
         assert abs(record["loss"] - sum(losses) / len(losses)) > 1e-3 * losses[0]
+        assert record["extra"]["closure_losses"] == pytest.approx(losses, rel=1e-6)
+    # the trace file keeps them too, on their update, and holds no extra update
+    on_disk = read_trace(tmp_path / "run" / "trace.jsonl")
+    assert len(on_disk) == 4 and "events" not in on_disk.meta
+    for record, losses in zip(on_disk.records, seen):
         assert record["extra"]["closure_losses"] == pytest.approx(losses, rel=1e-6)
 
 
