@@ -488,7 +488,7 @@ def finish(diagnosis: Any, *, code: int, wait: float = 20.0) -> Any:
     if gone:
         diagnosis.extra["dead_ranks"] = gone
         diagnosis.extra["rank_failure"] = _read_failure(Path(root))
-    from nanscope.diagnose.diagnosis import VERDICT_RANK, Diagnosis
+    from nanscope.diagnose.diagnosis import VERDICT_RANK, Diagnosis, Evidence
 
     order = VERDICT_RANK
     worst: tuple[int, dict[str, Any]] | None = None
@@ -511,6 +511,15 @@ def finish(diagnosis: Any, *, code: int, wait: float = 20.0) -> Any:
         diagnosis.extra["rank"] = bad[0]
     diagnosis.extra["ranks"] = bad
     diagnosis.extra["world_size"] = world
+    blind = sorted(r for r, d in others.items() if d.get("verdict") == "unobserved")
+    if blind and diagnosis.verdict == "healthy":
+        # healthy on the ranks it watched; the others are named, not counted as healthy
+        diagnosis.evidence.append(Evidence(
+            "engine",
+            f"rank(s) {', '.join(map(str, blind))} of {world} recorded no update: their batches "
+            "were not checked, so this verdict covers the other ranks only",
+            {"unobserved_ranks": blind},
+        ))  # fmt: skip
     diagnosis.extra["per_rank"] = [
         {"rank": r, "verdict": d.get("verdict"), "cause": d.get("cause"), "step": d.get("step")}
         for r, d in sorted(others.items())
