@@ -162,3 +162,7 @@ def main():
 
 if __name__ == "__main__":
     main()
+    # as training scripts end: without it gloo's threads can abort the process at exit
+    # ("terminate called without an active exception"), with or without nanscope
+    if dist.is_initialized():
+        dist.destroy_process_group()
