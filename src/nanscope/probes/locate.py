@@ -42,6 +42,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from nanscope.probes.failure import TorchFailure
+from nanscope.probes.producer import nonfinite_scalar, summary
 
 __all__ = ["HALF_MAX", "inspect_graph", "locate"]
 
@@ -318,32 +319,6 @@ def _all_finite(tensors: list[Any]) -> bool:
     import torch
 
     return all(bool(torch.isfinite(t).all()) for t in tensors)
-
-
-def _has_nonfinite_scalar(args: Any, kwargs: Any) -> bool:
-    for value in list(args) + list((kwargs or {}).values()):
-        if isinstance(value, float) and not math.isfinite(value):
-            return True
-    return False
-
-
-def _summary(t: Any) -> dict[str, Any]:
-    """What a tensor holds, in the terms the rules use."""
-    import torch
-
-    with torch.no_grad():
-        x = t.detach()
-        finite = torch.isfinite(x)
-        out: dict[str, Any] = {"dtype": str(x.dtype).replace("torch.", ""),
-                               "shape": list(x.shape)}  # fmt: skip
-        if not bool(finite.all()):
-            out["nonfinite"] = int((~finite).sum())
-            out["nan"] = bool(torch.isnan(x).any())
-        xf = torch.where(finite, x, torch.zeros((), dtype=x.dtype, device=x.device)).float()
-        out["absmax"] = float(xf.abs().max()) if xf.numel() else 0.0
-        out["zeros"] = int((x == 0).sum())
-        out["numel"] = int(x.numel())
-    return out
 
 
 def _describe(op: str, summaries: list[dict[str, Any]], out_dtype: str | None) -> str:
@@ -668,10 +643,10 @@ class _Locator:
         ins = _float_tensors(args) + _float_tensors(kwargs)
         in_finite = _all_finite(ins)
         entry: dict[str, Any] = {
-            "op": name, "module": module, "ins": [_summary(t) for t in ins[:4]],
-            "out": _summary(outs[0]), "stack": traceback.extract_stack()[:-3],
+            "op": name, "module": module, "ins": [summary(t) for t in ins[:4]],
+            "out": summary(outs[0]), "stack": traceback.extract_stack()[:-3],
         }  # fmt: skip
-        if in_finite and not _has_nonfinite_scalar(args, kwargs or {}):
+        if in_finite and not nonfinite_scalar(args, kwargs or {}):
             self.first = entry
             entry["call"] = (func, args, kwargs)
         elif self.first_nan is None and entry["out"].get("nan") and not any(
@@ -821,7 +796,7 @@ class _Locator:
             saved = _saved_tensors(node)
         except Exception:
             saved = {}
-        summaries = [_summary(t) for t in saved.values()]
+        summaries = [summary(t) for t in saved.values()]
         source = None
         with contextlib.suppress(Exception):
             source = _source_from_traceback(node.metadata.get("traceback_"), self.lib)
@@ -880,7 +855,7 @@ class _Locator:
             if not saved:
                 hazards.append((node, None))
                 continue
-            summaries = [_summary(t) for t in saved.values()]
+            summaries = [summary(t) for t in saved.values()]
             hazards.append((node, _backward_inputs(name, saved, summaries)))
         bad = [(n, why) for n, why in hazards if why and why != "finite"]
         if bad:

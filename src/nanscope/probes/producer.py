@@ -35,7 +35,8 @@ import threading
 import warnings
 from typing import Any
 
-__all__ = ["FLOAT_MAX", "HALF_MAX", "LIVE", "FirstUpdateWatch", "recompute", "why_nonfinite"]
+__all__ = ["FLOAT_MAX", "HALF_MAX", "LIVE", "FirstUpdateWatch", "nonfinite_scalar", "recompute",
+           "summary", "why_nonfinite"]  # fmt: skip
 
 #: the largest finite float16 and bfloat16
 HALF_MAX = 65504.0
@@ -180,7 +181,8 @@ def _finite(tensors: list[Any]) -> bool:
     return True
 
 
-def _bad_scalar(args: Any, kwargs: Any) -> bool:
+def nonfinite_scalar(args: Any, kwargs: Any) -> bool:
+    """Whether a plain float argument of an op is inf/NaN (a non-finite input that is no tensor)."""
     for value in list(args) + list((kwargs or {}).values()):
         if isinstance(value, float) and not math.isfinite(value):
             return True
@@ -518,7 +520,7 @@ class FirstUpdateWatch:
             in_finite = _finite(tensors)
             ins = [summary(t) for t in tensors[:4]]
             call_args = args
-        if not in_finite or _bad_scalar(args, kwargs):
+        if not in_finite or nonfinite_scalar(args, kwargs):
             return  # a propagator of a value made before the watch, or a deliberate inf
         if not ins or op.startswith(("empty", "new_empty", "set")):
             return  # made from no finite value (uninitialised memory, a literal): not computed
