@@ -8,41 +8,19 @@ from __future__ import annotations
 
 import inspect
 import json
-import os
-import socket
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
+
+from ._launch import run_root, torchrun
 
 HERE = Path(__file__).parent
 SCRIPT = HERE / "ddp_train.py"
 BOUND = 120  # seconds for a whole job, start-up of two torch processes included (a loaded CI box)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _torchrun(tmp_path: Path, entry: list[str], args: list[str], **env: str):
-    environ = {k: v for k, v in os.environ.items() if not k.startswith(("DDP_", "NANSCOPE_"))}
-    environ.update(NANSCOPE_DIR=str(tmp_path / "runs"), OMP_NUM_THREADS="1", **env)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-           "--master-addr", "127.0.0.1", "--master-port", str(_free_port()), *entry, *args]
-    started = time.monotonic()
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=BOUND, env=environ,
-                          cwd=tmp_path)  # fmt: skip
-    return proc, time.monotonic() - started
-
-
-def _run_root(tmp_path: Path) -> Path:
-    roots = [p for p in (tmp_path / "runs").iterdir() if p.is_dir()]
-    assert len(roots) == 1, f"one run root for the whole job, got {roots}"
-    return roots[0]
+    return torchrun(tmp_path, entry, args, bound=BOUND, strip=("DDP_", "NANSCOPE_"), **env)
 
 
 def _trace_steps(path: Path) -> list[int]:
@@ -71,7 +49,7 @@ def test_nan_row_on_rank_1_stops_every_rank_at_the_same_update(tmp_path):
     log = proc.stdout + proc.stderr
     assert proc.returncode != 0, log  # torchrun: a rank exited 3 (stopped by nanscope)
     assert "exitcode  : 3" in log, log
-    root = _run_root(tmp_path)
+    root = run_root(tmp_path)
     for rank in (0, 1):  # same update on both ranks, each its own trace
         assert _trace_steps(root / f"rank{rank}" / "trace.jsonl") == [1, 2, 3, 4, 5], rank
         assert f"rank {rank} step 5" not in proc.stdout  # neither rank finished update 5
@@ -98,7 +76,7 @@ def test_healthy_run_ends_with_exit_0_and_verdict_healthy(tmp_path):
     assert "rank 0 done" in proc.stdout and "rank 1 done" in proc.stdout
     assert json.loads(out.read_text())["verdict"] == "healthy"
     assert json.loads((tmp_path / "h.json.rank1").read_text())["verdict"] == "healthy"
-    root = _run_root(tmp_path)
+    root = run_root(tmp_path)
     merged = json.loads((root / "diagnosis.json").read_text())
     assert merged["verdict"] == "healthy" and merged["ranks"] == []
     assert [r["verdict"] for r in merged["per_rank"]] == ["healthy", "healthy"]
@@ -114,7 +92,7 @@ def test_a_rank_that_dies_is_named_and_nothing_hangs(tmp_path):
     assert proc.returncode != 0
     assert took < BOUND
     assert "nanscope (rank 0): rank 1 died" in proc.stderr, log
-    root = _run_root(tmp_path)
+    root = run_root(tmp_path)
     failure = json.loads((root / "failure.json").read_text())
     assert failure["dead_ranks"] == [1] and failure["reported_by"] == 0
     assert "rank 0 step 199" not in proc.stdout  # rank 0 did not train on alone
@@ -127,7 +105,7 @@ def test_watch_in_the_script_agrees_without_nanscope_run(tmp_path):
     log = proc.stdout + proc.stderr
     assert proc.returncode != 0
     assert "DivergenceError" in log and "rank 1 of 2 broke first" in log, log
-    root = _run_root(tmp_path)
+    root = run_root(tmp_path)
     for rank in (0, 1):
         assert _trace_steps(root / f"rank{rank}" / "trace.jsonl") == [1, 2, 3, 4]
     merged = json.loads((root / "diagnosis.json").read_text())

@@ -8,18 +8,15 @@ FSDP2 fit of ``fsdp_train.py`` in a subprocess bounded by a timeout, on a free p
 from __future__ import annotations
 
 import json
-import os
 import re
-import socket
-import subprocess
-import sys
-import time
 import warnings
 from pathlib import Path
 
 import pytest
 
 import torch
+
+from ._launch import run_root, torchrun
 
 try:
     from torch.distributed.fsdp import fully_shard
@@ -38,27 +35,8 @@ BOUND = 240  # seconds for a whole job (a guard against a hang; about 20 s on a 
 RUN = ["-m", "nanscope", "run"]  # torchrun ... -m nanscope run -- fsdp_train.py
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _torchrun(tmp_path: Path, entry: list[str], args: list[str], **env: str):
-    environ = {k: v for k, v in os.environ.items() if not k.startswith(("FSDP_", "NANSCOPE_"))}
-    environ.update(NANSCOPE_DIR=str(tmp_path / "runs"), OMP_NUM_THREADS="1", **env)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-           "--master-addr", "127.0.0.1", "--master-port", str(_free_port()), *entry, *args]
-    started = time.monotonic()
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=BOUND, env=environ,
-                          cwd=tmp_path)  # fmt: skip
-    return proc, time.monotonic() - started
-
-
-def _run_root(tmp_path: Path) -> Path:
-    roots = [p for p in (tmp_path / "runs").iterdir() if p.is_dir()]
-    assert len(roots) == 1, f"one run root for the whole job, got {roots}"
-    return roots[0]
+    return torchrun(tmp_path, entry, args, bound=BOUND, strip=("FSDP_", "NANSCOPE_"), **env)
 
 
 def _records(path: Path) -> list[dict]:
@@ -94,7 +72,7 @@ def test_healthy_fsdp2_run_every_update_recorded_and_equal_to_the_full_tensors(t
         # the recorded gradient and update norms equal those of the gathered full tensors
         assert f"rank {rank} reference ok 12" in proc.stdout, log
     assert json.loads(out.read_text())["verdict"] == "healthy"
-    root = _run_root(tmp_path)
+    root = run_root(tmp_path)
     merged = json.loads((root / "diagnosis.json").read_text())
     assert merged["verdict"] == "healthy" and merged["ranks"] == []
     per_rank = []
@@ -133,7 +111,7 @@ def test_nan_on_rank_1_stops_both_ranks_at_update_8_with_the_rank_named(tmp_path
     log = proc.stdout + proc.stderr
     assert proc.returncode != 0 and "exitcode  : 3" in log, log
     assert "internal error" not in log, log
-    root = _run_root(tmp_path)
+    root = run_root(tmp_path)
     for rank in (0, 1):
         recs = _records(root / f"rank{rank}" / "trace.jsonl")
         assert [r["step"] for r in recs] == list(range(1, 9)), rank
@@ -169,7 +147,7 @@ def test_large_learning_rate_diagnosed_diverging_on_both_ranks(tmp_path):
     d = json.loads(out.read_text())
     assert d["verdict"] == "diverging" and d["cause"] == "step_size_too_large", d
     assert d["confidence"] >= 0.8
-    root = _run_root(tmp_path)
+    root = run_root(tmp_path)
     steps = [[r["step"] for r in _records(root / f"rank{rank}" / "trace.jsonl")]
              for rank in (0, 1)]  # fmt: skip
     assert steps[0] == steps[1] and steps[0][-1] == d["step"] < 40  # stopped together, early
@@ -187,7 +165,7 @@ def test_mixed_fsdp2_and_plain_module(tmp_path):
     assert "internal error" not in log, log
     d = json.loads(out.read_text())
     assert d["rank"] == 1 and d["cause"] == "nonfinite_input" and d["step"] == 6, d
-    root = _run_root(tmp_path)
+    root = run_root(tmp_path)
     last = {rank: _records(root / f"rank{rank}" / "trace.jsonl")[-1] for rank in (0, 1)}
     for rank in (0, 1):
         assert last[rank]["step"] == 6
@@ -206,7 +184,7 @@ def test_a_fault_on_one_rank_turns_the_measures_off_on_both_and_nothing_hangs(tm
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log  # the training run went on to its end on both ranks
     assert "rank 0 step 10" in proc.stdout and "rank 1 step 10" in proc.stdout
-    root = _run_root(tmp_path)
+    root = run_root(tmp_path)
     for rank in (0, 1):
         recs = _records(root / f"rank{rank}" / "trace.jsonl")
         assert [r["step"] for r in recs] == list(range(1, 11))  # the loss is still recorded
