@@ -49,6 +49,30 @@ def test_torch_script_sweep_names_the_factor(
     assert "use 0.01" in printed
 
 
+@pytest.mark.parametrize("schedule", ["loop", "lambdalr"])
+def test_a_script_that_sets_its_own_lr_every_step_is_swept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, schedule: str
+) -> None:
+    """A loop that writes ``param_group["lr"] = get_lr(it)`` before each step (GPT trainers)
+    gets the factor on every write; a torch scheduler's lr is scaled once, not twice."""
+    pytest.importorskip("torch")
+    lrs = tmp_path / "lrs.txt"
+    monkeypatch.setenv("NANSCOPE_TEST_LR_OUT", str(lrs))
+    script = str(SCRIPTS / "torch_schedule_loop.py")
+    args = ["python", script, "0.1"] + (["lambdalr"] if schedule == "lambdalr" else [])
+    code, data = _sweep(tmp_path, "--factors", "1,0.1", "--updates", "60", "--", *args)
+    assert code == 0
+    by_factor = {r["factor"]: r for r in data["results"]}
+    assert by_factor[1.0]["outcome"] == "diverged"
+    assert by_factor[0.1]["outcome"] == "descended"
+    assert data["recommended_factor"] == 0.1
+    # at update 20 the optimizer held factor x the schedule's lr, in each child
+    for line in lrs.read_text().splitlines():
+        factor, used, scheduled = map(float, line.split())
+        assert used == pytest.approx(factor * scheduled)
+    assert len(lrs.read_text().splitlines()) == 2
+
+
 def test_numpy_script_takes_the_factor_and_all_target_forms(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -5,7 +5,10 @@ Two ways a fit takes the factor of a sweep:
 * **PyTorch**: :func:`install` puts a post-import hook on ``sys.meta_path``. When (and only
   when) the script imports ``torch``, the hook wraps ``torch.optim.Optimizer.__init__`` and
   ``add_param_group`` so that the default ``lr`` and every explicit per-group ``lr`` are multiplied
-  by the factor, registers a global optimizer step post hook (that is how the child counts updates),
+  by the factor (and so is every lr the script's own code writes into a param group later, as
+  loops with a hand-written warm-up/cosine schedule do before each step; a torch or library
+  scheduler derives its lr from the scaled one and is left alone: :class:`ScaledGroup`),
+  registers a global optimizer step post hook (that is how the child counts updates),
   captures the scalar loss each ``backward()`` is called on, and seeds torch. A numpy-only script
   never imports torch.
 * **Anything else**: the child sets ``NANSCOPE_LR_FACTOR``; the fit multiplies its own learning
@@ -25,7 +28,7 @@ from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
 
-__all__ = ["ENV_FACTOR", "install", "lr_factor", "scale_lr"]
+__all__ = ["ENV_FACTOR", "ScaledGroup", "install", "lr_factor", "scale_lr"]
 
 #: the environment variable the sweep's child sets to the factor of its run
 ENV_FACTOR = "NANSCOPE_LR_FACTOR"
@@ -66,6 +69,43 @@ def scale_lr(lr: Any, factor: float) -> Any:
         return lr
 
 
+def _written_by_library(filename: str) -> bool:
+    return (
+        filename.startswith(_LIBRARY_DIRS)
+        or "site-packages" in filename
+        or "dist-packages" in filename
+        or filename.startswith("<frozen")
+    )
+
+
+_LIBRARY_DIRS: tuple[str, ...] = (os.path.dirname(os.path.dirname(os.path.abspath(__file__))),)
+
+
+class ScaledGroup(dict):  # type: ignore[type-arg]
+    """An optimizer param group whose ``lr``, when the script's own code assigns it, is scaled.
+
+    The script's code writes the learning rate of its schedule (nanoGPT-style loops call
+    ``param_group["lr"] = get_lr(it)`` before every step): that value is the unscaled one and
+    takes the factor. A scheduler in torch or another library computes its lr from the lr the
+    group already holds (scaled at construction), so its writes are kept as they are.
+    """
+
+    def __init__(self, group: dict[str, Any], factor: float) -> None:
+        super().__init__(group)
+        self._factor = factor
+        #: how many lr assignments from the script's own code were scaled
+        self.scaled_writes = 0
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        if key == "lr" and not _written_by_library(sys._getframe(1).f_code.co_filename):
+            value = scale_lr(value, self._factor)
+            self.scaled_writes += 1
+        super().__setitem__(key, value)
+
+    def __reduce_ex__(self, protocol: Any) -> Any:  # pickled / deep-copied as a plain dict
+        return (dict, (dict(self),))
+
+
 class TorchEvents:
     """What the patched torch reports to the child harness (callbacks, set by the child)."""
 
@@ -98,6 +138,11 @@ def _patch_torch(torch: ModuleType, factor: float, seed: int | None, events: Tor
             param_group = dict(param_group)
             param_group["lr"] = scale_lr(param_group["lr"], factor)
         original_add(self, param_group)
+        groups = getattr(self, "param_groups", None)
+        if groups and type(groups[-1]) is dict:
+            # a script that sets the lr itself every step (a warm-up/cosine loop writing
+            # param_group["lr"] = get_lr(it)) would undo the scaling done here
+            groups[-1] = ScaledGroup(groups[-1], factor)
 
     optimizer_cls.__init__ = __init__
     optimizer_cls.add_param_group = add_param_group
