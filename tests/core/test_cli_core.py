@@ -69,6 +69,19 @@ def test_run_passes_the_scripts_exit_code_and_output(tmp_path):
     assert "hello from the script" in proc.stdout
 
 
+def test_run_names_the_error_a_script_stopped_with_before_any_update(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("import json\n\n\ndef load():\n    return json.loads('{')\n\n\nload()\n")
+    out = tmp_path / "d.json"
+    proc = _nanscope("run", "--json", str(out), "--", str(script), cwd=tmp_path)
+    assert proc.returncode == 1
+    assert "Traceback" in proc.stderr  # the script's own traceback is shown
+    assert "stopped with JSONDecodeError at train.py:5 before any update" in proc.stderr
+    data = json.loads(out.read_text())
+    assert data["verdict"] == "unobserved"
+    assert "fix that error" in data["actions"][0]
+
+
 def test_run_module_form(tmp_path):
     pkg = tmp_path / "trainpkg"
     pkg.mkdir()

@@ -19,6 +19,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import sysconfig
 import threading
 import time
 import traceback
@@ -198,6 +199,8 @@ class _Signals:
 
     def __init__(self) -> None:
         self.caught: str | None = None
+        #: "ValueError at train.py:47" when the script ended with an uncaught exception
+        self.crashed: str | None = None
         self._saved: dict[int, Any] = {}
 
     def __enter__(self) -> _Signals:
@@ -234,6 +237,17 @@ def _user_traceback(exc: BaseException) -> None:
     if tb is not None:
         exc.__traceback__ = tb
     traceback.print_exception(exc)
+
+
+def _where_it_crashed(exc: BaseException) -> str:
+    """``"ValueError at train.py:47"``: the exception and the script's innermost line it passed."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not _is_ours(f.filename)]
+    stdlib = sysconfig.get_paths()["stdlib"] + os.sep
+    own = [f for f in frames if "-packages" not in f.filename
+           and not f.filename.startswith(("<", stdlib))]  # fmt: skip
+    at = (own or frames)[-1:] if frames else []
+    where = f" at {os.path.basename(at[0].filename)}:{at[0].lineno}" if at else ""
+    return f"{type(exc).__name__}{where}"
 
 
 def _is_ours(filename: str) -> bool:
@@ -318,6 +332,7 @@ def _execute(target: Target, signals: _Signals) -> tuple[int, DivergenceError | 
         if stop is not None:
             return EXIT_STOPPED, stop
         _user_traceback(exc)
+        signals.crashed = _where_it_crashed(exc)
         return 1, None
     finally:
         sys.argv, sys.path[:] = saved_argv, saved_path
@@ -438,7 +453,7 @@ def link_scan(path: str, diagnosis: Diagnosis) -> dict[str, object]:
     }
 
 
-def _unobserved(reason: str, *, program: bool = False) -> Diagnosis:
+def _unobserved(reason: str, *, program: bool = False, crashed: bool = False) -> Diagnosis:
     """The diagnosis of a run nanscope could not watch: never healthy, the reason said (by the
     engine, from an empty trace; built here when this engine has no such verdict)."""
     from nanscope.diagnose.diagnosis import Evidence
@@ -462,6 +477,11 @@ def _unobserved(reason: str, *, program: bool = False) -> Diagnosis:
         diagnosis.actions = [
             "Run the Python training script itself under nanscope (nanscope run -- python "
             "train.py): a Python fit is watched through torch.optim or nanscope.Monitor.",
+        ]
+    elif crashed:
+        diagnosis.actions = [
+            "The script raised before its first update (its traceback is above): fix that "
+            "error, then run it again under nanscope.",
         ]
     return diagnosis
 
@@ -567,9 +587,12 @@ def main(argv: list[str]) -> int:
                       "watches Python: nanscope run -- python train.py)")  # fmt: skip
         else:
             reason = f"{target.name} created no Monitor and no watched optimizer stepped"
+            if signals.crashed:
+                reason = f"{target.name} stopped with {signals.crashed} before any update"
         progress(f"nanscope: {reason}; nothing to diagnose")
         if args.json or args.html:
-            diagnosis = _unobserved(reason, program=target.program is not None)
+            diagnosis = _unobserved(reason, program=target.program is not None,
+                                    crashed=bool(signals.crashed))  # fmt: skip
             if signals.caught:
                 diagnosis.extra["interrupted"] = {"signal": signals.caught, "step": None}
             write_json(diagnosis, args.json)
