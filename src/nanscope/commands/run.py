@@ -241,6 +241,8 @@ def _user_traceback(exc: BaseException) -> None:
 
 def _where_it_crashed(exc: BaseException) -> str:
     """``"ValueError at train.py:47"``: the exception and the script's innermost line it passed."""
+    if isinstance(exc, SyntaxError) and exc.filename and exc.lineno:  # the file that won't parse
+        return f"{type(exc).__name__} at {os.path.basename(exc.filename)}:{exc.lineno}"
     frames = [f for f in traceback.extract_tb(exc.__traceback__) if not _is_ours(f.filename)]
     stdlib = sysconfig.get_paths()["stdlib"] + os.sep
     own = [f for f in frames if "-packages" not in f.filename
