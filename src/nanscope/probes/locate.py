@@ -644,7 +644,10 @@ class _Locator:
         in_finite = _all_finite(ins)
         entry: dict[str, Any] = {
             "op": name, "module": module, "ins": [summary(t) for t in ins[:4]],
-            "out": summary(outs[0]), "stack": traceback.extract_stack()[:-3],
+            "out": summary(outs[0]),
+            # without this call and the mode's __torch_function__: the op's caller is kept (a
+            # builtin op like torch.log has no Python frame of its own between the two)
+            "stack": traceback.extract_stack()[:-2],
         }  # fmt: skip
         if in_finite and not nonfinite_scalar(args, kwargs or {}):
             self.first = entry
