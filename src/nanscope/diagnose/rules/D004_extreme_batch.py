@@ -37,6 +37,7 @@ import numpy as np
 from nanscope.diagnose.context import Context
 from nanscope.diagnose.diagnosis import Evidence, Finding
 from nanscope.diagnose.rules._common import num, row_text
+from nanscope.diagnose.rules._producer import producer_of
 
 CODE = "D004"
 CAUSE = "extreme_batch"
@@ -120,6 +121,16 @@ def check(ctx: Context) -> Finding | None:
             f"Inspect or drop {where} (column {top.get('column')} = {num(top.get('value'))}, "
             f"{num(top.get('z'))} robust standard deviations out)."
         )
+        prod = producer_of(ctx.located)
+        if prod is not None and prod.known and prod.past_range() and not prod.inputs_nonfinite():
+            # where that row's value overflowed: an op that got finite (huge) inputs
+            text = f"the first non-finite value came from {prod.where()}"
+            values = prod.values_text()
+            if values:
+                text += f" ({values})"
+            text += f" [{prod.how()}, {prod.phase or '?'}]"
+            evidence.append(Evidence(CODE, text, {"op": prod.op, "phase": prod.phase,
+                                                  "observed": prod.observed}))  # fmt: skip
     else:
         measured = ctx.trace.has("input_absmax")
         confidence = 0.3 if measured or _departed(ctx) else 0.5
