@@ -63,6 +63,10 @@ def _experiment(change: str, f: TorchFailure, found: dict[str, Any]) -> dict[str
     located = found.get("located") or {}
     if change == "lr_x0.1":
         return _lr_entry(f, located)
+    if change == "float32" and located.get("phase") in ("preprocess", "optimizer"):
+        # the producer is the training loop's own code or the optimizer's arithmetic: neither is
+        # rerun (the model would only get the broken batch, or the step the same gradients)
+        return _recomputed_entry(f, located)
     if f.what == "weight" or located.get("phase") == "optimizer":
         return None  # the weights broke in a step: only the step could be rerun (lr entry)
     model = f.model
@@ -106,6 +110,42 @@ def _lr_entry(f: TorchFailure, located: dict[str, Any]) -> dict[str, Any]:
             "text": f"the {f.what} of update {f.step} is computed from the weights before its "
                     "step: a tenth of the learning rate leaves it non-finite (the step size did "
                     "not make this value)"}  # fmt: skip
+
+
+def _recomputed_entry(f: TorchFailure, located: dict[str, Any]) -> dict[str, Any] | None:
+    """``float32`` for a producer outside the model: the op itself, recomputed from its inputs."""
+    dtype = str(located.get("dtype") or "")
+    if dtype not in ("float16", "bfloat16"):
+        return None  # already float32: nothing to change
+    where = _where(located)
+    phase = "the training loop's preprocessing" if located.get("phase") == "preprocess" else (
+        "the optimizer step")
+    scope = f"the producer op recomputed in float32 ({phase} is not rerun)"
+    recomputed = located.get("recomputed") or {}
+    wide = recomputed.get("float32") if isinstance(recomputed, dict) else None
+    precision = located.get("precision")
+    if isinstance(precision, dict) and precision.get("value") is not None:
+        value = float(precision["value"])
+        return {"change": "float32", "ran": True, "finite": True, "loss": None, "scope": scope,
+                "producer_value": value,
+                "text": f"the producer {where} recomputed in float32 from the same inputs "
+                        f"(update {f.step}) gives {value:.3g}, finite, past the {dtype} limit "
+                        f"{float(precision.get('limit') or 0.0):.6g}: a precision overflow"}
+    if isinstance(wide, dict) and wide.get("finite") is False:
+        return {"change": "float32", "ran": True, "finite": False, "loss": None, "scope": scope,
+                "text": f"the producer {where} recomputed in float32 from the same inputs "
+                        f"(update {f.step}) is still non-finite: not a precision overflow"}
+    return {"change": "float32", "ran": False, "finite": None, "loss": None, "scope": scope,
+            "text": f"not run: the producer {where} in {phase} could not be recomputed in "
+                    "float32"}  # fmt: skip
+
+
+def _where(located: dict[str, Any]) -> str:
+    text = str(located.get("op"))
+    source = located.get("source") or {}
+    if isinstance(source, dict) and source.get("file"):
+        text += f" at {source['file']}:{source.get('line')}"
+    return text
 
 
 def _suspect_rows(found: dict[str, Any]) -> list[int]:
