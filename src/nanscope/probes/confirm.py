@@ -118,6 +118,7 @@ def _recomputed_entry(f: TorchFailure, located: dict[str, Any]) -> dict[str, Any
     if dtype not in ("float16", "bfloat16"):
         return None  # already float32: nothing to change
     where = _where(located)
+    update = located.get("update") or f.step  # an optimizer producer is the step before
     phase = "the training loop's preprocessing" if located.get("phase") == "preprocess" else (
         "the optimizer step")
     scope = f"the producer op recomputed in float32 ({phase} is not rerun)"
@@ -129,12 +130,12 @@ def _recomputed_entry(f: TorchFailure, located: dict[str, Any]) -> dict[str, Any
         return {"change": "float32", "ran": True, "finite": True, "loss": None, "scope": scope,
                 "producer_value": value,
                 "text": f"the producer {where} recomputed in float32 from the same inputs "
-                        f"(update {f.step}) gives {value:.3g}, finite, past the {dtype} limit "
+                        f"(update {update}) gives {value:.3g}, finite, past the {dtype} limit "
                         f"{float(precision.get('limit') or 0.0):.6g}: a precision overflow"}
     if isinstance(wide, dict) and wide.get("finite") is False:
         return {"change": "float32", "ran": True, "finite": False, "loss": None, "scope": scope,
                 "text": f"the producer {where} recomputed in float32 from the same inputs "
-                        f"(update {f.step}) is still non-finite: not a precision overflow"}
+                        f"(update {update}) is still non-finite: not a precision overflow"}
     return {"change": "float32", "ran": False, "finite": None, "loss": None, "scope": scope,
             "text": f"not run: the producer {where} in {phase} could not be recomputed in "
                     "float32"}  # fmt: skip
