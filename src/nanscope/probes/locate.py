@@ -50,7 +50,7 @@ __all__ = ["HALF_MAX", "inspect_graph", "locate"]
 HALF_MAX = 65504.0
 
 #: backward nodes (by name fragment) that turn a zero or a huge input into inf/NaN
-_HAZARD_NODES = ("Log", "Div", "Sqrt", "Rsqrt", "Norm", "Pow", "Reciprocal", "Exp", "Xlogy",
+_HAZARD_NODES = ("Log", "Div", "Sqrt", "Rsqrt", "Norm", "Pow", "Reciprocal", "Exp", "Xlogy", "Entr",
                  "BinaryCrossEntropy", "Atan2", "Acos", "Asin", "Cdist", "Erfinv")  # fmt: skip
 
 #: how an op is spelled in source code, for the last-resort line scan
@@ -261,6 +261,8 @@ def _source_from_stack(stack: list[traceback.FrameSummary], lib: tuple[str, ...]
 
 def _op_family(op: str) -> str:
     low = op.lower()
+    if "special_entr" in low or "specialentr" in low or low == "entr":
+        return "xlogy"  # -x log x: finite at 0, its gradient -(log x + 1) is not
     for family in ("rsqrt", "sqrt", "reciprocal", "binary_cross_entropy", "binarycrossentropy",
                    "xlogy", "log", "div", "norm", "pow", "exp", "cosine"):  # fmt: skip
         if family in low:
@@ -934,7 +936,8 @@ class _Locator:
 #: with the saved tensors gone, which op most often makes the non-finite value, per phase
 _LIKELY = {
     "forward": ("Log", "Xlogy", "Div", "Reciprocal", "Rsqrt", "Exp", "Pow", "Sqrt"),
-    "backward": ("Sqrt", "Norm", "Rsqrt", "Cdist", "Pow", "Div", "Atan2", "Acos", "Asin", "Log"),
+    "backward": ("Sqrt", "Norm", "Rsqrt", "Cdist", "Pow", "Div", "Atan2", "Acos", "Asin", "Xlogy",
+                 "Entr", "Log"),
 }
 
 

@@ -158,6 +158,15 @@ def check(ctx: Context) -> Finding | None:
             )
         )
     actions = list(ACTIONS)
+    if prod is not None and op_is_log and prod.phase == "backward" and prod.observed:
+        # the forward was finite (xlogy / entr are 0 at 0): the log is in the op's gradient
+        evidence.append(Evidence(
+            CODE, f"the forward of {prod.forward_op or prod.op} was finite; its gradient is not: "
+            "d/dp of -p log p is -(log p + 1), -inf at p = 0 (a probability masked or rounded "
+            "to exactly 0), and 0 * inf is NaN", {"phase": "backward"}))  # fmt: skip
+        actions.insert(0, "Compute the entropy (or x log x) from log-probabilities: "
+                          "-(p * log_p).sum(-1) with log_p = log_softmax(logits), whose gradient "
+                          "is finite at p = 0; or clamp p to [eps, 1] before xlogy / entr.")
     if computed:
         evidence.append(Evidence(
             CODE, "the -inf/NaN in the batch is computed by this log in the training loop, not "
