@@ -17,7 +17,9 @@ Fingerprint
 
 Evidence
     The spike (its ratio to the recent loss), how long the descent lasted, and the extreme row:
-    batch row, dataset row where known, column, value and robust z-score.
+    batch row, dataset row where known, column, value and robust z-score; where the row's value
+    overflowed, the producer (an ``exp`` or a squared error that got finite, huge inputs) with its
+    module and line.
 
 Action
     Inspect or drop that row; clip the gradient norm so one row cannot dominate an update; a robust

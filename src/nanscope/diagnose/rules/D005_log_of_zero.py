@@ -4,6 +4,8 @@ What it does
     Follows the producer (the first op whose inputs were finite and whose output was not): it
     fires only when that op is log-like (``log``, ``xlogy``, ``binary_cross_entropy``, ``nll``) and,
     with full confidence, only when its argument was seen at exactly 0 or outside the log's domain.
+    ``torch.special.entr`` and ``xlogy`` count as logs: finite at 0 in the forward, their gradient
+    ``-(log p + 1)`` is not, so the producer is their backward node (a masked probability of 0).
     When another op produced the value it stays silent. When no producer was located (a numpy fit
     that silences its floating-point errors), a non-finite loss with a finite gradient, finite
     weights and finite inputs is an inferred suspicion, at lower confidence.
