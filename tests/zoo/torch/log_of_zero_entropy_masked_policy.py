@@ -29,7 +29,8 @@ class Policy(nn.Module):
     def forward(self, obs, legal, actions, returns):
         logits = self.net(obs).masked_fill(~legal, -1e9)
         logp = torch.log_softmax(logits, dim=-1)
-        entropy = torch.special.entr(logp.exp()).sum(-1)
+        probs = torch.softmax(logits, dim=-1)
+        entropy = torch.special.entr(probs).sum(-1)
         chosen = logp.gather(1, actions[:, None]).squeeze(1)
         return -(returns * chosen).mean() - self.beta * entropy.mean()
 
