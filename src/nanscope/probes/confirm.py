@@ -95,9 +95,15 @@ def _experiment(change: str, f: TorchFailure, found: dict[str, Any]) -> dict[str
                             f"in every row of the batch ({cols.get('rows')} rows): no row can be "
                             "left out; the column is broken, not rows"}  # fmt: skip
     rows = _suspect_rows(found)
-    if not rows:
+    if rows:
+        return _rerun(f, located, change, drop=rows)
+    # no bad or extreme row in the data: the rows whose (finite) values made the producer's
+    # non-finite output, seen in the replay (a flat trace divided by its std of 0, a
+    # probability of exactly 0): leaving them out tests that they, not the weights, broke it
+    rows = [r for r in located.get("producer_rows") or [] if isinstance(r, int)][:64]
+    if not rows or located.get("phase") not in ("forward", "backward"):
         return None
-    return _rerun(f, located, change, drop=rows)
+    return _rerun(f, located, change, drop=rows, basis="producer")
 
 
 def _lr_entry(f: TorchFailure, located: dict[str, Any]) -> dict[str, Any]:
@@ -161,7 +167,7 @@ def _suspect_rows(found: dict[str, Any]) -> list[int]:
 
 
 def _rerun(f: TorchFailure, located: dict[str, Any], change: str, *, dtype: Any = None,
-           drop: list[int] | None = None) -> dict[str, Any]:  # fmt: skip
+           drop: list[int] | None = None, basis: str = "suspect") -> dict[str, Any]:  # fmt: skip
     import torch
 
     model = f.model
@@ -226,9 +232,12 @@ def _rerun(f: TorchFailure, located: dict[str, Any], change: str, *, dtype: Any 
     out_finite = all(bool(torch.isfinite(t.detach()).all()) for t in outs)
     out_max = max((float(t.detach().float().abs().max()) for t in outs if t.numel()), default=0.0)
     what = _what(change, drop, f)
+    if basis == "producer":
+        what = what.replace(", update", f" (where {located.get('op')} made its value), update")
     entry: dict[str, Any] = {"change": change, "ran": True, "loss": None}
     if drop:
         entry["rows"] = list(drop)
+        entry["rows_from"] = "producer" if basis == "producer" else "probes"
     if loss is not None and isinstance(loss, torch.Tensor):
         value = float(loss.detach().float().reshape(-1)[0]) if loss.numel() else math.nan
         params = [p for p in state.values() if p.requires_grad]
@@ -245,8 +254,30 @@ def _rerun(f: TorchFailure, located: dict[str, Any], change: str, *, dtype: Any 
             tail += ", but a gradient is not"
         if not finite and change == "without_rows":
             tail += ": leaving those rows out does not make the update finite"
-        entry["text"] = f"{what} {tail}" + (_meaning(change) if finite else "")
+        entry["text"] = f"{what} {tail}" + (_meaning(change, basis, located) if finite else "")
         return entry
+    producer_phase = located.get("phase")
+    if out_finite and producer_phase == "backward" and located.get("module") not in (None, "loss"):
+        # the producer is a backward node inside the model: its backward is rerun too, with the
+        # gradient at the output taken as ones (as the replay that found it did)
+        params = [p for p in state.values() if p.requires_grad]
+        roots = [t for t in outs if t.grad_fn is not None]
+        if params and roots:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                grads = torch.autograd.grad(roots[0], params, torch.ones_like(roots[0]),
+                                            allow_unused=True)  # fmt: skip
+            finite = all(bool(torch.isfinite(g).all()) for g in grads if g is not None)
+            entry.update(finite=finite, scope="forward and backward of the model (the gradient "
+                         "at its output taken as ones; the loop's loss expression is not rerun)")
+            text = f"{what} the model's output and its gradients are " + (
+                "finite" if finite else "not all finite")
+            if finite:
+                text += _meaning(change, basis, located)
+            elif change == "without_rows":
+                text += ": leaving those rows out does not make the update finite"
+            entry["text"] = text
+            return entry
     # the loss is the user's expression: the forward, then the producer op
     entry["scope"] = "forward only (the loss expression is the training loop's own code)"
     entry["finite"] = out_finite
@@ -263,7 +294,6 @@ def _rerun(f: TorchFailure, located: dict[str, Any], change: str, *, dtype: Any 
                  f"{float(precision.get('value') or 0.0):.3g}, finite: a precision overflow")
         entry["text"] = text
         return entry
-    producer_phase = located.get("phase")
     if out_finite and change == "float32" and producer_phase in ("loss", "backward", "preprocess"):
         precision = located.get("precision")
         if isinstance(precision, dict) and precision.get("value") is not None:
@@ -294,7 +324,7 @@ def _rerun(f: TorchFailure, located: dict[str, Any], change: str, *, dtype: Any 
             entry["finite"] = None
             text += "; the producer is in the loss expression and could not be recomputed"
     elif out_finite and producer_phase in ("forward", None):
-        text += _meaning(change)
+        text += _meaning(change, basis, located)
     elif out_finite:
         entry["finite"] = None
         text += "; the failure is outside the model's forward, which could not be rerun"
@@ -302,7 +332,10 @@ def _rerun(f: TorchFailure, located: dict[str, Any], change: str, *, dtype: Any 
     return entry
 
 
-def _meaning(change: str) -> str:
+def _meaning(change: str, basis: str = "suspect", located: dict[str, Any] | None = None) -> str:
+    if change == "without_rows" and basis == "producer":
+        op = (located or {}).get("op")
+        return f": the values in those rows are what made {op} non-finite"
     return {"float32": ": a precision overflow", "without_rows": ": those rows are the cause"}.get(
         change, ""
     )

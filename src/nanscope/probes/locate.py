@@ -654,6 +654,7 @@ class _Locator:
         if in_finite and not nonfinite_scalar(args, kwargs or {}):
             self.first = entry
             entry["call"] = (func, args, kwargs)
+            entry["rows"] = self._batch_rows(outs[0])
         elif self.first_nan is None and entry["out"].get("nan") and not any(
             s.get("nan") for s in entry["ins"]
         ):
@@ -689,6 +690,8 @@ class _Locator:
             "output": "nan" if origin["out"].get("nan") else "inf",
         }
         located["input_zero"] = located["inputs"] == "exactly zero"
+        if origin is self.first and origin.get("rows"):
+            located["producer_rows"] = origin["rows"]
         if origin is self.first and self.chain:
             located["chain"] = [{k: v for k, v in c.items() if v is not None} for c in self.chain]
         with contextlib.suppress(Exception):
@@ -764,6 +767,7 @@ class _Locator:
         torch = self.torch
         nodes = _walk(root.grad_fn)
         hits: list[Any] = []
+        rows: list[int] = []
         handles = []
 
         def make(node: Any) -> Any:
@@ -774,6 +778,7 @@ class _Locator:
                 go = [g for g in grad_outputs if g is not None and g.is_floating_point()]
                 if gi and not _all_finite(gi) and _all_finite(go):
                     hits.append(node)
+                    rows.extend(self._batch_rows(next(g for g in gi if not _all_finite([g]))))
 
             return hook
 
@@ -792,7 +797,25 @@ class _Locator:
                 h.remove()
         if not hits:
             return None
-        return self._node_located(hits[0], "backward")
+        located = self._node_located(hits[0], "backward")
+        if rows:
+            located["producer_rows"] = rows
+        return located
+
+    def _batch_rows(self, t: Any) -> list[int]:
+        """The batch rows (first dimension) where ``t`` is non-finite, when ``t`` has one row per
+        batch row and only a few of them are: the rows whose values made the producer's output."""
+        torch = self.torch
+        batch = next((int(x.shape[0]) for x in _tensors((self.f.args, self.f.kwargs))
+                      if x.dim() >= 1), None)  # fmt: skip
+        if batch is None or batch < 2 or t.dim() < 1 or int(t.shape[0]) != batch:
+            return []
+        with torch.no_grad():
+            bad = ~torch.isfinite(t.detach().reshape(batch, -1)).all(dim=1)
+            rows = [int(r) for r in torch.nonzero(bad).reshape(-1).tolist()]
+        # a few rows, not most of the batch (then it is no row's story: leaving them out would
+        # leave out the batch)
+        return rows if len(rows) <= min(64, batch // 2) else []
 
     def _node_located(self, node: Any, phase: str) -> dict[str, Any]:
         name = type(node).__name__
