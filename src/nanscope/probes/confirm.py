@@ -325,6 +325,10 @@ def _rerun(f: TorchFailure, located: dict[str, Any], change: str, *, dtype: Any 
             text += "; the producer is in the loss expression and could not be recomputed"
     elif out_finite and producer_phase in ("forward", None):
         text += _meaning(change, basis, located)
+    elif out_finite and change == "without_rows" and producer_phase == "preprocess":
+        # the model got the loop's output: leaving rows out of it is exact for the forward
+        text += (f": the values the training loop's {located.get('op')} made in those rows are "
+                 "what broke the update")
     elif out_finite:
         entry["finite"] = None
         text += "; the failure is outside the model's forward, which could not be rerun"

@@ -104,6 +104,15 @@ def locate(failure: TorchFailure) -> dict[str, Any]:
     if failure.extra.get("alarm", "nonfinite") != "nonfinite":
         return result
     try:
+        _with_loop_producer(result, failure)
+    except Exception as exc:  # a probe bug must never kill the user's run
+        warnings.warn(
+            f"nanscope: the re-evaluation of the loop's preprocessing failed "
+            f"({type(exc).__name__}: {exc}). Please report this.",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+    try:
         from nanscope.probes.confirm import confirm
 
         result["confirmation"] = confirm(failure, result)
@@ -155,6 +164,29 @@ def _with_producer(result: dict[str, Any], live: dict[str, Any] | None,
                     "was finite, and the loss's graph held no op that made the value",
         }  # fmt: skip
     return result
+
+
+def _with_loop_producer(result: dict[str, Any], failure: TorchFailure) -> None:
+    """A later update whose batch the training loop made non-finite: its preprocessing lines,
+    re-evaluated (:mod:`nanscope.probes.loop`), name the producer the model replay cannot see."""
+    located = result.get("located") or {}
+    if located.get("phase") == "preprocess" and located.get("observed"):
+        return  # the first-update watch saw it
+    from nanscope.probes.loop import replay_preprocess
+
+    found = replay_preprocess(failure)
+    if not found:
+        return
+    rows = found.pop("input_rows", None) or []
+    if located.get("op"):
+        found["replay"] = {k: located.get(k) for k in ("phase", "op", "module", "note", "how")
+                           if located.get(k) is not None}  # fmt: skip
+    found["detected"] = failure.what
+    result["located"] = {k: v for k, v in found.items() if v is not None}
+    if rows:
+        for row in rows:
+            row.setdefault("before", f"{found.get('op')} at line {found['source']['line']}")
+        result["rows"] = list(result.get("rows") or []) + rows
 
 
 def _weights_nonfinite(model: Any) -> bool:
