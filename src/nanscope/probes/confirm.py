@@ -327,8 +327,7 @@ def _rerun(f: TorchFailure, located: dict[str, Any], change: str, *, dtype: Any 
         text += _meaning(change, basis, located)
     elif out_finite and change == "without_rows" and producer_phase == "preprocess":
         # the model got the loop's output: leaving rows out of it is exact for the forward
-        text += (f": the values the training loop's {located.get('op')} made in those rows are "
-                 "what broke the update")
+        text += _meaning(change, basis, located)
     elif out_finite:
         entry["finite"] = None
         text += "; the failure is outside the model's forward, which could not be rerun"
@@ -337,6 +336,9 @@ def _rerun(f: TorchFailure, located: dict[str, Any], change: str, *, dtype: Any 
 
 
 def _meaning(change: str, basis: str = "suspect", located: dict[str, Any] | None = None) -> str:
+    if change == "without_rows" and (located or {}).get("phase") == "preprocess":
+        return (f": the values the training loop's {(located or {}).get('op')} made in those rows "
+                "are what broke the update")
     if change == "without_rows" and basis == "producer":
         op = (located or {}).get("op")
         return f": the values in those rows are what made {op} non-finite"
