@@ -64,9 +64,9 @@ class LogOfProbability(Rule):
         root, last, recv = ctx.func_parts(node)
         if last in ("entr", "xlogy") and root == "torch" and recv is None and node.args:
             # -p log p: finite at 0 in the forward, -(log p + 1) = inf in the backward
-            arg = node.args[-1] if last == "xlogy" else node.args[0]
-            k = ctx.kind(arg, site.scope, site.comps)
-            if k & K.PROB and not k & K.SAFE:
+            prob = node.args[-1] if last == "xlogy" else node.args[0]
+            kp = ctx.kind(prob, site.scope, site.comps)
+            if kp & K.PROB and not kp & K.SAFE:
                 yield Hit(
                     node,
                     f"{last} of a probability is finite at p == 0, but its gradient "
