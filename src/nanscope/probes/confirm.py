@@ -101,8 +101,10 @@ def _experiment(change: str, f: TorchFailure, found: dict[str, Any]) -> dict[str
     # non-finite output, seen in the replay (a flat trace divided by its std of 0, a
     # probability of exactly 0): leaving them out tests that they, not the weights, broke it
     rows = [r for r in located.get("producer_rows") or [] if isinstance(r, int)][:64]
-    if not rows or located.get("phase") not in ("forward", "backward"):
-        return None
+    inside = located.get("phase") == "forward" or (
+        located.get("phase") == "backward" and located.get("module") not in (None, "loss"))
+    if not rows or not inside:
+        return None  # a backward node of no known module: its backward cannot be rerun alone
     return _rerun(f, located, change, drop=rows, basis="producer")
 
 
