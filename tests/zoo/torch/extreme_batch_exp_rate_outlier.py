@@ -1,6 +1,7 @@
 """A Poisson regression of daily orders on store features (``nn.PoissonNLLLoss`` on the rate),
-with the rate computed inside the model as ``torch.exp(score)``. The features are standardised, except that store 1834's floor
-area was typed in square metres times 1000 (a unit error): 850 where the others are of order one.
+with the rate computed inside the model as ``torch.exp(score)``. The features are standardised,
+except that store 1834's floor area was typed in square metres times 1000 (a unit error): 850
+where the others are of order one.
 
 The model fits for many updates; the batch holding that row gives it a score of several hundred
 and ``exp`` overflows float32 (past 88.7) inside the model's forward: the rate is inf and the loss
