@@ -1,4 +1,4 @@
-"""Assay readings stored in log space (natural log of a concentration, of order 0 to 5); the
+"""Assay readings stored in log space (natural log of a concentration, about 2.5); the
 training loop converts them back with ``torch.exp`` before the model.
 
 Dataset row 1500 is a corrupted record whose second reading is 95 (the instrument's overflow
@@ -20,7 +20,7 @@ BAD_ROWS = [1500]
 
 torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
 torch.manual_seed(int(os.environ.get("ZOO_SEED", "0")))
-log_conc = 2.5 + 0.8 * torch.randn(2000, 4)
+log_conc = 2.5 + 0.3 * torch.randn(2000, 4)
 response = (torch.exp(log_conc) @ torch.tensor([0.02, -0.01, 0.03, 0.0])).unsqueeze(1)
 log_conc[1500, 1] = 95.0  # the instrument's overflow code
 loader = DataLoader(TensorDataset(log_conc, response), batch_size=50, shuffle=False)
