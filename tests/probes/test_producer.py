@@ -420,3 +420,74 @@ def test_a_replayed_backward_producer_in_a_torch_module_gets_the_model_call_line
     assert loc["phase"] == "backward" and d.cause == "fp16_overflow", loc
     _marked(loc, "the model call line")
     assert loc["source"]["call"] == "model"
+
+
+class HalfMoment(torch.optim.Optimizer):
+    """Momentum SGD whose buffer is float16: a gradient past 65504 overflows it."""
+
+    def __init__(self, params, lr: float = 1e-3) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(params, {"lr": lr})
+
+    @torch.no_grad()
+    def step(self, closure=None):  # type: ignore[no-untyped-def]
+        for group in self.param_groups:
+            for p in group["params"]:
+                state = self.state[p]
+                if not state:
+                    state["m"] = torch.zeros_like(p, dtype=torch.float16)
+                m = state["m"]
+                m.mul_(0.9).add_(p.grad)  # the half buffer line
+                p.sub_(group["lr"] * m.float() / m.float().abs().clamp_min(1e-12))
+
+
+def test_a_float16_optimizer_state_overflow_is_recomputed_in_float32() -> None:
+    torch.manual_seed(0)
+    X = 1000 * torch.randn(64, 3)
+    y = 1e5 * torch.randn(64, 1)
+    model = nn.Linear(3, 1)
+    opt = HalfMoment(model.parameters(), lr=1e-3)
+
+    def body(step: int) -> None:
+        opt.zero_grad()
+        nn.functional.mse_loss(model(X), y).backward()
+        opt.step()
+
+    d = _fit(model, opt, 4, body)
+    loc = d.located
+    assert loc["phase"] == "optimizer" and loc["op"] == "add" and loc["dtype"] == "float16"
+    _marked(loc, "the half buffer line")
+    assert d.cause == "fp16_overflow"
+    f32 = {c["change"]: c for c in d.confirmation}["float32"]
+    assert f32["ran"] and f32["finite"] and f32["producer_value"] > producer.HALF_MAX
+    assert "not rerun" in f32["scope"]
+
+
+class Standardise(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(16, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin((x - x.mean(-1, keepdim=True)) / x.std(-1, keepdim=True))
+
+
+def test_without_rows_leaves_out_the_rows_the_replayed_producer_broke() -> None:
+    torch.manual_seed(0)
+    X = torch.randn(160, 16)
+    X[70] = 3.0  # a flat row in the third batch: its std is exactly 0
+    y = torch.randn(160, 1)
+    model = Standardise()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+
+    def body(step: int) -> None:
+        opt.zero_grad()
+        nn.functional.mse_loss(model(X[32 * step : 32 * (step + 1)]),
+                               y[32 * step : 32 * (step + 1)]).backward()  # fmt: skip
+        opt.step()
+
+    d = _fit(model, opt, 5, body)
+    assert d.cause == "zero_division" and d.step == 3
+    assert d.located["op"] == "div" and d.located["producer_rows"] == [6]
+    rerun = {c["change"]: c for c in d.confirmation}["without_rows"]
+    assert rerun["ran"] and rerun["finite"] and rerun["rows"] == [6]
+    assert rerun["rows_from"] == "producer"

@@ -63,6 +63,10 @@ def _experiment(change: str, f: TorchFailure, found: dict[str, Any]) -> dict[str
     located = found.get("located") or {}
     if change == "lr_x0.1":
         return _lr_entry(f, located)
+    if change == "float32" and located.get("phase") in ("preprocess", "optimizer"):
+        # the producer is the training loop's own code or the optimizer's arithmetic: neither is
+        # rerun (the model would only get the broken batch, or the step the same gradients)
+        return _recomputed_entry(f, located)
     if f.what == "weight" or located.get("phase") == "optimizer":
         return None  # the weights broke in a step: only the step could be rerun (lr entry)
     model = f.model
@@ -91,9 +95,17 @@ def _experiment(change: str, f: TorchFailure, found: dict[str, Any]) -> dict[str
                             f"in every row of the batch ({cols.get('rows')} rows): no row can be "
                             "left out; the column is broken, not rows"}  # fmt: skip
     rows = _suspect_rows(found)
-    if not rows:
-        return None
-    return _rerun(f, located, change, drop=rows)
+    if rows:
+        return _rerun(f, located, change, drop=rows)
+    # no bad or extreme row in the data: the rows whose (finite) values made the producer's
+    # non-finite output, seen in the replay (a flat trace divided by its std of 0, a
+    # probability of exactly 0): leaving them out tests that they, not the weights, broke it
+    rows = [r for r in located.get("producer_rows") or [] if isinstance(r, int)][:64]
+    inside = located.get("phase") == "forward" or (
+        located.get("phase") == "backward" and located.get("module") not in (None, "loss"))
+    if not rows or not inside:
+        return None  # a backward node of no known module: its backward cannot be rerun alone
+    return _rerun(f, located, change, drop=rows, basis="producer")
 
 
 def _lr_entry(f: TorchFailure, located: dict[str, Any]) -> dict[str, Any]:
@@ -108,6 +120,43 @@ def _lr_entry(f: TorchFailure, located: dict[str, Any]) -> dict[str, Any]:
                     "not make this value)"}  # fmt: skip
 
 
+def _recomputed_entry(f: TorchFailure, located: dict[str, Any]) -> dict[str, Any] | None:
+    """``float32`` for a producer outside the model: the op itself, recomputed from its inputs."""
+    dtype = str(located.get("dtype") or "")
+    if dtype not in ("float16", "bfloat16"):
+        return None  # already float32: nothing to change
+    where = _where(located)
+    update = located.get("update") or f.step  # an optimizer producer is the step before
+    phase = "the training loop's preprocessing" if located.get("phase") == "preprocess" else (
+        "the optimizer step")
+    scope = f"the producer op recomputed in float32 ({phase} is not rerun)"
+    recomputed = located.get("recomputed") or {}
+    wide = recomputed.get("float32") if isinstance(recomputed, dict) else None
+    precision = located.get("precision")
+    if isinstance(precision, dict) and precision.get("value") is not None:
+        value = float(precision["value"])
+        return {"change": "float32", "ran": True, "finite": True, "loss": None, "scope": scope,
+                "producer_value": value,
+                "text": f"the producer {where} recomputed in float32 from the same inputs "
+                        f"(update {update}) gives {value:.3g}, finite, past the {dtype} limit "
+                        f"{float(precision.get('limit') or 0.0):.6g}: a precision overflow"}
+    if isinstance(wide, dict) and wide.get("finite") is False:
+        return {"change": "float32", "ran": True, "finite": False, "loss": None, "scope": scope,
+                "text": f"the producer {where} recomputed in float32 from the same inputs "
+                        f"(update {update}) is still non-finite: not a precision overflow"}
+    return {"change": "float32", "ran": False, "finite": None, "loss": None, "scope": scope,
+            "text": f"not run: the producer {where} in {phase} could not be recomputed in "
+                    "float32"}  # fmt: skip
+
+
+def _where(located: dict[str, Any]) -> str:
+    text = str(located.get("op"))
+    source = located.get("source") or {}
+    if isinstance(source, dict) and source.get("file"):
+        text += f" at {source['file']}:{source.get('line')}"
+    return text
+
+
 def _suspect_rows(found: dict[str, Any]) -> list[int]:
     rows: list[int] = []
     for row in found.get("rows") or []:
@@ -120,7 +169,7 @@ def _suspect_rows(found: dict[str, Any]) -> list[int]:
 
 
 def _rerun(f: TorchFailure, located: dict[str, Any], change: str, *, dtype: Any = None,
-           drop: list[int] | None = None) -> dict[str, Any]:  # fmt: skip
+           drop: list[int] | None = None, basis: str = "suspect") -> dict[str, Any]:  # fmt: skip
     import torch
 
     model = f.model
@@ -185,9 +234,12 @@ def _rerun(f: TorchFailure, located: dict[str, Any], change: str, *, dtype: Any 
     out_finite = all(bool(torch.isfinite(t.detach()).all()) for t in outs)
     out_max = max((float(t.detach().float().abs().max()) for t in outs if t.numel()), default=0.0)
     what = _what(change, drop, f)
+    if basis == "producer":
+        what = what.replace(", update", f" (where {located.get('op')} made its value), update")
     entry: dict[str, Any] = {"change": change, "ran": True, "loss": None}
     if drop:
         entry["rows"] = list(drop)
+        entry["rows_from"] = "producer" if basis == "producer" else "probes"
     if loss is not None and isinstance(loss, torch.Tensor):
         value = float(loss.detach().float().reshape(-1)[0]) if loss.numel() else math.nan
         params = [p for p in state.values() if p.requires_grad]
@@ -204,8 +256,30 @@ def _rerun(f: TorchFailure, located: dict[str, Any], change: str, *, dtype: Any 
             tail += ", but a gradient is not"
         if not finite and change == "without_rows":
             tail += ": leaving those rows out does not make the update finite"
-        entry["text"] = f"{what} {tail}" + (_meaning(change) if finite else "")
+        entry["text"] = f"{what} {tail}" + (_meaning(change, basis, located) if finite else "")
         return entry
+    producer_phase = located.get("phase")
+    if out_finite and producer_phase == "backward" and located.get("module") not in (None, "loss"):
+        # the producer is a backward node inside the model: its backward is rerun too, with the
+        # gradient at the output taken as ones (as the replay that found it did)
+        params = [p for p in state.values() if p.requires_grad]
+        roots = [t for t in outs if t.grad_fn is not None]
+        if params and roots:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                grads = torch.autograd.grad(roots[0], params, torch.ones_like(roots[0]),
+                                            allow_unused=True)  # fmt: skip
+            finite = all(bool(torch.isfinite(g).all()) for g in grads if g is not None)
+            entry.update(finite=finite, scope="forward and backward of the model (the gradient "
+                         "at its output taken as ones; the loop's loss expression is not rerun)")
+            text = f"{what} the model's output and its gradients are " + (
+                "finite" if finite else "not all finite")
+            if finite:
+                text += _meaning(change, basis, located)
+            elif change == "without_rows":
+                text += ": leaving those rows out does not make the update finite"
+            entry["text"] = text
+            return entry
     # the loss is the user's expression: the forward, then the producer op
     entry["scope"] = "forward only (the loss expression is the training loop's own code)"
     entry["finite"] = out_finite
@@ -222,7 +296,6 @@ def _rerun(f: TorchFailure, located: dict[str, Any], change: str, *, dtype: Any 
                  f"{float(precision.get('value') or 0.0):.3g}, finite: a precision overflow")
         entry["text"] = text
         return entry
-    producer_phase = located.get("phase")
     if out_finite and change == "float32" and producer_phase in ("loss", "backward", "preprocess"):
         precision = located.get("precision")
         if isinstance(precision, dict) and precision.get("value") is not None:
@@ -253,7 +326,10 @@ def _rerun(f: TorchFailure, located: dict[str, Any], change: str, *, dtype: Any 
             entry["finite"] = None
             text += "; the producer is in the loss expression and could not be recomputed"
     elif out_finite and producer_phase in ("forward", None):
-        text += _meaning(change)
+        text += _meaning(change, basis, located)
+    elif out_finite and change == "without_rows" and producer_phase == "preprocess":
+        # the model got the loop's output: leaving rows out of it is exact for the forward
+        text += _meaning(change, basis, located)
     elif out_finite:
         entry["finite"] = None
         text += "; the failure is outside the model's forward, which could not be rerun"
@@ -261,7 +337,13 @@ def _rerun(f: TorchFailure, located: dict[str, Any], change: str, *, dtype: Any 
     return entry
 
 
-def _meaning(change: str) -> str:
+def _meaning(change: str, basis: str = "suspect", located: dict[str, Any] | None = None) -> str:
+    if change == "without_rows" and (located or {}).get("phase") == "preprocess":
+        return (f": the values the training loop's {(located or {}).get('op')} made in those rows "
+                "are what broke the update")
+    if change == "without_rows" and basis == "producer":
+        op = (located or {}).get("op")
+        return f": the values in those rows are what made {op} non-finite"
     return {"float32": ": a precision overflow", "without_rows": ": those rows are the cause"}.get(
         change, ""
     )

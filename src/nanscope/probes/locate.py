@@ -50,7 +50,7 @@ __all__ = ["HALF_MAX", "inspect_graph", "locate"]
 HALF_MAX = 65504.0
 
 #: backward nodes (by name fragment) that turn a zero or a huge input into inf/NaN
-_HAZARD_NODES = ("Log", "Div", "Sqrt", "Rsqrt", "Norm", "Pow", "Reciprocal", "Exp", "Xlogy",
+_HAZARD_NODES = ("Log", "Div", "Sqrt", "Rsqrt", "Norm", "Pow", "Reciprocal", "Exp", "Xlogy", "Entr",
                  "BinaryCrossEntropy", "Atan2", "Acos", "Asin", "Cdist", "Erfinv")  # fmt: skip
 
 #: how an op is spelled in source code, for the last-resort line scan
@@ -104,6 +104,15 @@ def locate(failure: TorchFailure) -> dict[str, Any]:
     if failure.extra.get("alarm", "nonfinite") != "nonfinite":
         return result
     try:
+        _with_loop_producer(result, failure)
+    except Exception as exc:  # a probe bug must never kill the user's run
+        warnings.warn(
+            f"nanscope: the re-evaluation of the loop's preprocessing failed "
+            f"({type(exc).__name__}: {exc}). Please report this.",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+    try:
         from nanscope.probes.confirm import confirm
 
         result["confirmation"] = confirm(failure, result)
@@ -155,6 +164,29 @@ def _with_producer(result: dict[str, Any], live: dict[str, Any] | None,
                     "was finite, and the loss's graph held no op that made the value",
         }  # fmt: skip
     return result
+
+
+def _with_loop_producer(result: dict[str, Any], failure: TorchFailure) -> None:
+    """A later update whose batch the training loop made non-finite: its preprocessing lines,
+    re-evaluated (:mod:`nanscope.probes.loop`), name the producer the model replay cannot see."""
+    located = result.get("located") or {}
+    if located.get("phase") == "preprocess" and located.get("observed"):
+        return  # the first-update watch saw it
+    from nanscope.probes.loop import replay_preprocess
+
+    found = replay_preprocess(failure)
+    if not found:
+        return
+    rows = found.pop("input_rows", None) or []
+    if located.get("op"):
+        found["replay"] = {k: located.get(k) for k in ("phase", "op", "module", "note", "how")
+                           if located.get(k) is not None}  # fmt: skip
+    found["detected"] = failure.what
+    result["located"] = {k: v for k, v in found.items() if v is not None}
+    if rows:
+        for row in rows:
+            row.setdefault("before", f"{found.get('op')} at line {found['source']['line']}")
+        result["rows"] = list(result.get("rows") or []) + rows
 
 
 def _weights_nonfinite(model: Any) -> bool:
@@ -261,6 +293,8 @@ def _source_from_stack(stack: list[traceback.FrameSummary], lib: tuple[str, ...]
 
 def _op_family(op: str) -> str:
     low = op.lower()
+    if "special_entr" in low or "specialentr" in low or low == "entr":
+        return "xlogy"  # -x log x: finite at 0, its gradient -(log x + 1) is not
     for family in ("rsqrt", "sqrt", "reciprocal", "binary_cross_entropy", "binarycrossentropy",
                    "xlogy", "log", "div", "norm", "pow", "exp", "cosine"):  # fmt: skip
         if family in low:
@@ -644,11 +678,15 @@ class _Locator:
         in_finite = _all_finite(ins)
         entry: dict[str, Any] = {
             "op": name, "module": module, "ins": [summary(t) for t in ins[:4]],
-            "out": summary(outs[0]), "stack": traceback.extract_stack()[:-3],
+            "out": summary(outs[0]),
+            # without this call and the mode's __torch_function__: the op's caller is kept (a
+            # builtin op like torch.log has no Python frame of its own between the two)
+            "stack": traceback.extract_stack()[:-2],
         }  # fmt: skip
         if in_finite and not nonfinite_scalar(args, kwargs or {}):
             self.first = entry
             entry["call"] = (func, args, kwargs)
+            entry["rows"] = self._batch_rows(outs[0])
         elif self.first_nan is None and entry["out"].get("nan") and not any(
             s.get("nan") for s in entry["ins"]
         ):
@@ -684,6 +722,8 @@ class _Locator:
             "output": "nan" if origin["out"].get("nan") else "inf",
         }
         located["input_zero"] = located["inputs"] == "exactly zero"
+        if origin is self.first and origin.get("rows"):
+            located["producer_rows"] = origin["rows"]
         if origin is self.first and self.chain:
             located["chain"] = [{k: v for k, v in c.items() if v is not None} for c in self.chain]
         with contextlib.suppress(Exception):
@@ -759,6 +799,7 @@ class _Locator:
         torch = self.torch
         nodes = _walk(root.grad_fn)
         hits: list[Any] = []
+        rows: list[int] = []
         handles = []
 
         def make(node: Any) -> Any:
@@ -769,6 +810,7 @@ class _Locator:
                 go = [g for g in grad_outputs if g is not None and g.is_floating_point()]
                 if gi and not _all_finite(gi) and _all_finite(go):
                     hits.append(node)
+                    rows.extend(self._batch_rows(next(g for g in gi if not _all_finite([g]))))
 
             return hook
 
@@ -787,7 +829,25 @@ class _Locator:
                 h.remove()
         if not hits:
             return None
-        return self._node_located(hits[0], "backward")
+        located = self._node_located(hits[0], "backward")
+        if rows:
+            located["producer_rows"] = rows
+        return located
+
+    def _batch_rows(self, t: Any) -> list[int]:
+        """The batch rows (first dimension) where ``t`` is non-finite, when ``t`` has one row per
+        batch row and only a few of them are: the rows whose values made the producer's output."""
+        torch = self.torch
+        batch = next((int(x.shape[0]) for x in _tensors((self.f.args, self.f.kwargs))
+                      if x.dim() >= 1), None)  # fmt: skip
+        if batch is None or batch < 2 or t.dim() < 1 or int(t.shape[0]) != batch:
+            return []
+        with torch.no_grad():
+            bad = ~torch.isfinite(t.detach().reshape(batch, -1)).all(dim=1)
+            rows = [int(r) for r in torch.nonzero(bad).reshape(-1).tolist()]
+        # a few rows, not most of the batch (then it is no row's story: leaving them out would
+        # leave out the batch)
+        return rows if len(rows) <= min(64, batch // 2) else []
 
     def _node_located(self, node: Any, phase: str) -> dict[str, Any]:
         name = type(node).__name__
@@ -931,7 +991,8 @@ class _Locator:
 #: with the saved tensors gone, which op most often makes the non-finite value, per phase
 _LIKELY = {
     "forward": ("Log", "Xlogy", "Div", "Reciprocal", "Rsqrt", "Exp", "Pow", "Sqrt"),
-    "backward": ("Sqrt", "Norm", "Rsqrt", "Cdist", "Pow", "Div", "Atan2", "Acos", "Asin", "Log"),
+    "backward": ("Sqrt", "Norm", "Rsqrt", "Cdist", "Pow", "Div", "Atan2", "Acos", "Asin", "Xlogy",
+                 "Entr", "Log"),
 }
 
 

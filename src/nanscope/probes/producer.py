@@ -58,7 +58,7 @@ _NAME_FIXES = {
 }  # fmt: skip
 #: op families, by how they turn finite inputs into a non-finite output
 LOG_OPS = ("log", "xlogy", "binary_cross_entropy", "nll_loss", "cross_entropy", "digamma",
-           "lgamma", "logit", "acosh", "atanh")  # fmt: skip
+           "lgamma", "logit", "acosh", "atanh", "special_entr", "specialentr")  # fmt: skip
 DIV_OPS = ("div", "reciprocal", "rsqrt", "sqrt", "norm", "std", "var", "cosine", "normalize",
            "remainder", "fmod", "cdist", "pdist")  # fmt: skip
 GROW_OPS = ("exp", "pow", "mul", "matmul", "mm", "bmm", "addmm", "linear", "sum", "mean",
@@ -711,12 +711,13 @@ def _node_located(node: Any, gi: list[Any], go: list[Any],
             located["source"] = src
     limit = FLOAT_MAX.get(dtype)
     gmax = max((s.get("absmax", 0.0) for s in g_out), default=0.0)
-    zero = any(s.get("zeros") for s in saved.values()) and any(
-        k in name.lower() for k in ("sqrt", "norm", "div", "log", "pow", "rsqrt", "reciprocal")
-    )
+    low = name.lower()
+    log_like = any(k in low for k in LOG_OPS)
+    zero = any(s.get("zeros") for s in saved.values()) and (log_like or any(
+        k in low for k in ("sqrt", "norm", "div", "pow", "rsqrt", "reciprocal")))
     why: dict[str, Any]
     if zero:
-        why = {"kind": "zero_denominator" if "log" not in name.lower() else "log_domain",
+        why = {"kind": "log_domain" if log_like else "zero_denominator",
                "zero": True, "text": "a saved input of the op was exactly 0"}  # fmt: skip
     elif limit is not None and dtype in ("float16", "bfloat16"):
         why = {"kind": "past_range", "limit": limit, "input_absmax": gmax,

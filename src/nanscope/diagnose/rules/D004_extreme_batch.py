@@ -17,7 +17,9 @@ Fingerprint
 
 Evidence
     The spike (its ratio to the recent loss), how long the descent lasted, and the extreme row:
-    batch row, dataset row where known, column, value and robust z-score.
+    batch row, dataset row where known, column, value and robust z-score; where the row's value
+    overflowed, the producer (an ``exp`` or a squared error that got finite, huge inputs) with its
+    module and line.
 
 Action
     Inspect or drop that row; clip the gradient norm so one row cannot dominate an update; a robust
@@ -37,6 +39,7 @@ import numpy as np
 from nanscope.diagnose.context import Context
 from nanscope.diagnose.diagnosis import Evidence, Finding
 from nanscope.diagnose.rules._common import num, row_text
+from nanscope.diagnose.rules._producer import producer_of
 
 CODE = "D004"
 CAUSE = "extreme_batch"
@@ -120,6 +123,16 @@ def check(ctx: Context) -> Finding | None:
             f"Inspect or drop {where} (column {top.get('column')} = {num(top.get('value'))}, "
             f"{num(top.get('z'))} robust standard deviations out)."
         )
+        prod = producer_of(ctx.located)
+        if prod is not None and prod.known and prod.past_range() and not prod.inputs_nonfinite():
+            # where that row's value overflowed: an op that got finite (huge) inputs
+            text = f"the first non-finite value came from {prod.where()}"
+            values = prod.values_text()
+            if values:
+                text += f" ({values})"
+            text += f" [{prod.how()}, {prod.phase or '?'}]"
+            evidence.append(Evidence(CODE, text, {"op": prod.op, "phase": prod.phase,
+                                                  "observed": prod.observed}))  # fmt: skip
     else:
         measured = ctx.trace.has("input_absmax")
         confidence = 0.3 if measured or _departed(ctx) else 0.5

@@ -4,6 +4,8 @@ What it does
     Follows the producer (the first op whose inputs were finite and whose output was not): it
     fires only when that op is log-like (``log``, ``xlogy``, ``binary_cross_entropy``, ``nll``) and,
     with full confidence, only when its argument was seen at exactly 0 or outside the log's domain.
+    ``torch.special.entr`` and ``xlogy`` count as logs: finite at 0 in the forward, their gradient
+    ``-(log p + 1)`` is not, so the producer is their backward node (a masked probability of 0).
     When another op produced the value it stays silent. When no producer was located (a numpy fit
     that silences its floating-point errors), a non-finite loss with a finite gradient, finite
     weights and finite inputs is an inferred suspicion, at lower confidence.
@@ -158,6 +160,15 @@ def check(ctx: Context) -> Finding | None:
             )
         )
     actions = list(ACTIONS)
+    if prod is not None and op_is_log and prod.phase == "backward" and prod.observed:
+        # the forward was finite (xlogy / entr are 0 at 0): the log is in the op's gradient
+        evidence.append(Evidence(
+            CODE, f"the forward of {prod.forward_op or prod.op} was finite; its gradient is not: "
+            "d/dp of -p log p is -(log p + 1), -inf at p = 0 (a probability masked or rounded "
+            "to exactly 0), and 0 * inf is NaN", {"phase": "backward"}))  # fmt: skip
+        actions.insert(0, "Compute the entropy (or x log x) from log-probabilities: "
+                          "-(p * log_p).sum(-1) with log_p = log_softmax(logits), whose gradient "
+                          "is finite at p = 0; or clamp p to [eps, 1] before xlogy / entr.")
     if computed:
         evidence.append(Evidence(
             CODE, "the -inf/NaN in the batch is computed by this log in the training loop, not "

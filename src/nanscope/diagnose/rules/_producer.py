@@ -18,7 +18,8 @@ __all__ = ["DIVISION_OPS", "LOG_OPS", "Producer", "producer_of"]
 
 #: log-like ops: they turn 0 (or a value outside their domain) into -inf / NaN
 LOG_OPS = ("log", "xlogy", "binary_cross_entropy", "binarycrossentropy", "nll", "crossentropy",
-           "cross_entropy", "logit", "digamma", "lgamma")  # fmt: skip
+           "cross_entropy", "logit", "digamma", "lgamma", "special_entr",
+           "specialentr")  # fmt: skip
 #: division-like ops: they turn a 0 denominator (or the gradient of a root at 0) into inf / NaN
 DIVISION_OPS = ("div", "reciprocal", "rsqrt", "sqrt", "norm", "std", "var", "cosine",
                 "normalize", "cdist", "remainder", "fmod")  # fmt: skip

@@ -5,7 +5,9 @@ What it does
     of a sigmoid or softmax, to `1 - p` of one, or to a probability that was not clamped and has no
     epsilon added. It follows simple assignments inside a function, so
     `p = torch.sigmoid(z)` followed by `torch.log(p)` is flagged, while
-    `p = torch.sigmoid(z).clamp(1e-7, 1 - 1e-7)` is not.
+    `p = torch.sigmoid(z).clamp(1e-7, 1 - 1e-7)` is not. An entropy written as
+    `torch.special.entr(p)` or `torch.xlogy(p, p)` of such a probability is flagged too: finite at
+    0, its gradient `-(log p + 1)` is not.
 
 Why is this bad?
     A sigmoid or softmax saturates to exactly 0.0 (or 1.0) in floating point once its input is
@@ -20,12 +22,15 @@ Example
 
     probs = F.softmax(scores, dim=-1)
     nll = -torch.log(probs[range(n), target]).mean()
+    entropy = torch.special.entr(probs).sum(-1)   # NaN gradient where a probability is 0
     ```
 
 Use instead
     ```python
     loss = F.binary_cross_entropy_with_logits(logits, y)   # or F.logsigmoid(logits)
     nll = F.cross_entropy(scores, target)                  # or F.log_softmax(scores, dim=-1)
+    logp = F.log_softmax(scores, dim=-1)
+    entropy = -(logp.exp() * logp).sum(-1)                 # finite gradient at p == 0
 
     # numpy: clip the probability away from 0 and 1
     p = np.clip(p, 1e-12, 1 - 1e-12)
@@ -57,6 +62,19 @@ class LogOfProbability(Rule):
     def check(self, node: ast.AST, site: Site, ctx: FileContext) -> Iterator[Hit]:
         assert isinstance(node, ast.Call)
         root, last, recv = ctx.func_parts(node)
+        if last in ("entr", "xlogy") and root == "torch" and recv is None and node.args:
+            # -p log p: finite at 0 in the forward, -(log p + 1) = inf in the backward
+            prob = node.args[-1] if last == "xlogy" else node.args[0]
+            kp = ctx.kind(prob, site.scope, site.comps)
+            if kp & K.PROB and not kp & K.SAFE:
+                yield Hit(
+                    node,
+                    f"{last} of a probability is finite at p == 0, but its gradient "
+                    "-(log p + 1) is infinite there: NaN gradients once a probability is 0",
+                    "compute the entropy from log-probabilities: -(logp.exp() * logp).sum(-1) "
+                    "with logp = F.log_softmax(logits, -1), or clamp p into [eps, 1]",
+                )
+            return
         if last in _LOGS:
             if recv is not None:
                 if node.args or node.keywords:
