@@ -92,7 +92,15 @@ SHAPES = [
     "Epoch {s}/5000\n100/100 [==============================] - 2s 20ms/step - loss: {v:.4f} - "
     "val_loss: {v:.4f}",
     "Epoch {s}/5000\n63/63 - 0s - loss: {v:.4f}",
+    # an epoch log, one line an epoch
+    "Epoch {s}/5000, Loss: {v:.4f}, val_loss: {v:.4f}",
 ]
+#: no printed step: the lines are counted (the Trainer's fractional epochs; Keras' bar)
+COUNTED = [
+    "{{'loss': {v:.4f}, 'grad_norm': {v:.4f}, 'learning_rate': 1e-05, 'epoch': {s3}.{s:04d}}}",
+    "{s}/3000 [==============================] - 2s 20ms/step - loss: {v:.4f} - acc: 0.5",
+]
+SHAPES += COUNTED
 
 OTHER_LINES = [
     "Gradient overflow.  Skipping step, reducing loss scale to 1024.0",
@@ -122,9 +130,10 @@ def test_framework_shapes_from_a_real_fit(tmp_path: Path, shape: str) -> None:
     losses = _losses(3000)
     lines = []
     others = OTHER_LINES
-    if "Epoch {s}/" in shape:
-        # (after a line with a printed step, epoch lines only add to that step: keep apart)
-        others = [line for line in OTHER_LINES if "step" not in line.lower()]
+    if "Epoch {s}/" in shape or shape in COUNTED:
+        # (after a line with a printed step or a tqdm count, epoch lines and lines without a
+        # step only add to that step: keep apart)
+        others = [line for line in OTHER_LINES if "step" not in line.lower() and "<" not in line]
     for i, loss in enumerate(losses, 1):
         if i % 401 == 0:
             lines.append(others[i % len(others)])
