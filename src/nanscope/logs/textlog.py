@@ -698,9 +698,7 @@ class _Layout:
                 out.append(done)
 
 
-def _shape(
-    segment: str, found: dict[str, _Hit]
-) -> tuple[str, str, list[str], bool, bool] | None:
+def _shape(segment: str, found: dict[str, _Hit]) -> tuple[str, str, list[str], bool, bool] | None:
     """One line as regexes (exact, and loose on values), the roles of their groups in order,
     whether such a line can never end a pending traceback, and whether it prints a fractional
     epoch (not captured); None for lines we keep general.
