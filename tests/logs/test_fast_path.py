@@ -342,3 +342,45 @@ def test_iter_records_stays_lazy_and_streams(tmp_path: Path) -> None:
     first = next(stream)
     assert first["step"] == 1 and meta["format"] == "text"
     assert len(list(stream)) == 49 and meta["granularity"] == "update"
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [
+        # a count with its total, restarting each epoch (mmdetection logs every 50 iterations)
+        "2024-01-01 00:00:01,123 - mmdet - INFO - Epoch [{e}][{it}/3862]\tlr: 1.000e-02, "
+        "eta: 1:02:03, time: 0.512, loss_cls: {v:.4f}, loss: {v:.4f}, grad_norm: 3.1",
+        "Epoch [{e}/5], Step [{it}/3862], Loss: {v:.4f}",
+        # no total: the count restarts where the epoch changes
+        "epoch {e} iter {it} loss {v:.5f} lr 0.001",
+    ],
+)
+def test_counters_that_restart_each_epoch_stay_on_the_fast_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, shape: str
+) -> None:
+    losses = _losses(3000)
+    lines = []
+    for i, loss in enumerate(losses):
+        epoch, it = divmod(i, 77)  # 77 logged lines an epoch, every 50 iterations
+        lines.append(shape.format(e=epoch + 1, it=(it + 1) * 50, v=loss))
+        if i % 500 == 499:
+            lines.append("Gradient overflow.  Skipping step, reducing loss scale to 1024.0")
+    path = tmp_path / "train.log"
+    _write(path, lines)
+    slow_runs = 0
+    one_by_one = textlog._Layout._one_by_one
+
+    def counted(self: textlog._Layout, *args: Any) -> None:
+        nonlocal slow_runs
+        slow_runs += 1
+        one_by_one(self, *args)
+
+    monkeypatch.setattr(textlog._Layout, "_one_by_one", counted)
+    records = _same(path)
+    assert slow_runs == 0  # the fast path only (the reference reads line by line anyway)
+    steps = [r["step"] for r in records]
+    assert len(steps) == 3000 and steps == sorted(set(steps))
+    if "3862" in shape:  # counted on by the total at each restart: 3862 updates an epoch
+        assert steps[77] == 3862 + 50
+    else:  # no total: counted on by the last count printed
+        assert steps[77] == 77 * 50 + 50

@@ -556,20 +556,19 @@ class _Layout:
             state.epoch = None
         printed: list[int] = cols[self.step][start:end]
         pending = merger.pending
-        last = state.last_printed
-        if (
-            (self.epoch >= 0 and state.fractional_epochs)
-            or (last is not None and printed[0] < last)
-            or (pending is not None and pending["step"] >= printed[0] + state.step_base)
-            or (len(printed) > 1 and not _increasing(printed))
-        ):
+        mapped = (
+            None
+            if self.epoch >= 0 and state.fractional_epochs
+            else self._steps(state, cols, start, end)
+        )
+        if mapped is None or (pending is not None and pending["step"] == mapped[0][0]):
             self._one_by_one(state, out, cols, start, end)
             return
+        steps, state.step_base = mapped
         keys = [key for key, _ in self.values]
         columns: list[list[Any]] = [cols[i][start:end] for _, i in self.values]
-        base = state.step_base
         keys.append("step")
-        columns.append(printed if base == 0 else [p + base for p in printed])
+        columns.append(steps)
         if self.epoch >= 0:
             epochs = cols[self.epoch][start:end]
             state.epoch = epochs[-1]
@@ -594,6 +593,61 @@ class _Layout:
         merger.steps_seen = True
         merger.epochs_only = False
         out.extend(records)
+
+    def _steps(
+        self, state: _State, cols: Sequence[list[Any]], start: int, end: int
+    ) -> tuple[list[int], int] | None:
+        """The update numbers of lines ``start:end`` as :meth:`_State.map_step` gives them one
+        by one (a counter that restarts each epoch is counted on), and the step base after them;
+        None when two lines in a row would have the same step (the merger merges those: line by
+        line then) or the numbers grow too large for int64."""
+        printed: list[int] = cols[self.step][start:end]
+        base = state.step_base
+        last = state.last_printed
+        if (last is None or printed[0] >= last) and (len(printed) == 1 or _increasing(printed)):
+            if last is not None and printed[0] == last:
+                pass  # (a repeat of the line before: the checks below)
+            else:
+                return (printed if base == 0 else [p + base for p in printed]), base
+        if abs(base) > 1 << 60 or (last is not None and abs(last) > 1 << 50):
+            return None
+        now = np.array(printed, dtype=np.int64)
+        before = np.empty_like(now)
+        before[1:] = now[:-1]
+        before[0] = now[0] if last is None else last
+        down = now < before
+        lap = np.full_like(now, -1)
+        has_lap = np.zeros(len(now), dtype=bool)
+        if self.total >= 0:
+            reset = down  # a count with a total ("[50/3862]"): it restarts when it falls
+            totals = cols[self.total][start:end]
+            lap[1:] = totals[:-1]
+            has_lap[1:] = True
+            if state.last_total is not None:
+                lap[0], has_lap[0] = state.last_total, True
+        else:
+            changed = np.zeros(len(now), dtype=bool)  # it restarts when it falls in a new epoch
+            if self.epoch >= 0:
+                epochs = np.array(cols[self.epoch][start:end], dtype=np.int64)
+                changed[1:] = epochs[1:] != epochs[:-1]
+                changed[0] = state.last_epoch != cols[self.epoch][start]
+            else:
+                changed[0] = state.epoch != state.last_epoch
+            reset = down & changed
+        if reset.any():
+            adds = np.where(has_lap & (lap >= before), lap, before)
+            adds[~reset] = 0
+            if int(adds.max()) * len(now) > 1 << 61:
+                return None
+            offsets = np.cumsum(adds)
+            steps = now + offsets + base
+            new_base = base + int(offsets[-1])
+        else:
+            steps = now + base
+            new_base = base
+        if len(steps) > 1 and not bool((steps[1:] != steps[:-1]).all()):
+            return None
+        return steps.tolist(), new_base
 
     def _run_epochs(
         self, state: _State, out: list[Record], cols: Sequence[list[Any]], start: int, end: int
