@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-FORMATS = ("text", "keras", "csv", "jsonl", "nanscope", "trainer_state")
+FORMATS = ("text", "keras", "mmdet", "hf_text", "kv", "csv", "jsonl", "nanscope", "trainer_state")
 
 
 def _loss(i: int, n: int) -> float:
@@ -47,6 +47,27 @@ def write_log(fmt: str, path: Path, lines: int) -> None:
                     write("Gradient overflow.  Skipping step, reducing loss scale to 1024.0\n")
                 else:
                     write(f"step {i} | loss {_loss(i, lines):.6f} | lr 1.0e-03 | 12.3 it/s\n")
+        elif fmt == "mmdet":
+            # mmdetection: a counter that restarts each epoch, logged every 50 iterations
+            for i in range(1, lines + 1):
+                epoch, it = divmod(i - 1, 77)
+                loss = _loss(i, lines)
+                write(
+                    f"2024-01-01 00:00:01,123 - mmdet - INFO - Epoch [{epoch + 1}][{it * 50 + 50}"
+                    f"/3862]\tlr: 1.000e-02, eta: 1:02:03, time: 0.512, data_time: 0.010, "
+                    f"memory: 3021, loss_cls: {loss / 2:.4f}, loss_bbox: {loss / 2:.4f}, "
+                    f"loss: {loss:.4f}, grad_norm: 3.1416\n"
+                )
+        elif fmt == "hf_text":
+            # the Trainer's printed dicts (no step: lines are counted; fractional epochs)
+            for i in range(1, lines + 1):
+                write(
+                    f"{{'loss': {_loss(i, lines):.4f}, 'grad_norm': 1.5, 'learning_rate': 1e-05, "
+                    f"'epoch': {i / 1000:.2f}}}\n"
+                )
+        elif fmt == "kv":
+            for i in range(1, lines + 1):
+                write(f"iter={i} loss={_loss(i, lines):.6f} lr=1e-3 grad_norm=1.25\n")
         elif fmt == "keras":
             epochs = lines // 2
             for e in range(1, epochs + 1):
@@ -99,6 +120,9 @@ def _peak_mb() -> float:
 BARE = {
     "text": ("line loop", "re+float"),
     "keras": ("line loop", "re+float"),
+    "mmdet": ("line loop", "re+float"),
+    "hf_text": ("line loop", "re+float"),
+    "kv": ("line loop", "re+float"),
     "csv": ("csv.reader", "csv+float", "DictReader"),
     "jsonl": ("json.loads",),
     "nanscope": ("json.loads",),
@@ -106,7 +130,7 @@ BARE = {
 }
 
 #: what a hand-written script would do to get the loss out of each text line
-_LOSS = r"loss[:=]?\s*([-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|nan|inf))"
+_LOSS = r"loss['\"]?[:=]?\s*([-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|nan|inf))"
 
 
 def bare_parse(fmt: str, path: Path, bare: str | None = None) -> int:

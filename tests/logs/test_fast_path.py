@@ -384,3 +384,37 @@ def test_counters_that_restart_each_epoch_stay_on_the_fast_path(
         assert steps[77] == 3862 + 50
     else:  # no total: counted on by the last count printed
         assert steps[77] == 77 * 50 + 50
+
+
+def test_trainer_printed_dicts_with_eval_lines_and_the_summary(tmp_path: Path) -> None:
+    # the Trainer prints no step: its lines are counted; eval lines join the update before
+    losses = _losses(2600)
+    lines = []
+    for i, loss in enumerate(losses, 1):
+        lines.append(
+            f"{{'loss': {loss:.4f}, 'grad_norm': {loss * 3:.4f}, 'learning_rate': 1e-05, "
+            f"'epoch': {i / 1000:.2f}}}"
+        )
+        if i % 50 == 0:
+            lines.append(
+                f"{{'eval_loss': {loss * 1.1:.4f}, 'eval_runtime': 10.2, "
+                f"'eval_samples_per_second': 98.0, 'epoch': {i / 1000:.2f}}}"
+            )
+        if i == 1300:
+            lines.append("")
+            lines.append("Gradient overflow.  Skipping step, reducing loss scale to 1024.0")
+    lines.append("{'train_runtime': 100.1, 'train_samples_per_second': 9.9, 'train_loss': 1.5, "
+                 "'epoch': 2.6}")  # fmt: skip
+    path = tmp_path / "trainer.out"
+    _write(path, lines, end=False)  # a cut-off last line too
+    records = _same(path)
+    assert [r["step"] for r in records] == list(range(1, 2602))
+    assert records[49]["val_loss"] == pytest.approx(losses[49] * 1.1, rel=1e-3)
+    assert "epoch" not in records[0]  # fractional epochs are no epoch counts
+    assert any(r.get("nf_loss") for r in records)
+    block = path.read_text()[:200_000]
+    block = block[: block.rindex("\n") + 1]
+    layout = textlog._find_layout(block)
+    assert layout is not None and layout.fractional and layout.step < 0
+    layout.read(textlog._State({}), block)
+    assert layout.fast_lines > 0.9 * block.count("\n")
