@@ -10,7 +10,9 @@ directory, then, each in a fresh subprocess so peak memory is per reader:
 Both are timed in one process, interleaved (best of ``--rounds``), so machine load hits both
 alike; it prints lines per second for both and their ratio. Peak resident memory is measured in a
 separate process for each, so bounded memory shows as the reader's peak staying near the bare
-parse's, whatever ``--lines`` is.
+parse's, whatever ``--lines`` is. The load average before and after is printed (absolute rates
+move with it; ratios less), and for the text layouts whether the reader met the target of
+issue 16: :data:`TEXT_TARGET` lines per second.
 
     .venv/bin/python bench/logs.py                   # 10 million lines per format
     .venv/bin/python bench/logs.py --lines 200000    # quick
@@ -29,6 +31,10 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+#: lines per second the text reader should reach (issue 16: a 10-million-line log in seconds)
+TEXT_TARGET = 500_000
+TEXT_FORMATS = ("text", "keras", "mmdet", "hf_text", "kv")
 
 FORMATS = ("text", "keras", "mmdet", "hf_text", "kv", "csv", "jsonl", "nanscope", "trainer_state")
 
@@ -112,6 +118,13 @@ def write_log(fmt: str, path: Path, lines: int) -> None:
             raise SystemExit(f"unknown format {fmt}")
 
 
+def _load() -> str:
+    try:
+        return " ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        return "unknown"
+
+
 def _peak_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
@@ -172,8 +185,8 @@ def bare_parse(fmt: str, path: Path, bare: str | None = None) -> int:
     elif bare == "json.loads":
         loads = json.loads
         with path.open("rb") as handle:
-            for line in handle:
-                loads(line)
+            for raw in handle:
+                loads(raw)
                 count += 1
     elif bare == "json.load":
         with path.open("rb") as handle:
@@ -269,6 +282,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     formats = [f for f in args.formats.split(",") if f]
     print(f"nanscope log readers, {args.lines:,} lines per format (streaming, records not kept)")
+    print(f"load average before: {_load()}")
+    targets: list[str] = []
     header = (
         f"{'format':<14}{'bare parse':<12}{'lines':>12}{'reader l/s':>13}{'bare l/s':>12}"
         f"{'ratio':>8}{'reader MB':>11}{'bare MB':>9}"
@@ -290,6 +305,9 @@ def main(argv: list[str] | None = None) -> int:
             reader_mb = _child("reader", fmt, str(path))["peak_mb"]
             lines = timing["lines"]
             rate = lines / timing["reader_s"]
+            if fmt in TEXT_FORMATS:
+                met = "met" if rate >= TEXT_TARGET else "NOT met"
+                targets.append(f"{fmt} {rate:,.0f} ({met})")
             for index, name in enumerate(BARE[fmt]):
                 bare_rate = lines / timing["bare_s"][name]
                 memory = f"{reader_mb:>11.0f}{bare_mb:>9.0f}" if index == 0 else ""
@@ -299,6 +317,9 @@ def main(argv: list[str] | None = None) -> int:
                     flush=True,
                 )
             path.unlink()
+    print(f"load average after: {_load()}")
+    if targets:
+        print(f"text target {TEXT_TARGET:,} lines/s: " + ", ".join(targets))
     print("ratio = bare parse lines/s over reader lines/s, both timed in one process (best of")
     print("--rounds, interleaved); MB = peak resident memory of a process doing only that.")
     print("re+float: one regex search for the loss per line and float() of it; csv+float:")
