@@ -418,3 +418,53 @@ def test_trainer_printed_dicts_with_eval_lines_and_the_summary(tmp_path: Path) -
     assert layout is not None and layout.fractional and layout.step < 0
     layout.read(textlog._State({}), block)
     assert layout.fast_lines > 0.9 * block.count("\n")
+
+
+def _keras_progress(losses: list[float], batches: int) -> list[str]:
+    """Keras 2's progress bar written to a file (not a terminal): a line per update, then the
+    epoch's line with its time per step and validation loss; a real fit's losses."""
+    lines = []
+    epochs = len(losses) // batches
+    for epoch in range(epochs):
+        lines.append(f"Epoch {epoch + 1}/{epochs}")
+        for k in range(1, batches + 1):
+            loss = losses[epoch * batches + k - 1]
+            done = 30 * k // batches
+            bar = "=" * done + (">" if done < 30 else "") + "." * (29 - done)
+            if k < batches:
+                eta = f"{(batches - k) // 7}s" if k % 3 else f"{k // 60}:{k % 60:02d}"
+                lines.append(f"{k:>4}/{batches} [{bar[:30]}] - ETA: {eta} - loss: {loss:.4f}")
+            else:
+                lines.append(
+                    f"{k}/{batches} [{bar[:30]}] - {epoch % 4 + 1}s {epoch * 7 % 50 + 3}ms/step"
+                    f" - loss: {loss:.4f} - val_loss: {loss * 1.1:.4f}"
+                )
+    return lines
+
+
+def test_keras_progress_written_to_a_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    lines = _keras_progress(_losses(3000), batches=100)
+    lines[1234:1234] = ["", "WARNING:tensorflow:Callback method `on_train_batch_end` is slow"]
+    path = tmp_path / "train.log"
+    _write(path, lines, end=False)
+    slow_runs = 0
+    one_by_one = textlog._Layout._one_by_one
+
+    def counted(self: textlog._Layout, *args: Any) -> None:
+        nonlocal slow_runs
+        slow_runs += 1
+        one_by_one(self, *args)
+
+    monkeypatch.setattr(textlog._Layout, "_one_by_one", counted)
+    records = _same(path)
+    assert slow_runs == 0
+    assert [r["step"] for r in records] == list(range(1, 31))  # one record an epoch
+    assert records[0]["loss"] == pytest.approx(_losses(3000)[99], rel=1e-3)
+    assert any(r.get("nf_loss") for r in records)
+    text = path.read_text()
+    block = text[: text.index("Epoch 11/")]
+    layout = textlog._find_layout(block)
+    assert layout is not None
+    layout.read(textlog._State({}), block)
+    # the ETA and bar vary from line to line, the template does not
+    assert layout.fast_lines > 0.9 * block.count("\n")

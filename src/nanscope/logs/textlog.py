@@ -378,8 +378,27 @@ def _piece(text: str, after_token: bool, before_token: bool) -> str:
         return r"[ \t]++"
     lead = len(text) - len(text.lstrip(" \t")) if after_token else 0
     trail = len(text) - len(text.rstrip(" \t")) if before_token else 0
-    core = re.escape(text[lead : len(text) - trail])
+    core = _fixed(text[lead : len(text) - trail])
     return (r"[ \t]++" if lead else "") + core + (r"[ \t]++" if trail else "")
+
+
+#: Fixed text that may differ from line to line without changing how the general reader reads
+#: the line: digits that start a word glued to letters (Keras' ``ETA: 3s``, ``20ms/step``: never
+#: a value, as a value must not run into a letter, and no key starts after a digit) and an ASCII
+#: progress bar in brackets (``[=====>......]``: no key, no value, no bracket counter).
+_VARIES = re.compile(r"(?<![\w.])\d+(?=[A-Za-z])|\[[=>.]+\]")
+
+
+def _fixed(text: str) -> str:
+    """The regex for fixed text (see :data:`_VARIES` for what it lets vary)."""
+    parts = []
+    at = 0
+    for match in _VARIES.finditer(text):
+        parts.append(re.escape(text[at : match.start()]))
+        parts.append(r"\d++" if match.group()[0] != "[" else r"\[[=>.]++\]")
+        at = match.end()
+    parts.append(re.escape(text[at:]))
+    return "".join(parts)
 
 
 class _Layout:
@@ -701,6 +720,21 @@ class _Layout:
             state.epoch = None
         pending = merger.pending
         count = merger.count
+        if state.epoch is not None and not merger.steps_seen:
+            # lines under an ``Epoch N/M`` header (Keras' progress written to a file): each is
+            # that epoch's record so far (step = the epoch), merged into one; the last wins
+            epoch = state.epoch
+            merged: Record = {key: cols[index][end - 1] for key, index in self.values}
+            merged["epoch"] = epoch
+            merged["step"] = epoch
+            if pending is not None and pending["step"] == epoch:
+                pending.update(merged)
+            else:
+                if pending is not None:
+                    out.append(mark_nonfinite(pending))
+                merger.pending = merged
+                merger.count += 1
+            return
         if (
             merger.steps_seen
             or state.epoch is not None
