@@ -34,9 +34,9 @@ from typing import Any
 
 #: lines per second the text reader should reach (issue 16: a 10-million-line log in seconds)
 TEXT_TARGET = 500_000
-TEXT_FORMATS = ("text", "keras", "mmdet", "hf_text", "kv")
+TEXT_FORMATS = ("text", "keras", "keras_progress", "mmdet", "hf_text", "kv")
 
-FORMATS = ("text", "keras", "mmdet", "hf_text", "kv", "csv", "jsonl", "nanscope", "trainer_state")
+FORMATS = (*TEXT_FORMATS, "csv", "jsonl", "nanscope", "trainer_state")
 
 
 def _loss(i: int, n: int) -> float:
@@ -53,6 +53,23 @@ def write_log(fmt: str, path: Path, lines: int) -> None:
                     write("Gradient overflow.  Skipping step, reducing loss scale to 1024.0\n")
                 else:
                     write(f"step {i} | loss {_loss(i, lines):.6f} | lr 1.0e-03 | 12.3 it/s\n")
+        elif fmt == "keras_progress":
+            # Keras 2's bar written to a file: a line per update (ETA m:ss, then Ns), then the
+            # epoch's line; one record per epoch
+            batches = 100
+            epochs = max(1, lines // (batches + 1))
+            for e in range(1, epochs + 1):
+                write(f"Epoch {e}/{epochs}\n")
+                for k in range(1, batches):
+                    done = 30 * k // batches
+                    bar = "=" * done + ">" + "." * (29 - done)
+                    left = (batches - k) * 2
+                    eta = f"{left // 60}:{left % 60:02d}" if left >= 60 else f"{left}s"
+                    write(f"{k:>3}/{batches} [{bar}] - ETA: {eta} - loss: {2.0 / k:.4f}\n")
+                write(
+                    f"{batches}/{batches} [{'=' * 30}] - {e % 3 + 1}s {e % 40 + 10}ms/step - "
+                    f"loss: {_loss(e, epochs):.4f} - val_loss: {_loss(e, epochs):.4f}\n"
+                )
         elif fmt == "mmdet":
             # mmdetection: a counter that restarts each epoch, logged every 50 iterations
             for i in range(1, lines + 1):
@@ -133,6 +150,7 @@ def _peak_mb() -> float:
 BARE = {
     "text": ("line loop", "re+float"),
     "keras": ("line loop", "re+float"),
+    "keras_progress": ("line loop", "re+float"),
     "mmdet": ("line loop", "re+float"),
     "hf_text": ("line loop", "re+float"),
     "kv": ("line loop", "re+float"),
@@ -285,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"load average before: {_load()}")
     targets: list[str] = []
     header = (
-        f"{'format':<14}{'bare parse':<12}{'lines':>12}{'reader l/s':>13}{'bare l/s':>12}"
+        f"{'format':<16}{'bare parse':<12}{'lines':>12}{'reader l/s':>13}{'bare l/s':>12}"
         f"{'ratio':>8}{'reader MB':>11}{'bare MB':>9}"
     )
     print(header)
@@ -312,7 +330,7 @@ def main(argv: list[str] | None = None) -> int:
                 bare_rate = lines / timing["bare_s"][name]
                 memory = f"{reader_mb:>11.0f}{bare_mb:>9.0f}" if index == 0 else ""
                 print(
-                    f"{fmt if index == 0 else '':<14}{name:<12}{lines:>12,}{rate:>13,.0f}"
+                    f"{fmt if index == 0 else '':<16}{name:<12}{lines:>12,}{rate:>13,.0f}"
                     f"{bare_rate:>12,.0f}{bare_rate / rate:>7.1f}x{memory}",
                     flush=True,
                 )
