@@ -10,7 +10,9 @@ messages and tracebacks, and with tiny blocks so that lines are cut across block
 from __future__ import annotations
 
 import json
+import math
 import random
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +33,7 @@ def _general(path: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     meta: dict[str, Any] = {}
     state = textlog._State(meta)
     records = []
-    for block in common.iter_blocks(path, meta):
+    for block in common.iter_blocks(path, meta, split_cr=True):
         lines = block.split("\n")
         lines.pop()
         for line in lines:
@@ -472,3 +474,29 @@ def test_keras_progress_written_to_a_file(tmp_path: Path, monkeypatch: pytest.Mo
     layout.read(textlog._State({}), block)
     # the ETA and bar vary from line to line, the template does not
     assert layout.fast_lines > 0.9 * block.count("\n")
+
+
+def test_a_tqdm_bar_redrawn_for_hours_without_a_newline_is_read_not_skipped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # one tqdm bar over the whole run: one "line" of \r-separated redraws, longer than the
+    # longest line a reader buffers (shrunk here to 64 KB)
+    monkeypatch.setattr(common, "MAX_LINE_BYTES", 64 * 1024)
+    monkeypatch.setattr(common, "CHUNK_BYTES", 4096)
+    losses = _losses(3000)
+    bar = "".join(
+        f"\r{i * 100 // 3000:3d}%|#####     | {i}/3000 [00:{i // 60:02d}<00:10, 9.8it/s, "
+        f"loss={loss:.4f}]"
+        for i, loss in enumerate(losses, 1)
+    )
+    assert len(bar) > 3 * 64 * 1024
+    path = tmp_path / "train.log"
+    _write(path, ["Training", bar, "done"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "skipped line" warning
+        records = _same(path)
+    assert [r["step"] for r in records] == list(range(1, 3001))
+    want = [float(f"{v:.4f}") for v in losses]
+    assert [r["loss"] for r in records if not r.get("nf_loss")] == [
+        v for v in want if math.isfinite(v)
+    ]

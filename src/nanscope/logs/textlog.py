@@ -1013,7 +1013,7 @@ def _record_lists(path: Path, meta: dict[str, Any]) -> Iterator[list[Record]]:
     state = _State(meta)
     layout: _Layout | None = None
     tries = 0
-    for block in iter_blocks(path, meta):
+    for block in iter_blocks(path, meta, split_cr=True):
         if layout is None and tries < 8:
             tries += 1
             layout = _find_layout(block)
