@@ -384,9 +384,10 @@ def _piece(text: str, after_token: bool, before_token: bool) -> str:
 
 #: Fixed text that may differ from line to line without changing how the general reader reads
 #: the line: digits that start a word glued to letters (Keras' ``ETA: 3s``, ``20ms/step``: never
-#: a value, as a value must not run into a letter, and no key starts after a digit) and an ASCII
-#: progress bar in brackets (``[=====>......]``: no key, no value, no bracket counter).
-_VARIES = re.compile(r"(?<![\w.])\d+(?=[A-Za-z])|\[[=>.]+\]")
+#: a value, as a value must not run into a letter; no key starts with or after a digit, and
+#: after none of ``.``, ``/``, ``-`` a key could hold them) and an ASCII progress bar in
+#: brackets (``[=====>......]``: no key, no value, no bracket counter).
+_VARIES = re.compile(r"(?<![\w./\-])\d+(?=[A-Za-z])|\[[=>.]+\]")
 
 
 def _fixed(text: str) -> str:
