@@ -10,7 +10,9 @@ messages and tracebacks, and with tiny blocks so that lines are cut across block
 from __future__ import annotations
 
 import json
+import math
 import random
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +33,7 @@ def _general(path: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     meta: dict[str, Any] = {}
     state = textlog._State(meta)
     records = []
-    for block in common.iter_blocks(path, meta):
+    for block in common.iter_blocks(path, meta, split_cr=True):
         lines = block.split("\n")
         lines.pop()
         for line in lines:
@@ -92,7 +94,15 @@ SHAPES = [
     "Epoch {s}/5000\n100/100 [==============================] - 2s 20ms/step - loss: {v:.4f} - "
     "val_loss: {v:.4f}",
     "Epoch {s}/5000\n63/63 - 0s - loss: {v:.4f}",
+    # an epoch log, one line an epoch
+    "Epoch {s}/5000, Loss: {v:.4f}, val_loss: {v:.4f}",
 ]
+#: no printed step: the lines are counted (the Trainer's fractional epochs; Keras' bar)
+COUNTED = [
+    "{{'loss': {v:.4f}, 'grad_norm': {v:.4f}, 'learning_rate': 1e-05, 'epoch': {s3}.{s:04d}}}",
+    "{s}/3000 [==============================] - 2s 20ms/step - loss: {v:.4f} - acc: 0.5",
+]
+SHAPES += COUNTED
 
 OTHER_LINES = [
     "Gradient overflow.  Skipping step, reducing loss scale to 1024.0",
@@ -122,9 +132,10 @@ def test_framework_shapes_from_a_real_fit(tmp_path: Path, shape: str) -> None:
     losses = _losses(3000)
     lines = []
     others = OTHER_LINES
-    if "Epoch {s}/" in shape:
-        # (after a line with a printed step, epoch lines only add to that step: keep apart)
-        others = [line for line in OTHER_LINES if "step" not in line.lower()]
+    if "Epoch {s}/" in shape or shape in COUNTED:
+        # (after a line with a printed step or a tqdm count, epoch lines and lines without a
+        # step only add to that step: keep apart)
+        others = [line for line in OTHER_LINES if "step" not in line.lower() and "<" not in line]
     for i, loss in enumerate(losses, 1):
         if i % 401 == 0:
             lines.append(others[i % len(others)])
@@ -251,6 +262,8 @@ WORDS = st.sampled_from(
         "returned", "error detected", "in", "overflow", "scale", "loss scale", "Error",
         " ", "  ", "\t", ": ", "=", " | ", "/", "-", "[", "]", "(", ")", "'", ",", ".",
         "0", "12", "0.5", "1e-3", "-2", "7.", ".25", "1e400", "١", "é",
+        # fixed text that may vary within a layout: digits glued to a unit, a progress bar
+        " 3s", "12ms/step", "ETA: 4s", "[==>...]", "[=]", "x3s", "3s_loss", "[.>=12]",
     ]
 )  # fmt: skip
 
@@ -272,6 +285,8 @@ def test_made_up_shapes(tmp_path: Path, template: list[str], fills: list[str]) -
         line = base.format(s=i + 1, v=f"0.{i + 1}")
         if i % 9 == 4:
             line = line.replace("0.5", fill).replace("12", fill)
+        if i % 5 == 2:  # the unit's digits and the bar vary from line to line
+            line = line.replace(" 3s", f" {i}s").replace("[==>...]", "[" + "=" * (i % 4) + ".]")
         lines.append(line)
     path = tmp_path / "train.log"
     _write(path, lines)
@@ -333,3 +348,155 @@ def test_iter_records_stays_lazy_and_streams(tmp_path: Path) -> None:
     first = next(stream)
     assert first["step"] == 1 and meta["format"] == "text"
     assert len(list(stream)) == 49 and meta["granularity"] == "update"
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [
+        # a count with its total, restarting each epoch (mmdetection logs every 50 iterations)
+        "2024-01-01 00:00:01,123 - mmdet - INFO - Epoch [{e}][{it}/3862]\tlr: 1.000e-02, "
+        "eta: 1:02:03, time: 0.512, loss_cls: {v:.4f}, loss: {v:.4f}, grad_norm: 3.1",
+        "Epoch [{e}/5], Step [{it}/3862], Loss: {v:.4f}",
+        # no total: the count restarts where the epoch changes
+        "epoch {e} iter {it} loss {v:.5f} lr 0.001",
+    ],
+)
+def test_counters_that_restart_each_epoch_stay_on_the_fast_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, shape: str
+) -> None:
+    losses = _losses(3000)
+    lines = []
+    for i, loss in enumerate(losses):
+        epoch, it = divmod(i, 77)  # 77 logged lines an epoch, every 50 iterations
+        lines.append(shape.format(e=epoch + 1, it=(it + 1) * 50, v=loss))
+        if i % 500 == 499:
+            lines.append("Gradient overflow.  Skipping step, reducing loss scale to 1024.0")
+    path = tmp_path / "train.log"
+    _write(path, lines)
+    slow_runs = 0
+    one_by_one = textlog._Layout._one_by_one
+
+    def counted(self: textlog._Layout, *args: Any) -> None:
+        nonlocal slow_runs
+        slow_runs += 1
+        one_by_one(self, *args)
+
+    monkeypatch.setattr(textlog._Layout, "_one_by_one", counted)
+    records = _same(path)
+    assert slow_runs == 0  # the fast path only (the reference reads line by line anyway)
+    steps = [r["step"] for r in records]
+    assert len(steps) == 3000 and steps == sorted(set(steps))
+    if "3862" in shape:  # counted on by the total at each restart: 3862 updates an epoch
+        assert steps[77] == 3862 + 50
+    else:  # no total: counted on by the last count printed
+        assert steps[77] == 77 * 50 + 50
+
+
+def test_trainer_printed_dicts_with_eval_lines_and_the_summary(tmp_path: Path) -> None:
+    # the Trainer prints no step: its lines are counted; eval lines join the update before
+    losses = _losses(2600)
+    lines = []
+    for i, loss in enumerate(losses, 1):
+        lines.append(
+            f"{{'loss': {loss:.4f}, 'grad_norm': {loss * 3:.4f}, 'learning_rate': 1e-05, "
+            f"'epoch': {i / 1000:.2f}}}"
+        )
+        if i % 50 == 0:
+            lines.append(
+                f"{{'eval_loss': {loss * 1.1:.4f}, 'eval_runtime': 10.2, "
+                f"'eval_samples_per_second': 98.0, 'epoch': {i / 1000:.2f}}}"
+            )
+        if i == 1300:
+            lines.append("")
+            lines.append("Gradient overflow.  Skipping step, reducing loss scale to 1024.0")
+    lines.append("{'train_runtime': 100.1, 'train_samples_per_second': 9.9, 'train_loss': 1.5, "
+                 "'epoch': 2.6}")  # fmt: skip
+    path = tmp_path / "trainer.out"
+    _write(path, lines, end=False)  # a cut-off last line too
+    records = _same(path)
+    assert [r["step"] for r in records] == list(range(1, 2602))
+    assert records[49]["val_loss"] == pytest.approx(losses[49] * 1.1, rel=1e-3)
+    assert "epoch" not in records[0]  # fractional epochs are no epoch counts
+    assert any(r.get("nf_loss") for r in records)
+    block = path.read_text()[:200_000]
+    block = block[: block.rindex("\n") + 1]
+    layout = textlog._find_layout(block)
+    assert layout is not None and layout.fractional and layout.step < 0
+    layout.read(textlog._State({}), block)
+    assert layout.fast_lines > 0.9 * block.count("\n")
+
+
+def _keras_progress(losses: list[float], batches: int) -> list[str]:
+    """Keras 2's progress bar written to a file (not a terminal): a line per update, then the
+    epoch's line with its time per step and validation loss; a real fit's losses."""
+    lines = []
+    epochs = len(losses) // batches
+    for epoch in range(epochs):
+        lines.append(f"Epoch {epoch + 1}/{epochs}")
+        for k in range(1, batches + 1):
+            loss = losses[epoch * batches + k - 1]
+            done = 30 * k // batches
+            bar = "=" * done + (">" if done < 30 else "") + "." * (29 - done)
+            if k < batches:
+                eta = f"{(batches - k) // 7}s" if k % 3 else f"{k // 60}:{k % 60:02d}"
+                lines.append(f"{k:>4}/{batches} [{bar[:30]}] - ETA: {eta} - loss: {loss:.4f}")
+            else:
+                lines.append(
+                    f"{k}/{batches} [{bar[:30]}] - {epoch % 4 + 1}s {epoch * 7 % 50 + 3}ms/step"
+                    f" - loss: {loss:.4f} - val_loss: {loss * 1.1:.4f}"
+                )
+    return lines
+
+
+def test_keras_progress_written_to_a_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    lines = _keras_progress(_losses(3000), batches=100)
+    lines[1234:1234] = ["", "WARNING:tensorflow:Callback method `on_train_batch_end` is slow"]
+    path = tmp_path / "train.log"
+    _write(path, lines, end=False)
+    slow_runs = 0
+    one_by_one = textlog._Layout._one_by_one
+
+    def counted(self: textlog._Layout, *args: Any) -> None:
+        nonlocal slow_runs
+        slow_runs += 1
+        one_by_one(self, *args)
+
+    monkeypatch.setattr(textlog._Layout, "_one_by_one", counted)
+    records = _same(path)
+    assert slow_runs == 0
+    assert [r["step"] for r in records] == list(range(1, 31))  # one record an epoch
+    assert records[0]["loss"] == pytest.approx(_losses(3000)[99], rel=1e-3)
+    assert any(r.get("nf_loss") for r in records)
+    text = path.read_text()
+    block = text[: text.index("Epoch 11/")]
+    layout = textlog._find_layout(block)
+    assert layout is not None
+    layout.read(textlog._State({}), block)
+    # the ETA and bar vary from line to line, the template does not
+    assert layout.fast_lines > 0.9 * block.count("\n")
+
+
+def test_a_tqdm_bar_redrawn_for_hours_without_a_newline_is_read_not_skipped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # one tqdm bar over the whole run: one "line" of \r-separated redraws, longer than the
+    # longest line a reader buffers (shrunk here to 64 KB)
+    monkeypatch.setattr(common, "MAX_LINE_BYTES", 64 * 1024)
+    monkeypatch.setattr(common, "CHUNK_BYTES", 4096)
+    losses = _losses(3000)
+    bar = "".join(
+        f"\r{i * 100 // 3000:3d}%|#####     | {i}/3000 [00:{i // 60:02d}<00:10, 9.8it/s, "
+        f"loss={loss:.4f}]"
+        for i, loss in enumerate(losses, 1)
+    )
+    assert len(bar) > 3 * 64 * 1024
+    path = tmp_path / "train.log"
+    _write(path, ["Training", bar, "done"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "skipped line" warning
+        records = _same(path)
+    assert [r["step"] for r in records] == list(range(1, 3001))
+    want = [float(f"{v:.4f}") for v in losses]
+    assert [r["loss"] for r in records if not r.get("nf_loss")] == [
+        v for v in want if math.isfinite(v)
+    ]

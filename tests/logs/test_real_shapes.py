@@ -79,9 +79,12 @@ def test_validation_only_losses_make_no_nonfinite_updates(tmp_path: Path) -> Non
         rows.append(f"Epoch {epoch}: val_loss improved from inf to {v:.5f}, saving model")
         rows.append(f"[Epoch {epoch}] valid loss: {v:.5f} best_val_loss: inf")
     path.write_text("\n".join(rows) + "\n")
-    trace = load_trace(path)
+    with pytest.warns(LogWarning, match="validation loss is read as the loss"):
+        trace = load_trace(path)
     assert len(trace) == 5
-    assert all("loss" not in r and "nf_loss" not in r for r in trace)
+    # the only loss is the validation loss: read as the loss ("best_val_loss: inf" is not one)
+    assert trace.meta["loss_key"] == "val_loss"
+    assert all("nf_loss" not in r and r["loss"] == r["val_loss"] for r in trace)
     assert np.all(np.isfinite(trace.column("val_loss")))
     assert nanscope.diagnose(trace).verdict == "healthy"
 

@@ -11,16 +11,20 @@ MB are skipped, never buffered) and yields the same record keys as the Monitor.
 
 ``trace.meta`` always holds ``format``, ``source``, ``lines`` (lines read) and ``granularity``
 (``"update"`` or ``"epoch"``); text logs add ``messages`` (framework messages about numerics),
-TensorBoard adds ``loss_tag`` and ``tags``. See ``docs/logs/index.md``.
+TensorBoard adds ``loss_tag`` and ``tags``. A log with no training loss at all but a validation
+loss (``Epoch 3/20 - val_loss: 0.33``, a CSV with only ``val_loss``) is read with the validation
+loss as each record's ``loss``: ``meta["loss_key"] = "val_loss"`` and ``meta["loss_note"]`` say
+so. See ``docs/logs/index.md``.
 """
 
 from __future__ import annotations
 
 import importlib
 import json
+import math
 import struct
-from collections.abc import Iterator, Mapping
-from itertools import chain
+from collections.abc import Iterable, Iterator, Mapping
+from itertools import chain, islice
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -34,6 +38,7 @@ from nanscope.logs._common import (
     iter_lines,
     read_head,
     text_encoding,
+    warn,
 )
 from nanscope.logs._thin import thin
 from nanscope.trace import RECORD_KEYS, TRACE_SCHEMA, Trace
@@ -256,7 +261,69 @@ def _open_records(
     module = _reader(fmt)
     meta.setdefault("format", fmt)
     meta.setdefault("source", str(source))
-    yield module.iter_records(target, meta)
+    records = module.iter_records(target, meta)
+    if fmt == "nanscope":
+        yield records  # a trace's loss is the loss the Monitor was given
+    else:
+        yield chain.from_iterable(_loss_or_val_loss(records, meta, source))
+
+
+#: Records looked at (and held) before a log without any training loss so far is read with its
+#: validation loss as the loss; past it, later records are converted as they come.
+HOLD_RECORDS = 100_000
+_BATCH = 4096
+
+#: ``meta["loss_note"]`` of a log read with its validation loss as the loss
+VAL_LOSS_NOTE = (
+    "this log records no training loss, only a validation loss: the validation loss is read "
+    "as the loss (one value per evaluation, not per update)"
+)
+
+
+def _loss_or_val_loss(
+    records: Iterator[Record], meta: dict[str, Any], source: Path
+) -> Iterator[Iterable[Record]]:
+    """The records as they are once one has a training ``loss``; when none has one and some
+    have a ``val_loss``, every record with a ``val_loss`` gets it as its ``loss`` too (flagged
+    ``nf_loss`` when not finite) and ``meta`` says so. Lists of records, in order."""
+    held: list[Record] = []
+    while True:
+        batch = list(islice(records, _BATCH))
+        if not batch:
+            break
+        if any("loss" in record for record in batch):
+            yield held
+            yield batch
+            yield records  # the rest passes through as it is
+            return
+        held.extend(batch)
+        if len(held) >= HOLD_RECORDS:
+            break
+    if not any("val_loss" in record for record in held):
+        yield held
+        yield records
+        return
+    meta["loss_key"] = "val_loss"
+    meta["loss_note"] = VAL_LOSS_NOTE
+    warn(f"{source}: no training loss in this log; its validation loss is read as the loss")
+    yield _val_as_loss(held)
+    while True:
+        batch = list(islice(records, _BATCH))
+        if not batch:
+            return
+        yield _val_as_loss(batch)
+
+
+def _val_as_loss(records: list[Record]) -> list[Record]:
+    for record in records:
+        if "loss" in record:
+            continue  # (a training loss after HOLD_RECORDS records without one: kept)
+        value = record.get("val_loss")
+        if value is not None:
+            record["loss"] = value
+            if not math.isfinite(value):
+                record["nf_loss"] = 1
+    return records
 
 
 def _load(path: str | Path, format: str | None = None, max_records: int | None = None) -> Trace:

@@ -78,7 +78,11 @@ def text_encoding(head: bytes) -> str:
 
 
 def iter_blocks(
-    path: Path, meta: dict[str, Any], max_line: int | None = None, chunk: int | None = None
+    path: Path,
+    meta: dict[str, Any],
+    max_line: int | None = None,
+    chunk: int | None = None,
+    split_cr: bool = False,
 ) -> Iterator[str]:
     """Decoded text of ``path`` in blocks of whole lines, each ending in ``"\\n"``, streaming.
 
@@ -87,6 +91,11 @@ def iter_blocks(
     in memory: it is skipped (counted in ``meta["skipped_long_lines"]``, warned about once).
     ``meta["lines"]`` counts the lines read, skipped ones included. A block holds at most about
     ``chunk`` bytes plus one line, so memory is bounded whatever the file.
+
+    ``split_cr`` (text logs): a line still growing past a quarter of ``max_line`` is cut after
+    its last ``\\r`` and the part before given as a line of its own, so a progress bar redrawn
+    with ``\\r`` for hours without a newline (tqdm) is read in pieces, not skipped; each piece
+    counts as a line.
     """
     if max_line is None:
         max_line = MAX_LINE_BYTES
@@ -119,6 +128,13 @@ def iter_blocks(
             first = data.find(b"\n")
             if first < 0:
                 carry += data
+                if split_cr and len(carry) > max_line // 4:
+                    cut = carry.rfind(b"\r", 0, len(carry) - 1)  # (not a CRLF's own \r)
+                    if cut > 0:
+                        count += 1
+                        meta["lines"] = count
+                        yield carry[:cut].decode("utf-8", errors="replace") + "\n"
+                        carry = carry[cut:]
                 if len(carry) > max_line:
                     carry = b""
                     skipping = True

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import csv
 from collections.abc import Iterator
-from itertools import chain, repeat
+from itertools import chain
 from pathlib import Path
 from typing import Any
 
@@ -102,6 +102,12 @@ def iter_records(path: Path, meta: dict[str, Any]) -> Iterator[Record]:
     return chain.from_iterable(_record_lists(path, meta))
 
 
+def _lines(block: str) -> list[str]:
+    lines = block.split("\n")
+    lines.pop()  # the empty string after the block's last newline
+    return lines
+
+
 class _Reader:
     """Rows to records: whole blocks a column at a time where every row is plain (no quotes,
     one cell per column, numbers where numbers belong), row by row elsewhere."""
@@ -124,26 +130,27 @@ class _Reader:
         self.bad_rows = 0
 
     def block(self, block: str) -> list[Record]:
-        lines = block.split("\n")
-        lines.pop()
         if '"' in block or "\r" in block:
-            return self.rows(lines)
+            return self.rows(_lines(block))
         delimiter, width = self.delimiter, self.width
-        if list(map(str.count, lines, repeat(delimiter))).count(width - 1) != len(lines):
-            return self.rows(lines)
-        tokens = block.replace("\n", delimiter).split(delimiter)
-        n = len(lines)
+        # every line's cells, then a "\n" token: a line with a cell too many or too few moves
+        # the "\n" tokens after it off their places, so one count checks every line
+        tokens = block.replace("\n", delimiter + "\n" + delimiter).split(delimiter)
+        n = block.count("\n")
+        if tokens[width :: width + 1].count("\n") != n:
+            return self.rows(_lines(block))
+        step = width + 1
         try:
             keys: list[str] = []
             values: list[list[Any]] = []
             for index, key in self.cols:
-                cells = tokens[index::width][:n]
+                cells = tokens[index::step][:n]
                 if not cells[0] and not cells[-1] and cells.count("") == n:
                     continue  # a column this block leaves empty (Lightning's val rows)
                 if key in ("step", "epoch"):
                     numbers: list[Any] = list(map(int, cells))
                     if max(numbers) >= 10**15 or min(numbers) <= -(10**15):
-                        return self.rows(lines)  # not a step to_step would read
+                        return self.rows(_lines(block))  # not a step to_step would read
                 else:
                     numbers = list(map(float, cells))
                 keys.append(key)
@@ -151,14 +158,14 @@ class _Reader:
             names: list[str] = []
             extra: list[list[float]] = []
             for index, name in self.extra_cols:
-                cells = tokens[index::width][:n]
+                cells = tokens[index::step][:n]
                 if cells[0] or cells[-1] or cells.count("") != n:
                     names.append(name)
                     extra.append(list(map(float, cells)))
         except ValueError:
-            return self.rows(lines)  # an empty or non-number cell somewhere: row by row
+            return self.rows(_lines(block))  # an empty or non-number cell somewhere: row by row
         if "step" not in keys:
-            return self.rows(lines)
+            return self.rows(_lines(block))
         steps = values[keys.index("step")]
         valued = any(key not in ("step", "epoch") for key in keys)
         if extra:

@@ -356,9 +356,13 @@ class _State:
 _INT = r"\d{1,15}+"
 _INT_ANY = r"\d++"
 _REAL = r"[-+]?+(?>\d++\.\d*+|\.\d++)(?:[eE][-+]?+\d++)?+|[-+]?+\d++[eE][-+]?+\d++|[-+]\d++"
+#: a number the general reader takes as a fractional epoch (``'epoch': 0.05``): a point or an
+#: exponent in it
+_FRAC = r"[-+]?+(?>\d++\.\d*+|\.\d++)(?:[eE][-+]?+\d++)?+|[-+]?+\d++[eE][-+]?+\d++"
 _WORD = r"[-+]?+(?:[nN][aA][nN]|[iI][nN][fF](?:[iI][nN][iI][tT][yY])?+)"
 _LOOSE = r"[-+.\deE]++"
 _PLAIN = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?", re.ASCII)
+_FRAC_TEXT = re.compile(_FRAC, re.ASCII)
 _TOKEN = re.compile(r"(?<![\w.])" + _NUM + r"(?![\w.])", re.IGNORECASE)
 #: characters a key may hold that do not stop a number token (``loss/2``, ``5-10``)
 _KEY_JOINERS = "/-"
@@ -374,8 +378,28 @@ def _piece(text: str, after_token: bool, before_token: bool) -> str:
         return r"[ \t]++"
     lead = len(text) - len(text.lstrip(" \t")) if after_token else 0
     trail = len(text) - len(text.rstrip(" \t")) if before_token else 0
-    core = re.escape(text[lead : len(text) - trail])
+    core = _fixed(text[lead : len(text) - trail])
     return (r"[ \t]++" if lead else "") + core + (r"[ \t]++" if trail else "")
+
+
+#: Fixed text that may differ from line to line without changing how the general reader reads
+#: the line: digits that start a word glued to letters (Keras' ``ETA: 3s``, ``20ms/step``: never
+#: a value, as a value must not run into a letter; no key starts with or after a digit, and
+#: after none of ``.``, ``/``, ``-`` a key could hold them) and an ASCII progress bar in
+#: brackets (``[=====>......]``: no key, no value, no bracket counter).
+_VARIES = re.compile(r"(?<![\w./\-])\d+(?=[A-Za-z])|\[[=>.]+\]")
+
+
+def _fixed(text: str) -> str:
+    """The regex for fixed text (see :data:`_VARIES` for what it lets vary)."""
+    parts = []
+    at = 0
+    for match in _VARIES.finditer(text):
+        parts.append(re.escape(text[at : match.start()]))
+        parts.append(r"\d++" if match.group()[0] != "[" else r"\[[=>.]++\]")
+        at = match.end()
+    parts.append(re.escape(text[at:]))
+    return "".join(parts)
 
 
 class _Layout:
@@ -390,7 +414,14 @@ class _Layout:
     framework message, no traceback end); ``tests/logs/test_fast_path.py`` checks that.
     """
 
-    def __init__(self, pattern: str, loose: str, roles: list[str], exception_safe: bool) -> None:
+    def __init__(
+        self,
+        pattern: str,
+        loose: str,
+        roles: list[str],
+        exception_safe: bool,
+        fractional: bool = False,
+    ) -> None:
         self.roles = roles
         #: the exact shape; ``loose`` also lets through value fields that are not numbers
         #: (``float`` then says so, and the block is split again with ``regex``)
@@ -409,18 +440,29 @@ class _Layout:
         #: False when a line of this shape could end a pending traceback (then blocks read
         #: while one is pending go through the general reader)
         self.exception_safe = exception_safe
+        #: True when the lines print a fractional epoch (``'epoch': 0.05``, the Trainer's): the
+        #: general reader then never takes an epoch count from any line again
+        self.fractional = fractional
         self.fast_lines = 0
 
     @staticmethod
     def of(segment: str, found: dict[str, _Hit]) -> _Layout | None:
-        """The layout of a line read with a printed step (None for shapes we keep general)."""
+        """The layout of one line with values (None for shapes we keep general): with a printed
+        step; else with an epoch count (an epoch log); else with a loss (the lines are counted,
+        as the general reader counts them: Keras' ``12/100 [===] - loss: 0.5``, the Trainer's
+        ``{'loss': 0.5, ..., 'epoch': 0.05}``)."""
         if "step" not in found:
-            return None
+            if "<" in segment:
+                return None  # a tqdm bar's count would be the step
+            if "loss" not in found and "epoch" not in found:
+                return None  # an eval-only line joins the update before it: kept general
         shape = _shape(segment, found)
         if shape is None:
             return None
-        strict, loose, roles, safe = shape
-        return _Layout("^" + strict, "^" + loose, roles, safe)
+        strict, loose, roles, safe, fractional = shape
+        if "step" not in roles and "epoch" not in roles and "loss" not in roles:
+            return None  # (a fractional epoch is no epoch count)
+        return _Layout("^" + strict, "^" + loose, roles, safe, fractional)
 
     @staticmethod
     def of_pair(
@@ -434,7 +476,7 @@ class _Layout:
             return None  # a tqdm bar's count would be the step
         first = _shape(header, header_found)
         second = _shape(line, found)
-        if first is None or second is None:
+        if first is None or second is None or first[4] or second[4]:
             return None
         layout = _Layout(
             "^" + first[0] + second[0],
@@ -471,15 +513,26 @@ class _Layout:
         matched = len(seps) - 1
         lines = self.lines
         fast_lines = matched * lines
-        run = self._run if self.step >= 0 else self._run_epochs
+        if self.step >= 0:
+            run = self._run
+        else:
+            run = self._run_counted if self.epoch < 0 else self._run_epochs
         others = list(compress(range(matched + 1), seps))
         then = self.then
-        if then is None and self.depth < 2 and self.tries < 4 and len(others) > 20:
-            # many lines of another shape (eval lines between train lines): learn it too
+        if then is None and self.depth < 2 and self.tries < 4 and others:
+            # many lines of another shape (eval lines between train lines, or the log changed
+            # shape): learn it too, from the long runs of other lines first (odd lines of this
+            # shape that did not match could hide it), then from all of them
             rest = "".join(seps)
-            if rest.count("\n") * 10 > block.count("\n"):
+            rest_lines = rest.count("\n")
+            if rest_lines > 20 and rest_lines * 10 > block.count("\n"):
                 self.tries += 1
-                then = self.then = _find_layout(rest, self.depth + 1)
+                runs = "".join(sep for sep in seps if sep.count("\n") >= 8)
+                if runs and len(runs) < len(rest):
+                    then = _find_layout(runs, self.depth + 1)
+                if then is None:
+                    then = _find_layout(rest, self.depth + 1)
+                self.then = then
         line_at = state.lineno
         start = 0
         for index in others:
@@ -518,22 +571,24 @@ class _Layout:
         """Records of lines ``start:end`` (all of this layout) a column at a time, as the
         general reader would read them one by one."""
         merger = state.merger
+        if self.fractional and not state.fractional_epochs:
+            state.fractional_epochs = True  # what the first of these lines does
+            state.epoch = None
         printed: list[int] = cols[self.step][start:end]
         pending = merger.pending
-        last = state.last_printed
-        if (
-            (self.epoch >= 0 and state.fractional_epochs)
-            or (last is not None and printed[0] < last)
-            or (pending is not None and pending["step"] >= printed[0] + state.step_base)
-            or (len(printed) > 1 and not _increasing(printed))
-        ):
+        mapped = (
+            None
+            if self.epoch >= 0 and state.fractional_epochs
+            else self._steps(state, cols, start, end)
+        )
+        if mapped is None or (pending is not None and pending["step"] == mapped[0][0]):
             self._one_by_one(state, out, cols, start, end)
             return
+        steps, state.step_base = mapped
         keys = [key for key, _ in self.values]
         columns: list[list[Any]] = [cols[i][start:end] for _, i in self.values]
-        base = state.step_base
         keys.append("step")
-        columns.append(printed if base == 0 else [p + base for p in printed])
+        columns.append(steps)
         if self.epoch >= 0:
             epochs = cols[self.epoch][start:end]
             state.epoch = epochs[-1]
@@ -558,6 +613,61 @@ class _Layout:
         merger.steps_seen = True
         merger.epochs_only = False
         out.extend(records)
+
+    def _steps(
+        self, state: _State, cols: Sequence[list[Any]], start: int, end: int
+    ) -> tuple[list[int], int] | None:
+        """The update numbers of lines ``start:end`` as :meth:`_State.map_step` gives them one
+        by one (a counter that restarts each epoch is counted on), and the step base after them;
+        None when two lines in a row would have the same step (the merger merges those: line by
+        line then) or the numbers grow too large for int64."""
+        printed: list[int] = cols[self.step][start:end]
+        base = state.step_base
+        last = state.last_printed
+        if (last is None or printed[0] >= last) and (len(printed) == 1 or _increasing(printed)):
+            if last is not None and printed[0] == last:
+                pass  # (a repeat of the line before: the checks below)
+            else:
+                return (printed if base == 0 else [p + base for p in printed]), base
+        if abs(base) > 1 << 60 or (last is not None and abs(last) > 1 << 50):
+            return None
+        now = np.array(printed, dtype=np.int64)
+        before = np.empty_like(now)
+        before[1:] = now[:-1]
+        before[0] = now[0] if last is None else last
+        down = now < before
+        lap = np.full_like(now, -1)
+        has_lap = np.zeros(len(now), dtype=bool)
+        if self.total >= 0:
+            reset = down  # a count with a total ("[50/3862]"): it restarts when it falls
+            totals = cols[self.total][start:end]
+            lap[1:] = totals[:-1]
+            has_lap[1:] = True
+            if state.last_total is not None:
+                lap[0], has_lap[0] = state.last_total, True
+        else:
+            changed = np.zeros(len(now), dtype=bool)  # it restarts when it falls in a new epoch
+            if self.epoch >= 0:
+                epochs = np.array(cols[self.epoch][start:end], dtype=np.int64)
+                changed[1:] = epochs[1:] != epochs[:-1]
+                changed[0] = state.last_epoch != cols[self.epoch][start]
+            else:
+                changed[0] = state.epoch != state.last_epoch
+            reset = down & changed
+        if reset.any():
+            adds = np.where(has_lap & (lap >= before), lap, before)
+            adds[~reset] = 0
+            if int(adds.max()) * len(now) > 1 << 61:
+                return None
+            offsets = np.cumsum(adds)
+            steps = now + offsets + base
+            new_base = base + int(offsets[-1])
+        else:
+            steps = now + base
+            new_base = base
+        if len(steps) > 1 and not bool((steps[1:] != steps[:-1]).all()):
+            return None
+        return steps.tolist(), new_base
 
     def _run_epochs(
         self, state: _State, out: list[Record], cols: Sequence[list[Any]], start: int, end: int
@@ -600,6 +710,65 @@ class _Layout:
         merger.count += len(records) + 1
         out.extend(records)
 
+    def _run_counted(
+        self, state: _State, out: list[Record], cols: Sequence[list[Any]], start: int, end: int
+    ) -> None:
+        """Records of lines ``start:end`` with a loss but no step and no epoch count: the
+        merger numbers them on from the records before (``step`` = records so far + 1)."""
+        merger = state.merger
+        if self.fractional and not state.fractional_epochs:
+            state.fractional_epochs = True  # what the first of these lines does
+            state.epoch = None
+        pending = merger.pending
+        count = merger.count
+        if state.epoch is not None and not merger.steps_seen:
+            # lines under an ``Epoch N/M`` header (Keras' progress written to a file): each is
+            # that epoch's record so far (step = the epoch), merged into one; the last wins
+            epoch = state.epoch
+            merged: Record = {key: cols[index][end - 1] for key, index in self.values}
+            merged["epoch"] = epoch
+            merged["step"] = epoch
+            if pending is not None and pending["step"] == epoch:
+                pending.update(merged)
+            else:
+                if pending is not None:
+                    out.append(mark_nonfinite(pending))
+                merger.pending = merged
+                merger.count += 1
+            return
+        if (
+            merger.steps_seen
+            or state.epoch is not None
+            or (pending is not None and pending["step"] == count + 1)
+        ):
+            # a loss line in a per-update log (an epoch summary), an epoch from a line before,
+            # a merge with the pending record: as the general reader does it, line by line
+            push = merger.push
+            for i in range(start, end):
+                record: Record = {key: cols[index][i] for key, index in self.values}
+                if merger.steps_seen:
+                    record["extra"] = {"epoch_loss": record.pop("loss")}
+                if state.epoch is not None:
+                    record["epoch"] = state.epoch
+                done = push(record)
+                if done is not None:
+                    out.append(done)
+            return
+        keys = [key for key, _ in self.values] + ["step"]
+        columns = [cols[i][start:end] for _, i in self.values]
+        columns.append(list(range(count + 1, count + 1 + end - start)))
+        records = make_records(keys, columns)
+        flag_nonfinite(records, keys, columns)
+        if pending is not None:
+            out.append(mark_nonfinite(pending))
+        last_record = records.pop()
+        last_record.pop("nf_loss", None)
+        last_record.pop("nf_grads", None)
+        merger.pending = last_record
+        merger.count += len(records) + 1
+        merger.epochs_only = False
+        out.extend(records)
+
     def _one_by_one(
         self, state: _State, out: list[Record], cols: Sequence[list[Any]], start: int, end: int
     ) -> None:
@@ -618,9 +787,10 @@ class _Layout:
                 out.append(done)
 
 
-def _shape(segment: str, found: dict[str, _Hit]) -> tuple[str, str, list[str], bool] | None:
+def _shape(segment: str, found: dict[str, _Hit]) -> tuple[str, str, list[str], bool, bool] | None:
     """One line as regexes (exact, and loose on values), the roles of their groups in order,
-    and whether such a line can never end a pending traceback; None for lines we keep general.
+    whether such a line can never end a pending traceback, and whether it prints a fractional
+    epoch (not captured); None for lines we keep general.
     """
     if "\r" in segment or "\x08" in segment:
         return None
@@ -637,6 +807,7 @@ def _shape(segment: str, found: dict[str, _Hit]) -> tuple[str, str, list[str], b
     parts: list[str] = []
     loose: list[str] = []
     roles: list[str] = []
+    fractional = False
     at = 0
     for number, (start, end) in enumerate(tokens):
         text = segment[start:end]
@@ -650,27 +821,33 @@ def _shape(segment: str, found: dict[str, _Hit]) -> tuple[str, str, list[str], b
         ):
             return None  # "loss/2": a key could run into the number
         role = captured.get((start, end))
-        if role in ("step", "total", "epoch") and not whole:
+        token = (_INT if role in ("step", "epoch", "total") else _INT_ANY) if whole else _REAL
+        if role == "epoch" and not whole:
+            if _FRAC_TEXT.fullmatch(text) is None:
+                return None  # "+5": an epoch count to the general reader, not a fraction
+            role, token, fractional = None, _FRAC, True
+        if role in ("step", "total") and not whole:
             return None
         piece = segment[at:start]
         pieces.append(piece)
         parts.append(_piece(piece, number > 0, True))
         loose.append(parts[-1])
-        token = (_INT if role in ("step", "epoch", "total") else _INT_ANY) if whole else _REAL
         word = role in _ROLES and not whole and _word_allowed(segment, start, end)
         if word:
             token += "|" + _WORD
         if role is None:
             parts.append("(?:" + token + ")")
             loose.append(parts[-1])
+        elif role in _ROLES and _loose_ok(segment, start, end):
+            # a value where whole and other numbers read alike: either kind in the exact
+            # pattern; in the loose one any run of number characters (float() then checks it)
+            parts.append("(" + _REAL + "|" + _INT_ANY + ("|" + _WORD if word else "") + ")")
+            roles.append(role)
+            loose.append("(" + _LOOSE + ("|" + _WORD if word else "") + ")")
         else:
             parts.append("(" + token + ")")
             roles.append(role)
-            if role in _ROLES and _loose_ok(segment, start, end):
-                # any run of number characters; float() then checks it
-                loose.append("(" + _LOOSE + ("|" + _WORD if word else "") + ")")
-            else:
-                loose.append(parts[-1])
+            loose.append(parts[-1])
         at = end
     pieces.append(segment[at:])
     parts.append(_piece(segment[at:], bool(tokens), False) + r"\r?\n")
@@ -680,7 +857,7 @@ def _shape(segment: str, found: dict[str, _Hit]) -> tuple[str, str, list[str], b
         return None
     if not any(word in piece for piece in lowered for word in _KEY_WORDS):
         return None  # the general reader's key-word filter must pass on every such line
-    return "".join(parts), "".join(loose), roles, _exception_safe(pieces[0])
+    return "".join(parts), "".join(loose), roles, _exception_safe(pieces[0]), fractional
 
 
 def _increasing(values: list[int]) -> bool:
@@ -837,7 +1014,7 @@ def _record_lists(path: Path, meta: dict[str, Any]) -> Iterator[list[Record]]:
     state = _State(meta)
     layout: _Layout | None = None
     tries = 0
-    for block in iter_blocks(path, meta):
+    for block in iter_blocks(path, meta, split_cr=True):
         if layout is None and tries < 8:
             tries += 1
             layout = _find_layout(block)
