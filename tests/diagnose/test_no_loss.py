@@ -28,16 +28,22 @@ def _logreg_epochs(epochs: int = 19, seed: int = 0) -> list[dict[str, float]]:
             losses.append(float(np.mean(np.logaddexp(0, z) - yt[idx] * z)))
             w -= 0.5 * Xt[idx].T @ (1 / (1 + np.exp(-z)) - yt[idx]) / len(idx)
         zv = Xv @ w
-        rows.append({"epoch": epoch, "loss": float(np.mean(losses)),
-                     "accuracy": float(np.mean((Xt @ w > 0) == yt)),
-                     "val_loss": float(np.mean(np.logaddexp(0, zv) - yv * zv))})  # fmt: skip
+        rows.append(
+            {
+                "epoch": epoch,
+                "loss": float(np.mean(losses)),
+                "accuracy": float(np.mean((Xt @ w > 0) == yt)),
+                "val_loss": float(np.mean(np.logaddexp(0, zv) - yv * zv)),
+            }
+        )
     return rows
 
 
 def _csv(path: Path, rows: list[dict[str, float]], columns: list[str]) -> Path:
     path.write_text(
-        ",".join(columns) + "\n" + "".join(",".join(f"{r[c]:.6g}" for c in columns) + "\n"
-                                           for r in rows)  # fmt: skip
+        ",".join(columns)
+        + "\n"
+        + "".join(",".join(f"{r[c]:.6g}" for c in columns) + "\n" for r in rows)
     )
     return path
 
@@ -79,8 +85,10 @@ def test_records_of_metrics_without_a_loss_are_unobserved() -> None:
     """The engine's own rule, whatever a log reader makes of a validation loss."""
     rows = _logreg_epochs()
     trace = nanscope.Trace(
-        [{"step": r["epoch"], "epoch": r["epoch"], "extra": {"accuracy": r["accuracy"]}}
-         for r in rows],  # fmt: skip
+        [
+            {"step": r["epoch"], "epoch": r["epoch"], "extra": {"accuracy": r["accuracy"]}}
+            for r in rows
+        ],
         meta={"granularity": "epoch"},
     )
     d = nanscope.diagnose(trace)
