@@ -289,14 +289,22 @@ class Departure:
         k = self.k
         values = [v for _, v in self._away]
         plateau = float(np.median(values))
+        level, shape = plateau, "plateau"
+        head = sorted(self._head)
+        started = head[len(head) // 2] if head else None
         if plateau < k * self.best:
-            return None
-        if self._start is not None and plateau < NOISE_FLOOR * self._start:
+            # not a plateau yet: a steady climb, still rising, whose median lags behind it
+            climb = _climbing(values[-self.MAX_WINDOW :], self.SMOOTH)
+            if climb is None or climb < k * self.best:
+                return None
+            if started is not None and climb <= math.sqrt(k) * started:
+                return None  # climbing back to where it started: not lost yet (see below)
+            level, shape = climb, "climb"
+        if self._start is not None and level < NOISE_FLOOR * self._start:
             return None  # at the float noise floor of the starting loss
         if _recovering(values[-self.MAX_WINDOW :], self.RECOVERING):
             return None  # on its way back down: learning again (new data), not lost
-        head = sorted(self._head)
-        if head and plateau <= head[len(head) // 2]:
+        if started is not None and level <= started:
             # back where it started is not lost: a GAN's discriminator, a harder curriculum
             return None
         home_step, home_loss = self._home if self._home is not None else (0, self.best)
@@ -314,12 +322,40 @@ class Departure:
             "jump_to_step": to_step,
             "jump_updates": jump_updates,
             "plateau": plateau,
-            "factor": plateau / self.best,
+            "level": level,
+            "climb": shape == "climb",
+            "factor": level / self.best,
             "k": k,
             "window": self._away_n,
             "needed": needed,
             "start": self._start,
         }
+
+
+def _climbing(values: list[float], smooth: int) -> float | None:
+    """Where a steady climb through ``values`` has got to, or None when they do not climb.
+
+    A climb: a least-squares line through their log rises by more than four times its standard
+    error (a trend, not noise), and the last ``smooth`` values sit on it (their median at least
+    the line's level ``smooth`` updates back: the climb has not stopped). Returns the lower of
+    the line's end and the median of the last ``smooth`` values: how far up the loss is now."""
+    n = len(values)
+    if n < 2 * smooth:
+        return None
+    logs = np.log(np.asarray(values, dtype=float))
+    x = np.arange(n, dtype=float)
+    x -= x.mean()
+    sxx = float(np.sum(x * x))
+    slope = float(np.sum(x * (logs - logs.mean())) / sxx)
+    resid = logs - logs.mean() - slope * x
+    se = math.sqrt(float(np.sum(resid * resid)) / (n - 2) / sxx)
+    if slope <= 4.0 * se or slope <= 0:
+        return None
+    end = float(math.exp(logs.mean() + slope * x[-1]))
+    last = float(np.median(values[-smooth:]))
+    if last < math.exp(logs.mean() + slope * x[-smooth]):
+        return None  # the last updates fell below the line: the climb has stopped
+    return min(end, last)
 
 
 def _recovering(values: list[float], factor: float) -> bool:
