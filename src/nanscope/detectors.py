@@ -15,7 +15,10 @@ that falls is fine; a gradient norm of 400 can be normal.
   AdamW diverge: a jump in a few updates, then a plateau far above the best the run reached (at
   least ``K`` (3x) above its best smoothed loss, more for a noisy run) for a window of updates
   (``WINDOW``, longer when the jump itself took longer), never falling back into its range
-  (``sqrt(k)`` times its best), and above where it started. Values at the float noise floor of
+  (``sqrt(k)`` times its best), and above where it started. A loss that climbs steadily out of
+  its range (a line through its log rises beyond its noise) counts by where the climb has got to
+  rather than by its median, once that is ``k`` times its best and ``sqrt(k)`` times where it
+  started: SGD a hair past its stability limit, an ascent. Values at the float noise floor of
   the run's own starting loss (below ``NOISE_FLOOR`` times it) are never a departure, and never a
   divergence either.
 * :class:`Ascent` fires when ``ASCENT_RISES`` consecutive updates raise the loss while the applied
@@ -204,7 +207,11 @@ class Departure:
     ``k * best`` and above where the run started (the median of its first ``SMOOTH`` losses: all
     it learned is lost), not falling (a line through the log of those updates does not take them
     below ``RECOVERING`` times where they began, beyond its noise), above the float noise floor
-    of the starting loss. A loss that comes home resets it: an excursion the run recovers from is
+    of the starting loss. A steady climb whose median still lags (0.69 -> 2.26 over 100 updates,
+    its best at the start) counts by its level now (``_climbing``: the lower of a log-linear fit's
+    end and the median of the last ``SMOOTH`` updates) once that is ``k * best`` and ``sqrt(k)``
+    times where the run started, after as many updates out of range as the climb took to get to
+    ``k * best``. A loss that comes home resets it: an excursion the run recovers from is
     noise; a loss that rises back to its starting level (a GAN's discriminator, a harder
     curriculum) or falls back towards its range (new data being learned) is not a departure.
     """
@@ -272,6 +279,15 @@ class Departure:
         if data is None or data["window"] < data["needed"]:
             return None
         self._fired = True
+        if data["climb"]:
+            return Alarm(
+                "diverging",
+                step,
+                f"the loss climbed out of its range and kept climbing: best {data['best']:.3g} "
+                f"at update {data['best_step']}, {data['window']} updates out of its range, now "
+                f"at {data['level']:.3g} ({data['factor']:.3g}x its best)",
+                {"shape": "departure", **data},
+            )
         return Alarm(
             "diverging",
             step,
@@ -313,6 +329,9 @@ class Departure:
                                 self._away[0])  # fmt: skip
         jump_updates = max(1, to_step - home_step)
         needed = min(self.MAX_WINDOW, max(self.WINDOW, 2 * jump_updates))
+        if shape == "climb":
+            # no plateau to wait for: out of its range for as long as it took to get this high
+            needed = min(self.MAX_WINDOW, max(self.WINDOW, jump_updates))
         return {
             "best": self.best,
             "best_step": self.best_step,
@@ -336,9 +355,8 @@ def _climbing(values: list[float], smooth: int) -> float | None:
     """Where a steady climb through ``values`` has got to, or None when they do not climb.
 
     A climb: a least-squares line through their log rises by more than four times its standard
-    error (a trend, not noise), and the last ``smooth`` values sit on it (their median at least
-    the line's level ``smooth`` updates back: the climb has not stopped). Returns the lower of
-    the line's end and the median of the last ``smooth`` values: how far up the loss is now."""
+    error (a trend, not noise). Returns the lower of the line's end and the median of the last
+    ``smooth`` values: how far up the loss is now (a climb that stopped is held at its level)."""
     n = len(values)
     if n < 2 * smooth:
         return None
@@ -352,10 +370,7 @@ def _climbing(values: list[float], smooth: int) -> float | None:
     if slope <= 4.0 * se or slope <= 0:
         return None
     end = float(math.exp(logs.mean() + slope * x[-1]))
-    last = float(np.median(values[-smooth:]))
-    if last < math.exp(logs.mean() + slope * x[-smooth]):
-        return None  # the last updates fell below the line: the climb has stopped
-    return min(end, last)
+    return min(end, float(np.median(values[-smooth:])))
 
 
 def _recovering(values: list[float], factor: float) -> bool:
