@@ -40,7 +40,7 @@ def test_torch_script_sweep_names_the_factor(
     assert data["recommended_factor"] == 0.1
     assert data["base_lr"] == pytest.approx(0.1)
     assert data["recommended_lr"] == pytest.approx(0.01)
-    # both the default lr and the bias group's own lr were scaled, in each child
+    # both the default lr and the bias group's own lr were scaled for the step, in each child
     seen = sorted(tuple(map(float, line.split())) for line in lrs.read_text().splitlines())
     assert seen == [pytest.approx((0.1, 0.01, 0.005)), pytest.approx((1.0, 0.1, 0.05))]
     # the same seed: the first loss is identical at every factor

@@ -6,9 +6,11 @@ TARGET is ``train.py [args]``, ``python train.py [args]`` or ``python -m module 
 script runs, the child seeds ``random`` and ``numpy`` (torch when it is imported), installs the lr
 patch (:mod:`nanscope.experiment.lrpatch`), and wraps ``Monitor.observe``. An *update* is one
 step of the first PyTorch optimizer that steps (its loss: the scalar ``backward()`` was last
-called on, or what a Monitor was told), or, in a script without torch optimizers, one
-``Monitor.update``. After N updates, or at the first non-finite loss, the child ends the script
-by raising a private exception. It appends one JSON line per update to
+called on, or what a Monitor was told), or, in a script that updates its parameters by hand, the
+parameters changing between two ``backward()`` calls (the lr patch scales their gradients), or,
+in a script without torch, one ``Monitor.update``. After N updates, or at the first non-finite
+loss, the child ends the script by raising a private exception. It appends one JSON line per
+update to
 ``RESULT.json.progress`` (the parent's progress display reads it; a killed child still leaves its
 curve there) and writes ``RESULT.json`` at the end.
 """
@@ -96,12 +98,25 @@ class _Harness:
         if self.base_lr is None and base is not None:
             try:
                 self.base_lr = float(base)
-                self.lr = float(optimizer.param_groups[0]["lr"])
+                self.lr = self.base_lr * self.factor  # applied at each step (lrpatch)
             except (TypeError, ValueError, IndexError, KeyError):
                 pass
 
     def on_backward(self, value: float) -> None:
         self.pending.append(value)
+
+    def on_manual_update(self, lr: float | None) -> None:
+        """The script changed its parameters by hand since the last backward: one update, whose
+        loss is the backward (or mean of the micro-batch backwards) before it."""
+        if self.mode == "torch":
+            return
+        self.mode = "manual"
+        if self.lr is None and lr is not None:
+            self.lr = lr  # as applied, read off the change and the gradient
+            self.base_lr = lr / self.factor
+        loss = sum(self.pending) / len(self.pending) if self.pending else None
+        self.pending = []
+        self.add(loss)
 
     def on_step(self, optimizer: Any) -> None:
         if self.mode != "torch":
@@ -218,6 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     events.on_optimizer = harness.on_optimizer
     events.on_step = harness.on_step
     events.on_backward = harness.on_backward
+    events.on_manual_update = harness.on_manual_update
     _seed(opts.seed)
     lrpatch.install(opts.factor, seed=opts.seed, events=events)
     _wrap_monitor(harness)
