@@ -95,3 +95,24 @@ def test_a_schedule_written_into_the_param_groups_is_cut_too(tmp_path: Path) -> 
     a, b = (r["losses"] for r in e["results"])
     assert a[0] == b[0]  # the same seed and batch: the first loss is before any step
     assert a[1:] != b[1:] and max(b) < max(a)
+
+
+def test_an_update_of_accumulated_micro_batches_has_their_summed_loss(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under gradient accumulation (loss / accum per micro-batch, one step) the update's loss is
+    the sum of its micro-batch losses, the batch's loss the script logs, not the last (divided)
+    micro-batch's."""
+    logged = tmp_path / "losses.txt"
+    monkeypatch.setenv("NANSCOPE_TEST_LOSS_OUT", str(logged))
+    script = Path(__file__).parent / "scripts" / "torch_accum.py"
+    e = run_experiment({"cause": "step_size_too_large", "step": 5},
+                       [sys.executable, str(script), "0.01"], updates=10,
+                       factors=(1.0,), progress=False)  # fmt: skip
+    assert e is not None
+    recorded = e["results"][0]["losses"]
+    seen = [float(line.split()[1]) for line in logged.read_text().splitlines()]
+    assert len(recorded) == 10 and len(seen) >= 9
+    # the child stops the script at the step of update 10, before the script logs it
+    assert recorded[: len(seen)] == pytest.approx(seen[: len(recorded)], rel=1e-6)
+    assert recorded[0] > 0.5  # ~log 3, not a quarter of it

@@ -88,6 +88,8 @@ class TorchEvents:
         self.on_backward: Callable[[float], None] | None = None
         #: a hand-made update happened (its lr as read off the change, before the factor)
         self.on_manual_update: Callable[[float | None], None] | None = None
+        #: True while an optimizer's ``step`` runs (a backward then is a closure evaluation)
+        self.in_step = False
 
 
 class _ManualScale:
@@ -218,6 +220,7 @@ def _patch_torch(torch: ModuleType, factor: float, seed: int | None, events: Tor
     saved: dict[int, list[Any]] = {}
 
     def pre_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
+        events.in_step = True
         if factor == 1.0:
             return
         groups = optimizer.param_groups
@@ -227,6 +230,7 @@ def _patch_torch(torch: ModuleType, factor: float, seed: int | None, events: Tor
                 group["lr"] = scale_lr(group["lr"], factor)
 
     def step_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
+        events.in_step = False
         lrs = saved.pop(id(optimizer), None)
         if lrs is not None:
             for group, lr in zip(optimizer.param_groups, lrs):
