@@ -18,9 +18,12 @@ that falls is fine; a gradient norm of 400 can be normal.
   (``sqrt(k)`` times its best), and above where it started. A loss that climbs steadily out of
   its range (a line through its log rises beyond its noise) counts by where the climb has got to
   rather than by its median, once that is ``k`` times its best and ``sqrt(k)`` times where it
-  started: SGD a hair past its stability limit, an ascent. Values at the float noise floor of
-  the run's own starting loss (below ``NOISE_FLOOR`` times it) are never a departure, and never a
-  divergence either.
+  started: SGD a hair past its stability limit, an ascent. (Known limit: a loss that climbs
+  for a legitimate reason past where it started, a GAN generator's as its discriminator learns or
+  a sum-reduced loss under a growing sequence-length curriculum, looks the same from the loss
+  alone; its updates point downhill, so it would be called a step size.) Values at the float
+  noise floor of the run's own starting loss (below ``NOISE_FLOOR`` times it) are never a
+  departure, and never a divergence either.
 * :class:`Ascent` fires when ``ASCENT_RISES`` consecutive updates raise the loss while the applied
   update points along the gradient (cosine > 0.5): the update's sign is flipped.
 * :class:`Spikes` never stops a run; it tags updates whose loss or gradient norm jumps far above
