@@ -15,9 +15,15 @@ that falls is fine; a gradient norm of 400 can be normal.
   AdamW diverge: a jump in a few updates, then a plateau far above the best the run reached (at
   least ``K`` (3x) above its best smoothed loss, more for a noisy run) for a window of updates
   (``WINDOW``, longer when the jump itself took longer), never falling back into its range
-  (``sqrt(k)`` times its best), and above where it started. Values at the float noise floor of
-  the run's own starting loss (below ``NOISE_FLOOR`` times it) are never a departure, and never a
-  divergence either.
+  (``sqrt(k)`` times its best), and above where it started. A loss that climbs steadily out of
+  its range (a line through its log rises beyond its noise) counts by where the climb has got to
+  rather than by its median, once that is ``k`` times its best and ``sqrt(k)`` times where it
+  started: SGD a hair past its stability limit, an ascent. (Known limit: a loss that climbs
+  for a legitimate reason past where it started, a GAN generator's as its discriminator learns or
+  a sum-reduced loss under a growing sequence-length curriculum, looks the same from the loss
+  alone; its updates point downhill, so it would be called a step size.) Values at the float
+  noise floor of the run's own starting loss (below ``NOISE_FLOOR`` times it) are never a
+  departure, and never a divergence either.
 * :class:`Ascent` fires when ``ASCENT_RISES`` consecutive updates raise the loss while the applied
   update points along the gradient (cosine > 0.5): the update's sign is flipped.
 * :class:`Spikes` never stops a run; it tags updates whose loss or gradient norm jumps far above
@@ -204,7 +210,11 @@ class Departure:
     ``k * best`` and above where the run started (the median of its first ``SMOOTH`` losses: all
     it learned is lost), not falling (a line through the log of those updates does not take them
     below ``RECOVERING`` times where they began, beyond its noise), above the float noise floor
-    of the starting loss. A loss that comes home resets it: an excursion the run recovers from is
+    of the starting loss. A steady climb whose median still lags (0.69 -> 2.26 over 100 updates,
+    its best at the start) counts by its level now (``_climbing``: the lower of a log-linear fit's
+    end and the median of the last ``SMOOTH`` updates) once that is ``k * best`` and ``sqrt(k)``
+    times where the run started, after as many updates out of range as the climb took to get to
+    ``k * best``. A loss that comes home resets it: an excursion the run recovers from is
     noise; a loss that rises back to its starting level (a GAN's discriminator, a harder
     curriculum) or falls back towards its range (new data being learned) is not a departure.
     """
@@ -272,6 +282,15 @@ class Departure:
         if data is None or data["window"] < data["needed"]:
             return None
         self._fired = True
+        if data["climb"]:
+            return Alarm(
+                "diverging",
+                step,
+                f"the loss climbed out of its range and kept climbing: best {data['best']:.3g} "
+                f"at update {data['best_step']}, {data['window']} updates out of its range, now "
+                f"at {data['level']:.3g} ({data['factor']:.3g}x its best)",
+                {"shape": "departure", **data},
+            )
         return Alarm(
             "diverging",
             step,
@@ -289,14 +308,22 @@ class Departure:
         k = self.k
         values = [v for _, v in self._away]
         plateau = float(np.median(values))
+        level, shape = plateau, "plateau"
+        head = sorted(self._head)
+        started = head[len(head) // 2] if head else None
         if plateau < k * self.best:
-            return None
-        if self._start is not None and plateau < NOISE_FLOOR * self._start:
+            # not a plateau yet: a steady climb, still rising, whose median lags behind it
+            climb = _climbing(values[-self.MAX_WINDOW :], self.SMOOTH)
+            if climb is None or climb < k * self.best:
+                return None
+            if started is not None and climb <= math.sqrt(k) * started:
+                return None  # climbing back to where it started: not lost yet (see below)
+            level, shape = climb, "climb"
+        if self._start is not None and level < NOISE_FLOOR * self._start:
             return None  # at the float noise floor of the starting loss
         if _recovering(values[-self.MAX_WINDOW :], self.RECOVERING):
             return None  # on its way back down: learning again (new data), not lost
-        head = sorted(self._head)
-        if head and plateau <= head[len(head) // 2]:
+        if started is not None and level <= started:
             # back where it started is not lost: a GAN's discriminator, a harder curriculum
             return None
         home_step, home_loss = self._home if self._home is not None else (0, self.best)
@@ -305,6 +332,9 @@ class Departure:
                                 self._away[0])  # fmt: skip
         jump_updates = max(1, to_step - home_step)
         needed = min(self.MAX_WINDOW, max(self.WINDOW, 2 * jump_updates))
+        if shape == "climb":
+            # no plateau to wait for: out of its range for as long as it took to get this high
+            needed = min(self.MAX_WINDOW, max(self.WINDOW, jump_updates))
         return {
             "best": self.best,
             "best_step": self.best_step,
@@ -314,12 +344,36 @@ class Departure:
             "jump_to_step": to_step,
             "jump_updates": jump_updates,
             "plateau": plateau,
-            "factor": plateau / self.best,
+            "level": level,
+            "climb": shape == "climb",
+            "factor": level / self.best,
             "k": k,
             "window": self._away_n,
             "needed": needed,
             "start": self._start,
         }
+
+
+def _climbing(values: list[float], smooth: int) -> float | None:
+    """Where a steady climb through ``values`` has got to, or None when they do not climb.
+
+    A climb: a least-squares line through their log rises by more than four times its standard
+    error (a trend, not noise). Returns the lower of the line's end and the median of the last
+    ``smooth`` values: how far up the loss is now (a climb that stopped is held at its level)."""
+    n = len(values)
+    if n < 2 * smooth:
+        return None
+    logs = np.log(np.asarray(values, dtype=float))
+    x = np.arange(n, dtype=float)
+    x -= x.mean()
+    sxx = float(np.sum(x * x))
+    slope = float(np.sum(x * (logs - logs.mean())) / sxx)
+    resid = logs - logs.mean() - slope * x
+    se = math.sqrt(float(np.sum(resid * resid)) / (n - 2) / sxx)
+    if slope <= 4.0 * se or slope <= 0:
+        return None
+    end = float(math.exp(logs.mean() + slope * x[-1]))
+    return min(end, float(np.median(values[-smooth:])))
 
 
 def _recovering(values: list[float], factor: float) -> bool:

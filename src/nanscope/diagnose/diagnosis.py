@@ -199,6 +199,10 @@ class Diagnosis:
         if self.verdict == "healthy":
             return "healthy: no non-finite value and no sign of divergence"
         if self.verdict == "unobserved":
+            seen = int((self.summary or {}).get("updates") or 0)
+            if seen:
+                unit = "epochs" if self.granularity == "epoch" else "updates"
+                return f"unobserved: {seen} {unit} recorded but no loss in them, nothing to judge"
             return "unobserved: no update was recorded, so nothing could be watched"
         if self.verdict == "interrupted":
             last = f" after update {self.step}" if self.step is not None else ""

@@ -4,7 +4,9 @@ The engine takes a :class:`~nanscope.trace.Trace` (or a list of records) and kno
 format: paths are read by :mod:`nanscope.loading`. Besides the rules' verdicts it gives two that
 are never ``healthy``:
 
-* ``unobserved``: the trace holds no update, so nothing was watched (the evidence says why);
+* ``unobserved``: the trace holds no update, so nothing was watched (the evidence says why), or
+  its updates carry no loss and nothing non-finite (a log of accuracies only): nothing says how
+  the fit went;
 * ``interrupted``: the run was stopped from outside (an ``interrupted`` event, see
   :func:`interruption`) and no failure was found in the updates seen.
 
@@ -90,6 +92,8 @@ def diagnose(trace: Trace | Any, evidence: Mapping[str, Any] | None = None) -> D
     if len(trace) == 0:
         return _unobserved(trace, evidence, stopped, run)
     ctx = Context(trace, evidence)
+    if ctx.fail is None and not trace.has("loss"):
+        return _no_loss(ctx, stopped, run)
     findings = run_rules(ctx)
     if ctx.fail is not None:
         verdict = "nonfinite"
@@ -319,6 +323,48 @@ def _unobserved(
         run=run,
         granularity=trace.granularity,
         summary={"updates": 0, "nonfinite_updates": 0},
+    )
+
+
+def _no_loss(ctx: Context, stopped: Mapping[str, Any] | None, run: dict[str, Any]) -> Diagnosis:
+    """Updates were recorded but none carries a loss, and nothing in them is non-finite: the fit
+    may have gone anywhere, so the verdict is ``unobserved``, never ``healthy``."""
+    unit = "epochs" if ctx.granularity == "epoch" else "updates"
+    keys: list[str] = []
+    for record in ctx.records:
+        for key in (*record, *(record.get("extra") or {})):
+            if key not in ("step", "epoch", "extra", "time", "events") and key not in keys:
+                keys.append(key)
+    shown = ", ".join(keys[:8]) + (", ..." if len(keys) > 8 else "")
+    text = (
+        f"{ctx.n} {unit} were recorded but none carries a training loss"
+        + (f" (what they carry: {shown})" if keys else "")
+        + ", and nothing in them is non-finite: nothing says whether the fit learned or diverged"
+    )
+    data: dict[str, Any] = {"updates": ctx.n, "keys": keys, "loss_recorded": False}
+    evidence = [Evidence("engine", text, data)]
+    if stopped is not None:
+        evidence.append(Evidence("engine", _stopped_text(stopped), _event_data(stopped)))
+    actions = [
+        "Log the training loss (per update, not only per epoch) next to the other metrics, or "
+        "name its column: a metric that only rises or falls slowly cannot show a divergence.",
+    ]
+    if any("loss" in key.lower() for key in keys):
+        actions.append(
+            "A validation loss alone says little about the updates: it is measured once per "
+            "evaluation, on other data."
+        )
+    return Diagnosis(
+        verdict="unobserved",
+        cause="unknown",
+        confidence=0.0,
+        step=ctx.step_at(ctx.n - 1),
+        evidence=evidence,
+        actions=actions,
+        run=run,
+        granularity=ctx.granularity,
+        summary=_summary(ctx),
+        extra=_extra(ctx),
     )
 
 

@@ -75,6 +75,16 @@ def run_experiment(
     elif cause == "update_sign_error" and result.recommended is not None:
         text += " (a smaller step descends, so this is not a sign error after all)"
     data = result.to_dict()
+    if any(r.extra.get("mode") == "manual" for r in result.results):
+        # no optimizer to patch: each gradient was scaled after backward (see lrpatch)
+        base["lr_cut"] = (
+            "the script updates its weights by hand (no torch.optim): each gradient was scaled "
+            "by the factor after backward (clip_grad_norm_ clipping the unscaled one), and the "
+            "lr shown is the one its updates applied, read off the change of the weights and "
+            "the gradient; for an update that normalises the gradient (a hand-written Adam) "
+            "that is no cut at all, and the lr read off says so"
+        )
+        text += " (hand-made updates: each gradient scaled by the factor after backward)"
     return {
         **base,
         "factors": data["factors"],

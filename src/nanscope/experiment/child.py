@@ -5,10 +5,13 @@
 TARGET is ``train.py [args]``, ``python train.py [args]`` or ``python -m module [args]``. Before the
 script runs, the child seeds ``random`` and ``numpy`` (torch when it is imported), installs the lr
 patch (:mod:`nanscope.experiment.lrpatch`), and wraps ``Monitor.observe``. An *update* is one
-step of the first PyTorch optimizer that steps (its loss: the scalar ``backward()`` was last
-called on, or what a Monitor was told), or, in a script without torch optimizers, one
-``Monitor.update``. After N updates, or at the first non-finite loss, the child ends the script
-by raising a private exception. It appends one JSON line per update to
+step of the first PyTorch optimizer that steps (its loss: the sum of the scalars ``backward()``
+was called on since the last step, the micro-batches of a gradient accumulation; the first
+closure evaluation for LBFGS; or what a Monitor was told), or, in a script that updates its
+parameters by hand, the parameters changing between two ``backward()`` calls (the lr patch
+scales their gradients), or, in a script without torch, one ``Monitor.update``. After N
+updates, or at the first non-finite loss, the child ends the script by raising a private
+exception. It appends one JSON line per update to
 ``RESULT.json.progress`` (the parent's progress display reads it; a killed child still leaves its
 curve there) and writes ``RESULT.json`` at the end.
 """
@@ -82,6 +85,8 @@ class _Harness:
         self.mode: str | None = None  # "torch" | "monitor"
         self.losses: list[float | None] = []
         self.pending: list[float] = []
+        self.closure: list[float] = []
+        self.events: Any = None
         self.monitor_loss: float | None = None
         self.primary: Any = None
         self.optimizers: list[str] = []
@@ -96,12 +101,41 @@ class _Harness:
         if self.base_lr is None and base is not None:
             try:
                 self.base_lr = float(base)
-                self.lr = float(optimizer.param_groups[0]["lr"])
+                self.lr = self.base_lr * self.factor  # applied at each step (lrpatch)
             except (TypeError, ValueError, IndexError, KeyError):
                 pass
 
     def on_backward(self, value: float) -> None:
-        self.pending.append(value)
+        if self.events is not None and self.events.in_step:
+            self.closure.append(value)  # LBFGS's closure, evaluated inside the step
+        else:
+            self.pending.append(value)
+
+    def _update_loss(self) -> float | None:
+        """The loss of the update just made: the sum of the losses ``backward()`` was called on
+        since the last update (the micro-batches of a gradient accumulation, each divided by the
+        number of them as nanoGPT does: their sum is the batch's loss, whose gradient the update
+        applied), or, for a closure optimizer, the first closure evaluation (the loss at the
+        weights before the step)."""
+        if self.pending:
+            loss: float | None = sum(self.pending)
+        elif self.closure:
+            loss = self.closure[0]
+        else:
+            loss = None
+        self.pending, self.closure = [], []
+        return loss
+
+    def on_manual_update(self, lr: float | None) -> None:
+        """The script changed its parameters by hand since the last backward: one update, whose
+        loss is the backward (or mean of the micro-batch backwards) before it."""
+        if self.mode == "torch":
+            return
+        self.mode = "manual"
+        if self.lr is None and lr is not None:
+            self.lr = lr  # as applied, read off the change and the gradient
+            self.base_lr = lr / self.factor
+        self.add(self._update_loss())
 
     def on_step(self, optimizer: Any) -> None:
         if self.mode != "torch":
@@ -110,13 +144,9 @@ class _Harness:
             self.primary = optimizer
         if optimizer is not self.primary:
             return
+        loss = self._update_loss()
         if self.monitor_loss is not None:
-            loss: float | None = self.monitor_loss
-        elif self.pending:
-            loss = sum(self.pending) / len(self.pending)
-        else:
-            loss = None
-        self.pending = []
+            loss = self.monitor_loss
         self.monitor_loss = None
         self.add(loss)
 
@@ -218,6 +248,8 @@ def main(argv: list[str] | None = None) -> int:
     events.on_optimizer = harness.on_optimizer
     events.on_step = harness.on_step
     events.on_backward = harness.on_backward
+    events.on_manual_update = harness.on_manual_update
+    harness.events = events
     _seed(opts.seed)
     lrpatch.install(opts.factor, seed=opts.seed, events=events)
     _wrap_monitor(harness)

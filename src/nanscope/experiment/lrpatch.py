@@ -3,14 +3,24 @@
 Two ways a fit takes the factor of a sweep:
 
 * **PyTorch**: :func:`install` puts a post-import hook on ``sys.meta_path``. When (and only
-  when) the script imports ``torch``, the hook wraps ``torch.optim.Optimizer.__init__`` and
-  ``add_param_group`` so that the default ``lr`` and every explicit per-group ``lr`` are multiplied
-  by the factor (and so is every lr the script's own code writes into a param group later, as
-  loops with a hand-written warm-up/cosine schedule do before each step; a torch or library
-  scheduler derives its lr from the scaled one and is left alone: :class:`ScaledGroup`),
-  registers a global optimizer step post hook (that is how the child counts updates),
+  when) the script imports ``torch``, the hook wraps ``torch.optim.Optimizer.__init__`` (to
+  learn the base lr), registers global optimizer step pre and post hooks that multiply every
+  group's ``lr`` by the
+  factor for the step and put it back after it (so the lr a script writes into
+  ``param_group["lr"]`` from its own schedule every update is cut too; the post hook is also how
+  the child counts updates),
   captures the scalar loss each ``backward()`` is called on, and seeds torch. A numpy-only script
   never imports torch.
+* **PyTorch without torch.optim** (``p.data.add_(p.grad, alpha=-lr)``, ``p -= lr * p.grad`` under
+  ``no_grad``): there is no lr to patch, so :class:`_ManualScale` scales what the script's update
+  reads instead. After each ``backward()`` the gradient that backward added to every parameter
+  it reached (and no torch optimizer holds) is multiplied by the factor, and
+  ``clip_grad_norm_`` clips the unscaled gradient (it is unscaled for the call, scaled again
+  after), so the script's own update moves the weights by factor x what it would have: the lr
+  cut, exactly, for any update linear in the gradient (SGD, momentum, clipped SGD), and no cut at
+  all for one that normalises it (a hand-written Adam). An update is the parameters changing
+  between two ``backward()`` calls; the lr the script applies is read off the change and the
+  gradient (``-<dw, g> / <g, g>``), so the child reports what the cut really was.
 * **Anything else**: the child sets ``NANSCOPE_LR_FACTOR``; the fit multiplies its own learning
   rate by :func:`lr_factor` (``1.0`` outside a sweep): ``lr = 0.5 * experiment.lr_factor()``.
 
@@ -28,7 +38,7 @@ from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
 
-__all__ = ["ENV_FACTOR", "ScaledGroup", "install", "lr_factor", "scale_lr"]
+__all__ = ["ENV_FACTOR", "install", "lr_factor", "scale_lr"]
 
 #: the environment variable the sweep's child sets to the factor of its run
 ENV_FACTOR = "NANSCOPE_LR_FACTOR"
@@ -69,43 +79,6 @@ def scale_lr(lr: Any, factor: float) -> Any:
         return lr
 
 
-def _written_by_library(filename: str) -> bool:
-    return (
-        filename.startswith(_LIBRARY_DIRS)
-        or "site-packages" in filename
-        or "dist-packages" in filename
-        or filename.startswith("<frozen")
-    )
-
-
-_LIBRARY_DIRS: tuple[str, ...] = (os.path.dirname(os.path.dirname(os.path.abspath(__file__))),)
-
-
-class ScaledGroup(dict):  # type: ignore[type-arg]
-    """An optimizer param group whose ``lr``, when the script's own code assigns it, is scaled.
-
-    The script's code writes the learning rate of its schedule (nanoGPT-style loops call
-    ``param_group["lr"] = get_lr(it)`` before every step): that value is the unscaled one and
-    takes the factor. A scheduler in torch or another library computes its lr from the lr the
-    group already holds (scaled at construction), so its writes are kept as they are.
-    """
-
-    def __init__(self, group: dict[str, Any], factor: float) -> None:
-        super().__init__(group)
-        self._factor = factor
-        #: how many lr assignments from the script's own code were scaled
-        self.scaled_writes = 0
-
-    def __setitem__(self, key: Any, value: Any) -> None:
-        if key == "lr" and not _written_by_library(sys._getframe(1).f_code.co_filename):
-            value = scale_lr(value, self._factor)
-            self.scaled_writes += 1
-        super().__setitem__(key, value)
-
-    def __reduce_ex__(self, protocol: Any) -> Any:  # pickled / deep-copied as a plain dict
-        return (dict, (dict(self),))
-
-
 class TorchEvents:
     """What the patched torch reports to the child harness (callbacks, set by the child)."""
 
@@ -113,6 +86,114 @@ class TorchEvents:
         self.on_optimizer: Callable[[Any, Any], None] | None = None
         self.on_step: Callable[[Any], None] | None = None
         self.on_backward: Callable[[float], None] | None = None
+        #: a hand-made update happened (its lr as read off the change, before the factor)
+        self.on_manual_update: Callable[[float | None], None] | None = None
+        #: True while an optimizer's ``step`` runs (a backward then is a closure evaluation)
+        self.in_step = False
+
+
+class _ManualScale:
+    """Scales, by the factor, each gradient a ``backward()`` adds to parameters no torch optimizer
+    holds, and counts the hand-made updates (see the module doc)."""
+
+    #: elements per parameter compared between backward calls to see an update
+    SAMPLE = 4096
+    #: graph nodes walked at most to find the parameters a loss reaches
+    MAX_NODES = 100_000
+
+    def __init__(self, factor: float, events: TorchEvents) -> None:
+        self.factor = factor
+        self.events = events
+        self.owned: set[int] = set()  # ids of parameters some torch optimizer holds
+        self.params: list[Any] = []
+        self._sample: list[Any] | None = None  # weights after the last backward
+        self._grads: list[Any] | None = None  # the gradients (unscaled) of the last backward
+        self.scaled: set[int] = set()  # parameters whose .grad is scaled right now
+        self.updates = 0
+        self._looked = False
+
+    def add_optimizer(self, optimizer: Any) -> None:
+        for group in getattr(optimizer, "param_groups", []):
+            self.owned.update(id(p) for p in group.get("params", []))
+        self.params = [p for p in self.params if id(p) not in self.owned]
+
+    def before(self, tensor: Any) -> list[Any]:
+        """At a backward call: see whether the weights moved since the last one (an update),
+        and keep the gradients it will add to."""
+        import torch
+
+        grad_fn = getattr(tensor, "grad_fn", None)
+        if grad_fn is None:
+            return []
+        if not self._looked:
+            from nanscope.torch.autowatch import _leaves
+
+            self._looked = True
+            self.params = [p for p in _leaves(grad_fn, self.MAX_NODES) if id(p) not in self.owned]
+        with torch.no_grad():
+            now = [p.detach().reshape(-1)[: self.SAMPLE].clone() for p in self.params]
+            if self._sample is not None and any(
+                a.shape != b.shape or not torch.equal(a, b) for a, b in zip(self._sample, now)
+            ):
+                self.updates += 1
+                if self.events.on_manual_update is not None:
+                    self.events.on_manual_update(self._lr(now))
+            self._sample = None
+            return [None if p.grad is None else p.grad.detach().clone() for p in self.params]
+
+    def after(self, before: list[Any]) -> None:
+        """After the backward: scale what it added, ``g = g_before + factor * (g - g_before)``."""
+        import torch
+
+        if not self.params:
+            return
+        with torch.no_grad():
+            grads: list[Any] = []
+            for p, old in zip(self.params, before):
+                if p.grad is None:
+                    grads.append(None)
+                    continue
+                if self.factor != 1.0:
+                    p.grad.mul_(self.factor)
+                    if old is not None:
+                        p.grad.add_(old, alpha=1.0 - self.factor)
+                    self.scaled.add(id(p))
+                grads.append(p.grad.detach().reshape(-1)[: self.SAMPLE].clone() / self.factor)
+            self._grads = grads
+            self._sample = [p.detach().reshape(-1)[: self.SAMPLE].clone() for p in self.params]
+
+    def _lr(self, now: list[Any]) -> float | None:
+        """``-<w_now - w_before, g> / <g, g>`` with the unscaled gradient: the lr the update
+        applied (the script's lr times the factor for an update linear in the gradient)."""
+        if self._sample is None or self._grads is None:
+            return None
+        num = den = 0.0
+        for before, g, after in zip(self._sample, self._grads, now):
+            if g is None or before.shape != after.shape:
+                continue
+            g = g.double()
+            num -= float(((after.double() - before.double()) * g).sum())
+            den += float((g * g).sum())
+        value = num / den if den > 0 else math.nan
+        return value if math.isfinite(value) and value > 0 else None
+
+    def clip(self, original: Callable[..., Any], parameters: Any, *args: Any, **kw: Any) -> Any:
+        """``clip_grad_norm_`` on the unscaled gradients, scaled again after: clip, then cut."""
+        import torch
+
+        params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+        mine = [p for p in params if id(p) in self.scaled and p.grad is not None]
+        if not mine or self.factor == 1.0:
+            return original(params, *args, **kw)
+        with torch.no_grad():
+            for p in mine:
+                p.grad.div_(self.factor)  # type: ignore[union-attr]
+        try:
+            return original(params, *args, **kw)
+        finally:
+            with torch.no_grad():
+                for p in mine:
+                    p.grad.mul_(self.factor)  # type: ignore[union-attr]
 
 
 def _patch_torch(torch: ModuleType, factor: float, seed: int | None, events: TorchEvents) -> None:
@@ -121,52 +202,78 @@ def _patch_torch(torch: ModuleType, factor: float, seed: int | None, events: Tor
     if getattr(optimizer_cls, "_nanscope_patched", False):
         return
     original_init = optimizer_cls.__init__
-    original_add = optimizer_cls.add_param_group
 
     def __init__(self: Any, params: Any, defaults: Any, *args: Any, **kwargs: Any) -> None:
-        base = None
-        if isinstance(defaults, dict) and "lr" in defaults:
-            base = defaults["lr"]
-            defaults = dict(defaults)
-            defaults["lr"] = scale_lr(defaults["lr"], factor)
+        base = defaults.get("lr") if isinstance(defaults, dict) else None
         original_init(self, params, defaults, *args, **kwargs)
+        manual.add_optimizer(self)
         if events.on_optimizer is not None:
             events.on_optimizer(self, base)
 
-    def add_param_group(self: Any, param_group: Any) -> None:
-        if isinstance(param_group, dict) and "lr" in param_group:
-            param_group = dict(param_group)
-            param_group["lr"] = scale_lr(param_group["lr"], factor)
-        original_add(self, param_group)
-        groups = getattr(self, "param_groups", None)
-        if groups and type(groups[-1]) is dict:
-            # a script that sets the lr itself every step (a warm-up/cosine loop writing
-            # param_group["lr"] = get_lr(it)) would undo the scaling done here
-            groups[-1] = ScaledGroup(groups[-1], factor)
-
+    manual = _ManualScale(factor, events)
     optimizer_cls.__init__ = __init__
-    optimizer_cls.add_param_group = add_param_group
     optimizer_cls._nanscope_patched = True
 
+    # the lr is scaled for the step itself and put back after it: a script that writes its own
+    # schedule into param_group["lr"] every update (nanoGPT's warm-up and cosine decay), or a
+    # torch scheduler reading the lr it set, still steps at factor x its lr
+    saved: dict[int, list[Any]] = {}
+
+    def pre_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
+        events.in_step = True
+        if factor == 1.0:
+            return
+        groups = optimizer.param_groups
+        saved[id(optimizer)] = [g.get("lr") for g in groups]
+        for group in groups:
+            if "lr" in group:
+                group["lr"] = scale_lr(group["lr"], factor)
+
     def step_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
+        events.in_step = False
+        lrs = saved.pop(id(optimizer), None)
+        if lrs is not None:
+            for group, lr in zip(optimizer.param_groups, lrs):
+                if lr is not None:
+                    group["lr"] = lr
         if events.on_step is not None:
             events.on_step(optimizer)
 
+    optim_mod.register_optimizer_step_pre_hook(pre_hook)
     optim_mod.register_optimizer_step_post_hook(step_hook)
 
     autograd = torch.autograd
     original_backward = autograd.backward
 
     def backward(tensors: Any, *args: Any, **kwargs: Any) -> Any:
+        kept: list[Any] = []
+        try:
+            kept = manual.before(tensors)
+        except Exception as exc:  # never break the user's backward
+            print(f"nanscope sweep: cannot watch hand-made updates ({exc})", file=sys.stderr)
         if events.on_backward is not None:
             try:
                 if hasattr(tensors, "numel") and tensors.numel() == 1:
                     events.on_backward(float(tensors.detach().reshape(()).item()))
             except Exception:
                 pass
-        return original_backward(tensors, *args, **kwargs)
+        out = original_backward(tensors, *args, **kwargs)
+        if kept:
+            manual.after(kept)
+        return out
 
     autograd.backward = backward
+    import torch.nn.utils as nn_utils
+    import torch.nn.utils.clip_grad as clip_mod
+
+    original_clip = nn_utils.clip_grad_norm_
+
+    def clip_grad_norm_(parameters: Any, *args: Any, **kwargs: Any) -> Any:
+        return manual.clip(original_clip, parameters, *args, **kwargs)
+
+    nn_utils.clip_grad_norm_ = clip_grad_norm_
+    if getattr(clip_mod, "clip_grad_norm_", None) is original_clip:
+        clip_mod.clip_grad_norm_ = clip_grad_norm_  # type: ignore[assignment]
     if seed is not None:
         torch.manual_seed(seed)
 

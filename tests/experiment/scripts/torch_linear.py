@@ -1,7 +1,7 @@
 """A tiny PyTorch least-squares fit whose SGD learning rate (argv[1]) is too large: it diverges.
 
-With NANSCOPE_TEST_LR_OUT set it appends the learning rates of its two param groups (the bias
-group has its own lr, half the default) to that file, so a test can see the sweep's scaling.
+With NANSCOPE_TEST_LR_OUT set it appends the learning rates its two param groups step with (the
+bias group has its own lr, half the default) to that file, so a test can see the sweep's scaling.
 """
 
 import os
@@ -14,13 +14,19 @@ g = torch.Generator().manual_seed(0)
 x = torch.randn(128, 4, generator=g) * torch.tensor([1.0, 3.0, 5.0, 8.0])
 y = x @ torch.tensor([1.0, -2.0, 0.5, 0.25]) + 0.1 * torch.randn(128, generator=g)
 model = torch.nn.Linear(4, 1)
-opt = torch.optim.SGD(
-    [{"params": [model.weight]}, {"params": [model.bias], "lr": lr / 2}], lr=lr
-)
-if os.environ.get("NANSCOPE_TEST_LR_OUT"):
-    with open(os.environ["NANSCOPE_TEST_LR_OUT"], "a") as fh:
-        groups = " ".join(repr(group["lr"]) for group in opt.param_groups)
-        fh.write(f"{os.environ.get('NANSCOPE_LR_FACTOR')} {groups}\n")
+opt = torch.optim.SGD([{"params": [model.weight]}, {"params": [model.bias], "lr": lr / 2}], lr=lr)
+
+
+def record_lrs(optimizer, args, kwargs):
+    """The lrs the first step applies (a sweep scales them for each step, then puts them back)."""
+    if os.environ.get("NANSCOPE_TEST_LR_OUT") and not getattr(optimizer, "_recorded", False):
+        optimizer._recorded = True
+        with open(os.environ["NANSCOPE_TEST_LR_OUT"], "a") as fh:
+            groups = " ".join(repr(group["lr"]) for group in optimizer.param_groups)
+            fh.write(f"{os.environ.get('NANSCOPE_LR_FACTOR')} {groups}\n")
+
+
+opt.register_step_pre_hook(record_lrs)
 for update in range(200):
     opt.zero_grad()
     loss = torch.nn.functional.mse_loss(model(x).squeeze(1), y)

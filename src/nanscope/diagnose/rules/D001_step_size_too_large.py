@@ -18,7 +18,10 @@ Fingerprint
     still points downhill (cosine(update, gradient) < 0): the direction is right, the length wrong.
     Under an adaptive optimizer (Adam, AdamW) the step is normalised, so the loss does not grow
     geometrically: it jumps in 1-3 updates and plateaus far above its best (3.5 -> 20), and each
-    update moves the weights by a large fraction of their norm.
+    update moves the weights by a large fraction of their norm. Just past the stability limit
+    under minibatch noise the loss creeps up instead: no run of rises, no jump, a climb whose
+    log rises steadily until it is many times its best, with the updates still pointing downhill
+    (a flipped sign climbs the same way, pointing uphill: only the direction tells them apart).
 
 Evidence
     The growth factor and number of rising updates; the fraction of updates where the gradient
@@ -218,21 +221,36 @@ def _departure(ctx: Context) -> Finding | None:
         return None
     unit = "epoch" if ctx.granularity == "epoch" else "update"
     ended = ctx.stop is None and ctx.fail is None
-    evidence = [
-        Evidence(
-            CODE,
+    if dep.get("climb"):
+        text = (
+            f"the loss climbed out of its range and kept climbing: best {num(dep['best'])} "
+            f"(median of up to {Departure.SMOOTH} updates) at {unit} {dep['best_step']}, out of "
+            f"its range (above {num(math.sqrt(dep['k']) * dep['best'])}) from {unit} "
+            f"{dep['jump_from_step'] + 1}, and after {dep['window']} {unit}s out it is at "
+            f"{num(dep['level'])}, {num(dep['factor'])}x its best and above where it started "
+            f"({num(dep['start'])}), rising steadily (a line through the log of those "
+            f"{unit}s climbs beyond its noise; their median {num(dep['plateau'])})"
+        )
+    else:
+        text = (
             f"the loss left its range and did not come back: best {num(dep['best'])} (median "
             f"of up to {Departure.SMOOTH} updates) at {unit} {dep['best_step']}, then "
             f"{num(dep['jump_from'])} -> {num(dep['jump_to'])} in "
             f"{dep['jump_updates']} {unit}(s) ({unit} {dep['jump_from_step']} -> "
             f"{dep['jump_to_step']}), and {'it ended' if ended else 'it stayed'} "
             f"{dep['window']} {unit}s at a median {num(dep['plateau'])}, {num(dep['factor'])}x its "
-            f"best (its range: below {num(math.sqrt(dep['k']) * dep['best'])})",
+            f"best (its range: below {num(math.sqrt(dep['k']) * dep['best'])})"
+        )
+    evidence = [
+        Evidence(
+            CODE,
+            text,
             {"best_loss": dep["best"], "best_step": dep["best_step"],
              "jump_from": dep["jump_from"], "jump_from_step": dep["jump_from_step"],
              "jump_to": dep["jump_to"], "jump_to_step": dep["jump_to_step"],
              "jump_updates": dep["jump_updates"], "plateau": dep["plateau"],
-             "plateau_updates": dep["window"], "factor": dep["factor"], "k": dep["k"]},
+             "plateau_updates": dep["window"], "factor": dep["factor"], "k": dep["k"],
+             "level": dep.get("level", dep["plateau"]), "climb": bool(dep.get("climb"))},
         )
     ]  # fmt: skip
     confidence = 0.6
@@ -271,14 +289,36 @@ def _departure(ctx: Context) -> Finding | None:
         # one extreme row in the jump's batch threw the weights out: that row, not the lr
         confidence = 0.35
         alternatives.append(("extreme_batch", 0.6))
+    cos = ctx.update_cos[: ctx.end]
+    cos = cos[np.isfinite(cos)]
+    downhill = cos.size >= 3 and float(np.mean(cos < 0)) > 0.8
     steady = dep["jump_updates"] > 3 and int(dep["best_step"] or 0) <= Departure.SMOOTH
-    if steady:
+    if steady and not downhill:
         # never below where it started, then a climb over many updates rather than a jump: the
         # update sign error's fingerprint as much as a step size's (only the loss can't tell)
         confidence = min(confidence, 0.45)
         alternatives.append(("update_sign_error", 0.45))
-    cos = ctx.update_cos[: ctx.end]
-    cos = cos[np.isfinite(cos)]
+        if not cos.size:
+            evidence.append(
+                Evidence(
+                    CODE,
+                    "only the loss was recorded: a flipped update sign (w + lr * g) climbs the "
+                    "same way; the cosine between update and gradient would tell them apart",
+                    {"direction_recorded": False},
+                )
+            )
+    if downhill and (steady or dep.get("climb")):
+        evidence.append(
+            Evidence(
+                CODE,
+                f"the updates point downhill (cosine(update, gradient) < 0 in "
+                f"{num(100 * float(np.mean(cos < 0)))}% of them, median "
+                f"{num(float(np.median(cos)))}) while the loss climbs: the direction is right, "
+                "the step too long (a flipped sign would point them uphill)",
+                {"downhill_fraction": float(np.mean(cos < 0)),
+                 "median_update_cos": float(np.median(cos))},
+            )
+        )  # fmt: skip
     if cos.size >= 3 and float(np.mean(cos > 0)) > 0.8:
         confidence = min(confidence, 0.35)  # the updates climb the gradient: a sign error
         alternatives.append(("update_sign_error", 0.6))
@@ -295,6 +335,11 @@ def _departure(ctx: Context) -> Finding | None:
         )
     else:
         actions.append("With warm-up and a schedule, the peak learning rate is the one to cut.")
+    if steady and not downhill:
+        actions.append(
+            "If the loss still climbs at a tenth of the learning rate, check the sign of the "
+            "update: w = w - lr * grad."
+        )
     actions.append("Record the learning rate that worked so the next run starts from it.")
     step_index = ctx.stop if ctx.stop is not None else (ctx.end - 1)
     return Finding(

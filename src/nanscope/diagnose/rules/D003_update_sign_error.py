@@ -58,7 +58,12 @@ def check(ctx: Context) -> Finding | None:
     if cos.size >= 3:
         along = float(np.mean(cos > 0))
         median = float(np.median(cos))
-        if along < 0.8 or median <= 0.3 or rising < 0.6 or finite[-1] <= finite[0]:
+        # a loss that left its range and stayed out (the departure detector) rose however noisy
+        # its minibatches made the single updates
+        departed = (ctx.alarm or {}).get("shape") == "departure"
+        if along < 0.8 or median <= 0.3 or (rising < 0.6 and not departed):
+            return None
+        if finite[-1] <= finite[0]:
             return None
         confidence = 0.95 if along >= 0.95 else 0.85
         evidence = [

@@ -1,0 +1,104 @@
+"""A loss that climbs steadily out of its range and never comes back is not healthy, live and from
+a log; a climb back to where the run started is (the data got harder, nothing was lost)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from tests.diagnose._fits import logreg_ascent, noisier_targets, resumed_sgd, run
+
+import nanscope
+from nanscope import detectors
+from nanscope.cli import main
+
+
+class Keep:
+    def __init__(self) -> None:
+        self.losses: list[float] = []
+
+    def update(self, loss: float, **_: object) -> None:
+        self.losses.append(loss)
+
+
+def _log(path: Path, losses: list[float]) -> Path:
+    path.write_text("".join(f"[{i}] train loss: {v:.4f}\n" for i, v in enumerate(losses)))
+    return path
+
+
+def test_sgd_a_hair_past_its_stability_limit_is_stopped_on_its_climb() -> None:
+    d, monitor = run(resumed_sgd, 1.003)
+    assert (d.verdict, d.cause) == ("diverging", "step_size_too_large"), d.message()
+    assert d.confidence >= 0.7
+    data = d.evidence[0].data
+    losses = monitor.trace.column("loss")
+    assert data["climb"] and np.isfinite(losses).all()
+    # the climb, not a plateau: the median of the updates out of range is still below k x best
+    assert data["plateau"] < data["k"] * data["best_loss"] <= data["level"]
+    assert data["level"] > 3 * data["best_loss"]
+    assert "kept climbing" in d.evidence[0].text
+    # the cosine between update and gradient tells it from a flipped sign: downhill
+    assert any("the updates point downhill" in e.text for e in d.evidence)
+    assert not any(a["cause"] == "update_sign_error" for a in d.alternatives)
+    assert any("Cut the learning rate tenfold" in a for a in d.actions)
+
+
+def test_the_same_resumed_fit_below_the_limit_is_healthy() -> None:
+    d, _ = run(resumed_sgd, 0.5)
+    assert (d.verdict, d.cause) == ("healthy", "healthy"), d.message()
+
+
+def test_the_printed_log_of_the_climb_is_not_healthy(tmp_path: Path) -> None:
+    keep = Keep()
+    resumed_sgd(keep, 1.003)
+    d = nanscope.diagnose(_log(tmp_path / "train.log", keep.losses))
+    assert d.verdict == "diverging" and d.cause == "step_size_too_large", d.message()
+    assert d.evidence[0].data["climb"]
+    # only the loss: a flipped sign climbs the same way, and the diagnosis says so
+    assert any(a["cause"] == "update_sign_error" for a in d.alternatives)
+    assert any("only the loss was recorded" in e.text for e in d.evidence)
+
+
+def test_gradient_ascent_from_log_2_is_stopped_live_as_a_sign_error() -> None:
+    d, _ = run(logreg_ascent, 0.05)
+    assert (d.verdict, d.cause) == ("diverging", "update_sign_error"), d.message()
+    assert d.confidence >= 0.85
+
+
+def test_its_log_climbing_from_069_is_not_healthy(tmp_path: Path) -> None:
+    """The issue's log: a loss rising steadily from 0.69 to ~2.7 over 100 updates, its best at
+    the start, was diagnosed healthy."""
+    keep = Keep()
+    logreg_ascent(keep, 0.05)
+    assert keep.losses[0] == min(keep.losses[:5]) and keep.losses[-1] > 3 * keep.losses[0]
+    log = _log(tmp_path / "train.log", keep.losses)
+    d = nanscope.diagnose(log)
+    assert d.verdict == "diverging", d.message()
+    assert d.cause in ("step_size_too_large", "update_sign_error")
+    assert {d.cause, *(a["cause"] for a in d.alternatives)} >= {
+        "step_size_too_large",
+        "update_sign_error",
+    }
+    assert main(["diagnose", str(log)]) == 1
+    # the descending fit, logged the same way, is healthy
+    keep = Keep()
+    logreg_ascent(keep, 0.05, sign=-1.0)
+    assert nanscope.diagnose(_log(tmp_path / "ok.log", keep.losses)).verdict == "healthy"
+
+
+def test_a_short_climb_to_under_3x_its_best_is_not_a_departure(tmp_path: Path) -> None:
+    keep = Keep()
+    logreg_ascent(keep, 0.02)  # 0.69 -> ~1.2: rising, but not many times above its best
+    assert 1.5 < keep.losses[-1] / keep.losses[0] < 2.5
+    d = nanscope.diagnose(_log(tmp_path / "train.log", keep.losses))
+    assert d.verdict == "healthy", d.message()
+
+
+def test_a_climb_back_to_where_the_run_started_is_healthy() -> None:
+    d, monitor = run(noisier_targets)
+    losses = monitor.trace.column("loss")
+    best = min(np.median(losses[i : i + 5]) for i in range(len(losses) - 5))
+    assert losses[-20:].min() > 30 * best  # far above its best, still climbing
+    climb = detectors._climbing(list(losses[-64:]), 5)
+    assert climb is not None and climb > 100 * best
+    assert (d.verdict, d.cause) == ("healthy", "healthy"), d.message()
