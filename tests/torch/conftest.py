@@ -13,3 +13,15 @@ def _run_root(tmp_path, monkeypatch):
 
     for watcher in _hooks.live_watchers():
         watcher.close()
+
+
+@pytest.fixture(autouse=True)
+def _first_update_watch_not_broken():
+    """A fault in the first-update op watch turns it off for the whole process (by design), so
+    a test that faults it would silently change every later test in the same worker."""
+    yield
+    from nanscope.probes import producer
+
+    fault = producer.LIVE.fault
+    producer.LIVE.broken, producer.LIVE.fault = False, None
+    assert fault is None, f"the first-update op watch faulted: {fault}"

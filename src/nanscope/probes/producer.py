@@ -174,6 +174,8 @@ def _finite(tensors: list[Any]) -> bool:
     check only when the sum is not finite (it may have overflowed on finite values)."""
     torch = _torch()
     for t in tensors:
+        if t.is_meta:
+            continue  # no values to read (a model built on the meta device)
         narrow = t.dtype in (torch.float16, torch.bfloat16)
         s = t.sum(dtype=torch.float32) if narrow else t.sum()
         if not bool(torch.isfinite(s)) and not bool(torch.isfinite(t).all()):

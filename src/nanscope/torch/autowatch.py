@@ -238,7 +238,9 @@ class _Collector:
         self.reset()
 
     def on_backward(self, tensor: Any, site: Any) -> None:
-        if len(self.losses) < 64:
+        # inside a step (a closure's evaluations) the step's own Watcher sees the backward; a
+        # loss kept here would keep its graph alive, 20 of them per LBFGS step
+        if getattr(_STATE, "stepping", None) is None and len(self.losses) < 64:
             self.losses.append((tensor, site))
 
     def on_loss_module(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
@@ -261,6 +263,7 @@ _COLLECTOR = _Collector()
 
 def _step_pre(optimizer: Any, args: Any, kwargs: Any) -> Any:
     _MANUAL.optimizer_stepped = True
+    _STATE.stepping = optimizer
     watcher = _guard().run("autowatch step", _watcher_for, optimizer)
     _COLLECTOR.reset()
     if watcher is None:
@@ -269,6 +272,7 @@ def _step_pre(optimizer: Any, args: Any, kwargs: Any) -> Any:
 
 
 def _step_post(optimizer: Any, args: Any, kwargs: Any) -> None:
+    _STATE.stepping = None
     watcher = _WATCHERS.get(optimizer)
     if watcher is not None:
         watcher.step_post(optimizer, args, kwargs)
@@ -380,6 +384,7 @@ class _ManualUpdates:
     def on_backward(self, tensor: Any, site: Any) -> None:
         if self.off or _WATCHERS:
             self.off = self.off or bool(_WATCHERS)  # torch.optim steps: not a hand-made loop
+            self._loss = None  # nor its graph
             return
         grad_fn = getattr(tensor, "grad_fn", None)
         if grad_fn is None:
@@ -400,6 +405,7 @@ class _ManualUpdates:
 
     def _after_backward(self) -> None:
         _guard().run("manual updates", self._observe)
+        self._loss = None  # read: its graph is not kept past its backward
 
     def _observe(self) -> None:
         import torch

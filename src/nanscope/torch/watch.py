@@ -325,8 +325,14 @@ class Watcher:
     def _drop_graph(self) -> None:
         """Forget the loss tensor and the output once the update is checked: they hold the
         autograd graph (an unrolled graph, LBFGS's last closure) until the next backward."""
-        self.window.last_loss = None
-        self.window.output = None
+        window = self.window
+        window.last_loss = None
+        window.output = None
+        # the loss module's arguments stay for a replay, without the graph the output holds
+        window.loss_args = tuple(
+            a.detach() if isinstance(a, torch.Tensor) and a.requires_grad else a
+            for a in window.loss_args
+        )
 
     def _wrap_closure(self, closure: Callable[[], Any]) -> Callable[[], Any]:
         self._closure_checked = False
@@ -337,6 +343,11 @@ class Watcher:
             self._snapshot = [p.detach().clone() for p in self.params()]
 
         def checked_closure() -> Any:
+            if self._closure_checked:
+                # the first update's loss and gradient were watched at the first evaluation, and
+                # the optimizer's arithmetic up to this one: watching 20 more forwards and
+                # backwards would only keep their per-op bookkeeping alive
+                _producer.LIVE.stop()
             self._in_closure += 1
             try:
                 out = closure()
@@ -348,6 +359,7 @@ class Watcher:
             elif isinstance(out, torch.Tensor) and out.numel() == 1:
                 self._closure_losses.append(float(out.detach()))
                 self.guard.run("step", self._check_inner, out)
+                self._drop_graph()  # a finite evaluation: its graph is not needed any more
             return out
 
         return checked_closure
