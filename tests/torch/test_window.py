@@ -21,7 +21,7 @@ def _never(tensor, site):
     raise AssertionError("a finite loss needs no live-graph read")
 
 
-def test_micro_batches_give_the_mean_loss_and_a_scale_divides_it():
+def test_micro_batches_give_the_summed_loss_and_a_scale_divides_it():
     model, window = _model(), StepWindow()
     x, y = torch.randn(8, 3), torch.randn(8, 1)
     losses = []
@@ -31,9 +31,10 @@ def test_micro_batches_give_the_mean_loss_and_a_scale_divides_it():
         loss.backward()
         losses.append(float(loss.detach()))
     assert window.micro == 2
-    assert float(window.loss()) == pytest.approx(sum(losses) / 2)
+    # the loss whose gradient the step applies: the sum of what backward() was called on
+    assert float(window.loss()) == pytest.approx(sum(losses))
     scale = torch.tensor(8.0)
-    assert float(window.loss(None, scale)) == pytest.approx(sum(losses) / 16)
+    assert float(window.loss(None, scale)) == pytest.approx(sum(losses) / 8)
     window.reset()
     assert window.micro == 0 and window.loss() is None
     closure_loss = torch.tensor(3.0)  # no backward seen: what step(closure) returned

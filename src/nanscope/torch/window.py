@@ -122,7 +122,10 @@ class StepWindow:
         return len(self.losses)
 
     def loss(self, closure_loss: Any = None, scale: torch.Tensor | None = None) -> Any:
-        """This step's loss tensor (the micro-batches' mean), divided by ``scale`` when given.
+        """This step's loss tensor, divided by ``scale`` when given: the sum of the losses each
+        ``backward()`` of the step was called on, the loss whose gradient the step applies. With
+        gradient accumulation written as ``(loss / n).backward()`` per micro-batch (GPT trainers,
+        the HF and Lightning trainers) that is the batch's loss the script logs.
 
         Without any backward seen, a one-element ``closure_loss`` (what ``step(closure)``
         returned) is used.
@@ -132,7 +135,7 @@ class StepWindow:
             losses = [closure_loss.detach().reshape(())]
         if not losses:
             return None
-        loss = losses[0] if len(losses) == 1 else torch.stack([v.float() for v in losses]).mean()
+        loss = losses[0] if len(losses) == 1 else torch.stack([v.float() for v in losses]).sum()
         if scale is not None:
             loss = loss.float() / scale.to(loss.device).reshape(())
         return loss
