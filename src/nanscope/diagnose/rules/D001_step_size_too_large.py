@@ -333,7 +333,7 @@ def _departure(ctx: Context) -> Finding | None:
             "The script already clips the gradient norm: each step is still up to lr x max_norm "
             "long, so it is the learning rate to cut, not the clipping to add."
         )
-    else:
+    elif _scheduled(ctx):
         actions.append("With warm-up and a schedule, the peak learning rate is the one to cut.")
     if steady and not downhill:
         actions.append(
@@ -363,6 +363,14 @@ def _index_of(ctx: Context, step: Any) -> int | None:
         return None
     hits = np.flatnonzero(ctx.steps == int(step))
     return int(hits[0]) if hits.size else None
+
+
+def _scheduled(ctx: Context) -> bool:
+    """The recorded lr changed during the run (a warm-up or a schedule), by more than the noise
+    of an lr read off a hand-made update."""
+    lr = ctx.trace.column("lr")[: max(ctx.end, 1)]
+    lr = lr[np.isfinite(lr) & (lr > 0)]
+    return bool(lr.size >= 2 and float(lr.max()) > 1.2 * float(lr.min()))
 
 
 def _peak_lr(ctx: Context) -> float | None:
