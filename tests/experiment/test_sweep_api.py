@@ -168,3 +168,28 @@ def test_factor_result_to_dict_is_strict_json() -> None:
                      losses=[1.0, math.nan])  # fmt: skip
     text = json.dumps(r.to_dict(), allow_nan=False)
     assert '"nan"' in text and r.best_loss == 1.0 and not r.complete
+
+
+def _poly_sgd_losses(lr: float, updates: int = 300) -> list[float]:
+    """A real minibatch fit with a very noisy loss: a degree-4 polynomial regression on random
+    batches of 32 (x^4 of normal draws is heavy-tailed), SGD at ``lr``."""
+    rng = np.random.default_rng(0)
+    w_true = rng.normal(size=4)
+    w = np.zeros(4)
+    losses = []
+    for _ in range(updates):
+        x = rng.normal(size=32)
+        features = np.stack([x, x**2, x**3, x**4], axis=1)
+        r = features @ w - features @ w_true
+        losses.append(float(np.mean(r**2)))
+        with np.errstate(all="ignore"):
+            w = w - lr * 2 * features.T @ r / 32
+        if not np.all(np.isfinite(w)):
+            break
+    return losses
+
+
+def test_a_noisy_minibatch_loss_that_descends_is_not_called_diverged() -> None:
+    # four rises in a row happen by chance in this loss; growth must also clear its recent range
+    assert classify(_poly_sgd_losses(0.002))[0] == "descended"
+    assert classify(_poly_sgd_losses(0.05))[0] in ("diverged", "nonfinite")

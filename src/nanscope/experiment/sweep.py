@@ -5,12 +5,16 @@ loss may be 1e-6 or 1e9):
 
 * ``nonfinite``  the loss went NaN/inf with no growth phase before it (``at_update``: the first).
 * ``diverged``   sustained geometric growth: ``RISES`` consecutive rising updates whose increments
-  do not shrink, by a total factor of at least ``GROWTH`` (or, for losses that can be negative, a
-  last increment ``GROWTH`` times the first); or a non-finite loss right after a rise.
+  do not shrink, by a total factor of at least ``GROWTH`` over the first of them and over the
+  largest of the ``RECENT`` losses before them, ending above where the run started (or, for
+  losses that can be negative, a last increment ``GROWTH`` times the first); or the loss leaving
+  its range and staying out, as the live runs' departure detector sees it (an adaptive
+  optimizer's jump and plateau); or a non-finite loss right after a rise.
   ``at_update`` is the update where the growth was confirmed (or where a Monitor's divergence
   alarm fired, if earlier).
 * ``descended``  finite throughout, no sustained growth, and the median of the last quarter of the
-  curve is at least ``FLAT`` (1 %) below the median of the first quarter: it *descends steadily*.
+  curve is at least ``FLAT`` (1 %) below the median of the first quarter, with three quarters of
+  the last quarter below that first median: it *descends steadily*, beyond its noise.
 * ``ascended``   the same medians, the other way round: a steady rise (a sign error at small steps).
 * ``flat``       neither.
 * ``error``      the fit raised an exception (not a non-finite failure) before it could be judged.
@@ -47,6 +51,8 @@ OUTCOMES = ("descended", "diverged", "nonfinite", "ascended", "flat", "error")
 RISES = 4
 #: total growth factor over those updates
 GROWTH = 2.0
+#: updates before the rises whose largest loss the growth must also clear by ``GROWTH``
+RECENT = 16
 #: relative change between first- and last-quarter medians below which a curve is flat
 FLAT = 0.01
 
@@ -69,11 +75,30 @@ def _growth_confirmed(points: Sequence[tuple[int, float]]) -> int | None:
         if not all(d > 0 for d in deltas) or deltas[-1] < deltas[0]:
             continue
         if window[0] > 0:
-            grown = window[-1] / window[0] >= GROWTH
+            # and above the run's own recent range: four rises in a row happen by chance in a
+            # noisy minibatch loss, from a low point back to where it was
+            recent = [v for _, v in points[max(0, end - RISES - RECENT) : end - RISES]]
+            start = median([v for _, v in points[:RISES + 1]])
+            # ... and above where the run started: at a noise floor a heavy-tailed loss doubles
+            # and doubles again without anything diverging
+            # two updates past it, not one: a heavy-tailed batch loss spikes once
+            grown = window[-2] / max([window[0], *recent]) >= GROWTH and window[-2] > start
         else:
             grown = deltas[-1] / deltas[0] >= GROWTH
         if grown:
             return points[end][0]
+    return None
+
+
+def _departed(points: Sequence[tuple[int, float]]) -> int | None:
+    """The update at which the live runs' departure detector would have stopped this curve."""
+    from nanscope.detectors import Departure
+
+    detector = Departure()
+    for update, value in points:
+        alarm = detector.step({"step": update, "loss": value})
+        if alarm is not None:
+            return alarm.step
     return None
 
 
@@ -86,7 +111,13 @@ def _trend(values: Sequence[float]) -> str:
     scale = max(abs(first), abs(last))
     if scale == 0 or abs(last - first) <= FLAT * scale:
         return "flat"
-    return "descended" if last < first else "ascended"
+    # beyond the noise: most of the last quarter on the far side of the first quarter's median
+    # (a minibatch loss bouncing in one range moves its medians either way by chance)
+    tail = sorted(values[-quarter:])
+    upper, lower = tail[(3 * len(tail)) // 4], tail[len(tail) // 4]
+    if last < first:
+        return "descended" if upper < first or len(tail) < 4 else "flat"
+    return "ascended" if lower > first or len(tail) < 4 else "flat"
 
 
 def classify(
@@ -103,6 +134,9 @@ def classify(
     first_bad = next((u for u, v in points if not math.isfinite(v)), None)
     finite = [(u, v) for u, v in points if first_bad is None or u < first_bad]
     grew = _growth_confirmed(finite)
+    departed = _departed(finite)
+    if departed is not None:
+        grew = departed if grew is None else min(grew, departed)
     if alarm_kind == "diverging" and alarm_step is not None:
         grew = alarm_step if grew is None else min(grew, alarm_step)
     if first_bad is not None:
