@@ -208,7 +208,10 @@ class Monitor:
             "argv": list(sys.argv),
             **dict(meta or {}),
         }
-        self.trace = Trace(meta=self.meta)
+        self.trace = Trace()
+        # one dict: what an adapter adds to the Monitor's meta later (the optimizer) is what the
+        # live diagnosis reads, as it is in the trace file's header
+        self.trace.meta = self.meta
         if writer is not None and not callable(getattr(writer, "write", None)):
             raise UsageError(f"writer needs a write(record) method; got {type(writer).__name__}")
         self._writer: Any = writer

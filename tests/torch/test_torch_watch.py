@@ -478,3 +478,26 @@ def test_a_nan_loss_is_located_from_its_live_graph(tmp_path, monkeypatch):
     assert located["from"] == "live graph" and located["op"] == "div"
     assert located["inputs"] == "exactly zero" and not located.get("guessed")
     assert located["source"]["code"].startswith("cos = (o * t)")
+
+
+def test_a_stop_during_warm_up_names_the_optimizers_lr_and_the_adam_advice(tmp_path):
+    """The live diagnosis reads what the watcher put in the Monitor's meta (the optimizer), and
+    a run stopped in its warm-up is told to cut the lr it was built with, not the one reached."""
+    torch.manual_seed(0)
+    x = torch.randn(256, 16)
+    y = x @ torch.randn(16, 1)
+    model = nn.Sequential(nn.Linear(16, 64), nn.Tanh(), nn.Linear(64, 1))
+    opt = torch.optim.AdamW(model.parameters(), lr=30.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda it: min(1.0, (it + 1) / 200))
+    watcher = nanscope.watch(model, opt, policy="raise", run_dir=tmp_path)
+    with pytest.raises(nanscope.DivergenceError) as info:
+        for _ in range(200):
+            opt.zero_grad()
+            nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+            sched.step()
+    d = info.value.diagnosis
+    assert d.cause == "step_size_too_large"
+    assert watcher.step < 200  # stopped inside the warm-up
+    assert "the optimizer's lr 30 -> 3" in d.actions[0]
+    assert any("adaptive optimizer" in a for a in d.actions)

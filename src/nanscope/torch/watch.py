@@ -189,6 +189,11 @@ class Watcher:
         _hooks.register(self)
         monitor.meta.setdefault("framework", f"torch {torch.__version__}")
         monitor.meta.setdefault("optimizer", type(optimizer).__name__)
+        defaults = getattr(optimizer, "defaults", None)
+        base = defaults.get("lr") if isinstance(defaults, dict) else None
+        if isinstance(base, (int, float)) and not isinstance(base, bool) and base > 0:
+            # the lr the optimizer was built with: a schedule's peak, where the script has one
+            monitor.meta.setdefault("optimizer_lr", float(base))
 
     # ------------------------------------------------------------------ binding
 

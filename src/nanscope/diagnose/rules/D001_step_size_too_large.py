@@ -322,7 +322,7 @@ def _departure(ctx: Context) -> Finding | None:
     if cos.size >= 3 and float(np.mean(cos > 0)) > 0.8:
         confidence = min(confidence, 0.35)  # the updates climb the gradient: a sign error
         alternatives.append(("update_sign_error", 0.6))
-    actions = [tenfold_action(_peak_lr(ctx))]
+    actions = [_cut_action(ctx)]
     if "adam" in optimizer.lower():
         actions.append(
             "With warm-up and a schedule, the peak learning rate is the one to cut; clipping the "
@@ -363,6 +363,22 @@ def _index_of(ctx: Context, step: Any) -> int | None:
         return None
     hits = np.flatnonzero(ctx.steps == int(step))
     return int(hits[0]) if hits.size else None
+
+
+def _cut_action(ctx: Context) -> str:
+    """The tenfold cut, of the lr the optimizer was built with when a schedule had not reached it
+    yet (a warm-up stopped early): that is the number in the user's config."""
+    peak = _peak_lr(ctx)
+    built = ctx.trace.meta.get("optimizer_lr")
+    if (isinstance(built, (int, float)) and peak and _scheduled(ctx)
+            and float(built) > 1.05 * peak):  # fmt: skip
+        return (
+            f"Cut the learning rate tenfold (the optimizer's lr {num(float(built))} -> "
+            f"{num(float(built) / 10)}; its schedule had reached {num(peak)} when the run "
+            "stopped) and rerun: if the loss then descends, the step size was the cause "
+            "(`nanscope sweep` runs this for you)."
+        )
+    return tenfold_action(peak)
 
 
 def _scheduled(ctx: Context) -> bool:
