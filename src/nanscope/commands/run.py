@@ -613,5 +613,18 @@ def main(argv: list[str]) -> int:
     if rank == 0:
         _record(diagnosis, owner, target, started)
     if stop is not None:
+        _end_process_group()
         return EXIT_STOPPED
     return code
+
+
+def _end_process_group() -> None:
+    """A rank nanscope stopped never reached the script's own ``destroy_process_group()``: end it
+    here, or the process group's teardown at exit can abort the process (SIGABRT) once the
+    other ranks are gone, and the job reports that instead of the stop's exit code."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is None:
+        return
+    with contextlib.suppress(Exception):
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
