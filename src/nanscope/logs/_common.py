@@ -607,6 +607,20 @@ class Merger:
         self.count += 1
         return None if pending is None else mark_nonfinite(pending)
 
+    def hold_last(self, records: list[Record], out: list[Record]) -> None:
+        """Take a block of new records (already flagged, steps after the pending one's): the
+        pending record and all of them but the last go to ``out``; the last one waits, its
+        ``nf_*`` flags cleared (a record is flagged when it is emitted, after any merge, as
+        :meth:`push` does)."""
+        if self.pending is not None:
+            out.append(mark_nonfinite(self.pending))
+        last = records.pop()
+        last.pop("nf_loss", None)
+        last.pop("nf_grads", None)
+        self.pending = last
+        self.count += len(records) + 1
+        out.extend(records)
+
     def extend(
         self,
         records: list[Record],

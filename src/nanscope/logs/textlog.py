@@ -602,17 +602,9 @@ class _Layout:
         state.last_printed = printed[-1]
         state.last_total = cols[self.total][end - 1] if self.total >= 0 else None
         state.last_epoch = state.epoch
-        if pending is not None:
-            out.append(mark_nonfinite(pending))
-        last_record = records.pop()
-        # the new pending record is flagged when it is emitted (after any merge), as push does
-        last_record.pop("nf_loss", None)
-        last_record.pop("nf_grads", None)
-        merger.pending = last_record
-        merger.count += len(records) + 1
+        merger.hold_last(records, out)
         merger.steps_seen = True
         merger.epochs_only = False
-        out.extend(records)
 
     def _steps(
         self, state: _State, cols: Sequence[list[Any]], start: int, end: int
@@ -701,14 +693,7 @@ class _Layout:
         columns = [cols[i][start:end] for _, i in self.values] + [epochs, epochs]
         records = make_records(keys, columns)
         flag_nonfinite(records, keys, columns)
-        if pending is not None:
-            out.append(mark_nonfinite(pending))
-        last_record = records.pop()
-        last_record.pop("nf_loss", None)
-        last_record.pop("nf_grads", None)
-        merger.pending = last_record
-        merger.count += len(records) + 1
-        out.extend(records)
+        merger.hold_last(records, out)
 
     def _run_counted(
         self, state: _State, out: list[Record], cols: Sequence[list[Any]], start: int, end: int
@@ -759,15 +744,8 @@ class _Layout:
         columns.append(list(range(count + 1, count + 1 + end - start)))
         records = make_records(keys, columns)
         flag_nonfinite(records, keys, columns)
-        if pending is not None:
-            out.append(mark_nonfinite(pending))
-        last_record = records.pop()
-        last_record.pop("nf_loss", None)
-        last_record.pop("nf_grads", None)
-        merger.pending = last_record
-        merger.count += len(records) + 1
+        merger.hold_last(records, out)
         merger.epochs_only = False
-        out.extend(records)
 
     def _one_by_one(
         self, state: _State, out: list[Record], cols: Sequence[list[Any]], start: int, end: int
