@@ -3,12 +3,10 @@
 The loop computes a linear warm-up then cosine decay from its own ``learning_rate`` and writes it
 into every param group each iteration (``param_group["lr"] = lr``). With ``lambdalr`` as argv[2]
 it uses ``torch.optim.lr_scheduler.LambdaLR`` for the same schedule instead. argv[1] is the peak
-lr; 0.1 diverges, 0.01 descends. With NANSCOPE_TEST_LR_OUT set it appends the factor and the lr
-the optimizer held at update 20 to that file.
+lr; 0.1 diverges, 0.01 descends.
 """
 
 import math
-import os
 import sys
 
 import torch
@@ -40,10 +38,6 @@ for it in range(max_iters):
         lr = get_lr(it)
         for param_group in optimizer.param_groups:
             param_group["lr"] = lr
-    if it == 20 and os.environ.get("NANSCOPE_TEST_LR_OUT"):
-        with open(os.environ["NANSCOPE_TEST_LR_OUT"], "a") as fh:
-            used = optimizer.param_groups[0]["lr"]
-            fh.write(f"{os.environ.get('NANSCOPE_LR_FACTOR')} {used!r} {get_lr(it)!r}\n")
     optimizer.zero_grad(set_to_none=True)
     loss = torch.nn.functional.mse_loss(model(x).squeeze(1), y)
     loss.backward()
