@@ -23,6 +23,11 @@ Extension points (what adapters use; none of them needs the Monitor's private st
   :meth:`Monitor.reset_detectors` forgets the detectors' history (after a rollback);
   :meth:`Monitor.move_run_dir` moves the run's files before anything was written;
 * ``probes``, ``rollback_handler`` and ``on_stop``: called when a detector fired;
+* ``pending``: callables ``drain(stop=True)`` that hand over records measured but not observed
+  yet (the torch watcher checks every update for non-finite values at once but runs the
+  detectors on its finite records in batches); :meth:`flush`, :meth:`diagnose`, :meth:`close`
+  and every read of ``trace.records`` call them first (a read with ``stop=False``: a stop found
+  then is raised at the source's next update, not from the read);
 * :data:`observers` (process-wide): called with ``(monitor, record)`` after every update any
   Monitor takes, even one that stops the fit (the sweep's child process counts updates this way).
 """
@@ -212,6 +217,7 @@ class Monitor:
         # one dict: what an adapter adds to the Monitor's meta later (the optimizer) is what the
         # live diagnosis reads, as it is in the trace file's header
         self.trace.meta = self.meta
+        self.trace.sync = self._sync_pending
         if writer is not None and not callable(getattr(writer, "write", None)):
             raise UsageError(f"writer needs a write(record) method; got {type(writer).__name__}")
         self._writer: Any = writer
@@ -236,6 +242,8 @@ class Monitor:
         #: what the rollback policy did: ``{"step", "kind", "why", "action"}`` per rollback
         self.rollbacks: list[dict[str, Any]] = []
         self.on_stop: list[Callable[[Monitor, Alarm], None]] = []
+        #: called before the trace is read whole: they observe the records they still hold
+        self.pending: list[Callable[..., None]] = []
         self._last_good: dict[str, np.ndarray] = {}
         self._closed = False
         #: run events (``{"event": "interrupted", "signal": ..., "step": ...}``), see record_event
@@ -375,10 +383,28 @@ class Monitor:
             writer.write(record)
 
     def flush(self) -> None:
-        """Write the trace lines the writer buffers (it writes on its own every half second)."""
+        """Observe the records still pending, then write the trace lines the writer buffers (it
+        writes on its own every half second)."""
+        self.drain_pending()
         flush = getattr(self._writer, "flush", None)
         if callable(flush):
             flush()
+
+    def drain_pending(self, *, stop: bool = True) -> None:
+        """Have every :attr:`pending` source observe the records it still holds (in order)."""
+        if not self.pending:
+            return
+        for drain in list(self.pending):
+            try:
+                drain(stop=stop)
+            except DivergenceError:
+                raise
+            except Exception as exc:
+                self._internal_fault("pending records", exc)
+
+    def _sync_pending(self) -> None:
+        if self.pending:
+            self.drain_pending(stop=False)
 
     def _open_writer(self) -> Any:
         """The trace writer, opened on first use; None when this Monitor writes no files."""
@@ -431,6 +457,8 @@ class Monitor:
         event = {"event": str(name), **fields}
         self.events.append(event)
         try:
+            with contextlib.suppress(DivergenceError):  # a stop found in them: already saved
+                self.drain_pending()  # the updates before the event come before it in the file
             self.write(event)
             self.flush()
         except Exception as exc:
@@ -475,8 +503,10 @@ class Monitor:
         if not first and self.policy == "warn":
             return
         self.alarm = alarm
-        try:
-            self.flush()  # the trace up to the alarm is on disk whatever happens next
+        try:  # the trace up to the alarm is on disk whatever happens next
+            flush = getattr(self._writer, "flush", None)
+            if callable(flush):
+                flush()
         except Exception as exc:
             self._internal_fault("flush", exc)
         self._freeze_last_good(alarm)
@@ -515,6 +545,7 @@ class Monitor:
         """Run the probes (only now: they may be expensive) and the rules on the trace so far."""
         from nanscope.diagnose import diagnose
 
+        self.drain_pending()
         evidence = dict(self.evidence)
         if self.alarm is not None:
             evidence["alarm"] = {
@@ -581,6 +612,8 @@ class Monitor:
         if self._closed and self.diagnosis is not None:
             return self.diagnosis
         self._closed = True
+        with contextlib.suppress(DivergenceError):  # a stop in the last records: already saved
+            self.drain_pending()
         diagnosis = self.diagnosis if self.alarm is not None and self.diagnosis else None
         if diagnosis is None:
             diagnosis = self.diagnose()

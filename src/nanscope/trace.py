@@ -64,7 +64,7 @@ import threading
 import time
 import warnings
 import weakref
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import IO, Any
 
@@ -202,14 +202,29 @@ class Trace:
 
     ``records`` keeps the dicts in order; :meth:`column` gives a float array per key (missing
     values are NaN; use :meth:`present` to tell "missing" from "NaN").
+
+    ``sync``: called before ``records`` is read, to hand over records measured but not appended
+    yet (a live Monitor's: the torch watcher judges finite updates in batches), so a trace read
+    during a run is complete up to the last update.
     """
 
     def __init__(
         self, records: Iterable[Mapping[str, Any]] = (), meta: Mapping[str, Any] | None = None
     ) -> None:
-        self.records: list[dict[str, Any]] = [dict(r) for r in records]
+        self._records: list[dict[str, Any]] = [dict(r) for r in records]
         self.meta: dict[str, Any] = dict(meta or {})
         self._columns: dict[str, np.ndarray] = {}
+        self.sync: Callable[[], None] | None = None
+
+    @property
+    def records(self) -> list[dict[str, Any]]:
+        if self.sync is not None:
+            self.sync()
+        return self._records
+
+    @records.setter
+    def records(self, records: list[dict[str, Any]]) -> None:
+        self._records = records
 
     def __len__(self) -> int:
         return len(self.records)
@@ -221,7 +236,7 @@ class Trace:
         return self.records[index]
 
     def append(self, record: Mapping[str, Any], *, copy: bool = True) -> None:
-        self.records.append(dict(record) if copy else record)  # type: ignore[arg-type]
+        self._records.append(dict(record) if copy else record)  # type: ignore[arg-type]
         if self._columns:
             self._columns.clear()
 

@@ -31,7 +31,7 @@ import torch
 from nanscope._guard import REPORT, FaultGuard
 from nanscope.probes.failure import CallSite
 
-__all__ = ["GUARD", "REPORT", "Guard", "install", "live_watchers", "user_site"]
+__all__ = ["GUARD", "REPORT", "CallerSites", "Guard", "install", "live_watchers", "user_site"]
 
 
 class Guard(FaultGuard):
@@ -95,6 +95,51 @@ def caller_site(depth: int = 2, limit: int = 12, skip_from: str = "") -> CallSit
         f = f.f_back
         limit -= 1
     return None
+
+
+class CallerSites:
+    """:func:`caller_site` for a hook called the same way every update: the code objects of the
+    frames between the hook and the user's line are kept, and while the next call's frames have
+    the same ones, the user's line is read without looking at a file name again."""
+
+    def __init__(self) -> None:
+        self._codes: list[Any] = []
+        self._sites: dict[int, CallSite] = {}
+
+    def get(self, depth: int = 2, limit: int = 12, skip_from: str = "") -> CallSite | None:
+        try:
+            f: Any = sys._getframe(depth)
+        except ValueError:
+            return None
+        codes = self._codes
+        if codes:
+            g, user = f, f
+            for code in codes:
+                if g is None or g.f_code is not code:
+                    break
+                user, g = g, g.f_back
+            else:
+                line = user.f_lineno
+                site = self._sites.get(line)
+                if site is None:
+                    if len(self._sites) > 64:
+                        self._sites.clear()
+                    site = CallSite(user.f_code.co_filename, line, user.f_code.co_name)
+                    self._sites[line] = site
+                return site
+        walked: list[Any] = []
+        while f is not None and limit > 0:
+            code = f.f_code
+            filename = code.co_filename
+            walked.append(code)
+            if skip_from and code.co_name == skip_from and _is_library(filename):
+                return None
+            if not filename.startswith("<") and not _is_library(filename):
+                self._codes, self._sites = walked, {}
+                return CallSite(filename, f.f_lineno, code.co_name)
+            f = f.f_back
+            limit -= 1
+        return None
 
 
 def live_watchers() -> list[Any]:

@@ -64,6 +64,9 @@ class ParamMeasure:
     combined across the ranks with one collective per update.
     """
 
+    #: the lean per-update check applies (set by ``__init__``; never for sharded parameters)
+    lean = False
+
     def __new__(cls, params: list[torch.Tensor], names: Mapping[int, str]) -> ParamMeasure:
         if cls is ParamMeasure:
             from nanscope.torch import sharded
@@ -157,6 +160,14 @@ class ParamMeasure:
         self._wlists = [([params[i].detach() for i in idx], dtype) for idx, dtype in self.groups]
         self._nan: torch.Tensor | None = None
         self.count = 0
+        #: the lean per-update check applies (:meth:`lean_norms`): dense CPU parameters in
+        #: float32/float64, nothing on the meta device, nothing complex
+        self.lean = (
+            type(self) is ParamMeasure and not self.meta and not self.other and bool(self.dense)
+            and all(dtype is None for _, dtype in self.groups)
+            and all(params[i].device.type == "cpu" for i in self.dense)
+        )  # fmt: skip
+        self._lean_groups = [idx for idx, _ in self.groups]
 
     def _dtype_groups(self, indices: Iterable[int]) -> list[tuple[list[int], torch.dtype | None]]:
         by: dict[tuple[torch.dtype, str], list[int]] = {}
@@ -228,6 +239,20 @@ class ParamMeasure:
                 layout["half"] = self._half ^ 1  # the half that held this update (now swapped)
         parts = [t if t.dtype == torch.float32 else t.float() for t in parts]
         return (torch.cat(parts) if len(parts) > 1 else parts[0]), layout
+
+    def lean_norms(self) -> list[float] | None:
+        """This update's per-parameter gradient norms (in the layout's order), read now: one
+        fused call per dtype group and one read. None when a gradient is missing or sparse:
+        :meth:`device_vector` then says which."""
+        params = self.params
+        out: list[float] = []
+        for idx in self._lean_groups:
+            try:
+                norms = torch._foreach_norm([params[i].grad for i in idx])  # type: ignore[misc]
+            except (TypeError, RuntimeError, NotImplementedError):
+                return None
+            out.extend(torch.stack(norms).tolist())
+        return out
 
     def weight_vector(self) -> tuple[torch.Tensor | None, dict[str, Any]]:
         """The weight norms alone (layout as :meth:`device_vector`'s, without gradients)."""

@@ -28,6 +28,13 @@ point uses), :mod:`~nanscope.torch.deferred` (late reads on accelerators),
 :mod:`~nanscope.torch.precision` (the GradScaler) and :mod:`~nanscope.torch.rollback` (last good
 weights, the rollback policy).
 
+On CPU the check of an ordinary update is lean: one fused gradient norm and the loss read at its
+backward decide at once whether the update is finite; a finite update's record is then shown to
+the detectors and written with the next ones, in batches of :data:`BATCH_RECORDS` or every
+:data:`BATCH_SECONDS` (the Python of a record costs several times less in a warm loop than right
+after ``optimizer.step()``). A non-finite update is still stopped before its step; a finite
+divergence is found at most one batch late.
+
 A fault inside nanscope's hooks never stops training: one warning, that hook off, training goes on.
 """
 
@@ -35,7 +42,9 @@ from __future__ import annotations
 
 import contextlib
 import math
+import operator
 import os
+import time
 import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -43,8 +52,9 @@ from typing import Any
 
 import torch
 from nanscope.detectors import Alarm
-from nanscope.errors import UsageError
-from nanscope.monitor import Monitor
+from nanscope.errors import DivergenceError, UsageError
+from nanscope.monitor import DetectorChain, Monitor
+from nanscope.monitor import observers as _observers
 from nanscope.probes import producer as _producer
 from nanscope.probes.failure import CallSite, TorchFailure
 from nanscope.torch import _hooks, distributed, sharded
@@ -55,8 +65,13 @@ from nanscope.torch.records import FULL_EVERY, RecordBuilder
 from nanscope.torch.rollback import ROLLBACK_LIMIT, ROLLBACK_LR_FACTOR, LastGood
 from nanscope.torch.window import StepWindow
 
-__all__ = ["FULL_EVERY", "ROLLBACK_LIMIT", "ROLLBACK_LR_FACTOR", "SCALE_FLOOR", "SKIP_LIMIT",
-           "Watcher", "watch"]  # fmt: skip
+__all__ = ["BATCH_RECORDS", "BATCH_SECONDS", "FULL_EVERY", "ROLLBACK_LIMIT", "ROLLBACK_LR_FACTOR",
+           "SCALE_FLOOR", "SKIP_LIMIT", "Watcher", "watch"]  # fmt: skip
+
+#: finite records shown to the detectors together, at most this many ...
+BATCH_RECORDS = 16
+#: ... or once the oldest waited this long (a slow fit is judged update by update)
+BATCH_SECONDS = 0.25
 
 
 def watch(
@@ -177,6 +192,15 @@ class Watcher:
         self._failing: dict[str, Any] = {}  # the update being observed: step, late, what
         self._observing = False
         self._closed = False
+        #: finite updates checked, their records not yet shown to the detectors: [step, record,
+        #: batch references] (references for the last three only, what the Monitor keeps)
+        self._batched: list[list[Any]] = []
+        self._batched_since = 0.0
+        self._draining = False
+        self._stop_error: DivergenceError | None = None
+        self._lean_grad: float | None = None  # the last lean check's gradient norm
+        self._model_sites = _hooks.CallerSites()  # the user's line that calls the model
+        monitor.pending.append(self.drain_batched)
         if model is not None:
             self.bind_model(model, hook=hook_model)
         monitor.probes.append(self._probe)
@@ -232,6 +256,10 @@ class Watcher:
             return self.monitor.diagnosis
         self._closed = True
         _producer.LIVE.stop()
+        with contextlib.suppress(DivergenceError):  # a stop in the last batch: already saved
+            self.drain_batched()
+        with contextlib.suppress(ValueError):
+            self.monitor.pending.remove(self.drain_batched)
         self.deferred.drain(self._process, sharded.local_shards(self.params()), allow_raise=False)
         for handle in self._handles:
             with contextlib.suppress(Exception):
@@ -261,7 +289,7 @@ class Watcher:
         self.window.on_forward(args, kwargs, output, rng=self.failure is None)
         with contextlib.suppress(Exception):
             # the user's line that called the model (None when called late, not from a forward)
-            self.window.model_site = _hooks.caller_site(2, skip_from="_bind")
+            self.window.model_site = self._model_sites.get(2, skip_from="_bind")
 
     def on_batch(self, inputs: Any, targets: Any) -> None:
         """A trainer callback names this step's batch (read where the forward's arguments fail)."""
@@ -333,11 +361,13 @@ class Watcher:
         window = self.window
         window.last_loss = None
         window.output = None
-        # the loss module's arguments stay for a replay, without the graph the output holds
-        window.loss_args = tuple(
-            a.detach() if isinstance(a, torch.Tensor) and a.requires_grad else a
-            for a in window.loss_args
-        )
+        if window.loss_args_live:
+            # the loss module's arguments stay for a replay, without the graph the output holds
+            window.loss_args_live = False
+            window.loss_args = tuple(
+                a.detach() if isinstance(a, torch.Tensor) and a.requires_grad else a
+                for a in window.loss_args
+            )
 
     def _wrap_closure(self, closure: Callable[[], Any]) -> Callable[[], Any]:
         self._closure_checked = False
@@ -388,6 +418,7 @@ class Watcher:
         skip = self.precision.step_end(scaler)
         if skip is None:
             return
+        self.drain_batched()
         self.step += 1
         loss = self.window.loss(None, unscale_tensor(self.window.scaled_by))
         value = float(loss) if loss is not None else math.nan
@@ -400,6 +431,9 @@ class Watcher:
 
     def check(self, closure_loss: Any = None) -> None:
         """Measure this update and hand it to the Monitor (raises to stop the step)."""
+        if self._stop_error is not None:  # found while the trace was read between two steps
+            error, self._stop_error = self._stop_error, None
+            raise error
         self.step += 1
         step = self.step
         measure = self.records.measure
@@ -408,6 +442,10 @@ class Watcher:
             if measure.notes:
                 self._note(measure.notes)
         window = self.window
+        if (closure_loss is None and measure.lean and self._lean_applies(step)
+                and self._check_lean(step, measure)):  # fmt: skip
+            return
+        self.drain_batched()  # the records before this one first
         loss = window.loss(closure_loss, unscale_tensor(window.scaled_by))
         weight = measure.weight if measure.weight is not None else loss
         interval = self.deferred.interval(
@@ -423,6 +461,113 @@ class Watcher:
             self.deferred.drain(self._process, shards, allow_raise=True)
         window.reset()
         self._drop_graph()
+
+    def _lean_applies(self, step: int) -> bool:
+        """The lean check serves this update: CPU, read at once, not a full update, no loss
+        scale; and nothing needs each record the moment it is made (the rollback policy, a
+        sweep's observers, the cross-rank agreement, which runs its collectives per record)."""
+        window = self.window
+        return (
+            self.deferred.sync_every in (None, 1)
+            and (step - 1) % self.records.every != 0
+            and bool(window.loss_floats) and len(window.loss_floats) == len(window.losses)
+            and window.scaled_by is None and self.precision.scaler is None
+            and self.monitor.policy != "rollback"
+            and not _observers
+            and type(self.monitor.detectors) is DetectorChain
+        )  # fmt: skip
+
+    def _check_lean(self, step: int, measure: Any) -> bool:
+        """Check a CPU update with one fused norm; False hands it to the full check (a
+        non-finite value, a missing gradient), which then measures everything at once."""
+        window = self.window
+        floats = window.loss_floats
+        loss = floats[0] if len(floats) == 1 else math.fsum(floats)
+        gnorms = measure.lean_norms()
+        if gnorms is None or not math.isfinite(loss):
+            return False
+        g_sq = sum(map(operator.mul, gnorms, gnorms))
+        if not math.isfinite(g_sq):
+            return False
+        clip = None
+        if window.clip_norm is not None:
+            clip = float(window.clip_norm)
+            if not math.isfinite(clip):
+                return False
+        record: dict[str, Any] = {"step": step, "loss": loss, "nf_loss": 0}
+        lr = self._lr()
+        if lr is not None:
+            record["lr"] = lr
+        grad_norm = math.sqrt(g_sq)
+        record["grad_norm"] = grad_norm
+        record["nf_grads"] = 0
+        self.records.keep_norms(step, gnorms)
+        prev_loss, prev_grad = self.records.last_loss, self._lean_grad
+        self._lean_grad = grad_norm
+        self.records.sample_if_wanted(step, record, full=False)
+        # judged now, not with the batch: a climb (the divergence and ascent detectors decide
+        # from its fourth rise on) and a jump of the loss or the gradient (a spike's batch rows)
+        urgent = self.records.rises >= 2 or (
+            prev_loss is not None and loss - prev_loss > 3.0 * abs(prev_loss)
+        ) or (prev_grad is not None and grad_norm > 10.0 * prev_grad)
+        extra: dict[str, Any] = {}
+        if clip is not None:
+            extra["grad_norm_clipped"] = grad_norm
+            record["grad_norm"] = clip
+            extra["grad_norm_source"] = "pre_clip"
+        if len(floats) > 1:
+            extra["micro_batches"] = len(floats)
+        if self._extra:
+            extra = {**self._extra, **extra}
+            self._extra = {}
+        if extra:
+            record["extra"] = extra
+        batched = self._batched
+        if len(batched) >= 3:
+            batched[-3][2] = None  # the Monitor keeps the last three batches: so do we
+        batched.append([step, record, window.refs()])
+        window.reset()
+        # a finite update is never replayed: its loss module's arguments are not kept
+        window.loss_args, window.loss_args_live = (), False
+        self._drop_graph()
+        now = time.monotonic()
+        if len(batched) == 1:
+            self._batched_since = now
+        if urgent or len(batched) >= BATCH_RECORDS or now - self._batched_since >= BATCH_SECONDS:
+            self.drain_batched()
+        return True
+
+    def drain_batched(self, *, stop: bool = True) -> None:
+        """Show the detectors the finite records the lean check holds, in order; the Monitor
+        calls it before the trace is read. An alarm stops the fit as at its own update; the
+        updates after it ran too and are written to the trace. ``stop=False`` (a read of the
+        trace): the stop is raised at the next update's check instead of here."""
+        if self._draining or not self._batched:
+            return
+        if not stop:
+            try:
+                self.drain_batched()
+            except DivergenceError as exc:
+                self._stop_error = exc
+            return
+        self._draining = True
+        items, self._batched = self._batched, []
+        try:
+            for k, (step, record, refs) in enumerate(items):
+                # (None, None, None): this update's batch is not known any more, not an older one
+                batch = StepWindow.batch_of(refs) if refs is not None else (None, None, None)
+                self._failing = {"step": step, "late": False}
+                try:
+                    self._observe(record, what="loss", batch=batch)
+                except DivergenceError:
+                    # the updates after the alarm ran too (it was judged with its batch)
+                    for _, later, _ in items[k + 1 :]:
+                        self.monitor.write(later)
+                        self.monitor.trace.append(later)
+                    self.records.backfill_grad_norms(self.monitor.trace.records)
+                    raise
+        finally:
+            self._draining = False
 
     def _process(
         self, step: int, values: list[float], ctx: dict[str, Any], *, batch: Any, late: bool = False

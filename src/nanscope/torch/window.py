@@ -46,6 +46,7 @@ class StepWindow:
         self.given: tuple[Any, Any] = (None, None)
         self.loss_module: Any = None
         self.loss_args: tuple[Any, ...] = ()
+        self.loss_args_live = False
         #: the user's lines that called the loss module and the model (for the producer's line)
         self.loss_site: CallSite | None = None
         self.model_site: CallSite | None = None
@@ -56,6 +57,8 @@ class StepWindow:
     def reset(self) -> None:
         """Start the next step's window (the batch references stay until the next forward)."""
         self.losses: list[torch.Tensor] = []
+        #: the host values of ``losses`` where they were read at the backward (CPU), else empty
+        self.loss_floats: list[float] = []
         self.scaled_by: Any = None
         self.clip_norm: torch.Tensor | None = None
         self.graph_located: dict[str, Any] | None = None
@@ -71,7 +74,7 @@ class StepWindow:
         self.output = output
         self.rng = None
         self.index = _batch_index(args, kwargs)
-        if rng and self.device() == "cpu":
+        if rng and self._on_cpu():
             self.rng = torch.get_rng_state()
         self.autocast = autocast_dtype()
 
@@ -91,17 +94,22 @@ class StepWindow:
         self.site = site
         if scaler is not None:
             self.scaled_by = scaler
-        value = tensor.detach().reshape(())
+        value = tensor.detach()
+        if value.dim():
+            value = value.reshape(())
         self.losses.append(value)
         # the graph's saved tensors are freed by this backward: read them now if it broke (CPU:
         # the read is free; on an accelerator it would be a sync per update)
-        if (value.device.type == "cpu" and self.graph_located is None
-                and not math.isfinite(float(value))):  # fmt: skip
-            inspect(tensor, site)
+        if value.is_cpu:
+            number = float(value)
+            self.loss_floats.append(number)
+            if self.graph_located is None and not math.isfinite(number):
+                inspect(tensor, site)
 
     def on_loss_module(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         self.loss_module = module
         self.loss_args = args
+        self.loss_args_live = True  # they may hold the graph: the check detaches them
         from nanscope.torch import _hooks
 
         self.loss_site = _hooks.LOSS_SITE.get("site")
@@ -145,14 +153,21 @@ class StepWindow:
         return found if found is not None else self.given[0]
 
     def targets(self) -> Any:
-        if len(self.loss_args) >= 2 and isinstance(self.loss_args[1], torch.Tensor):
-            return self.loss_args[1]
-        for key in TARGET_KEYS:
-            value = self.kwargs.get(key)
-            if isinstance(value, torch.Tensor):
-                return value
-        given = self.given[1]
-        return given if isinstance(given, torch.Tensor) else None
+        return _targets(self.loss_args, self.kwargs, self.given)
+
+    def refs(self) -> tuple[Any, ...]:
+        """What :func:`batch_of` needs to name this step's batch later: references to the
+        forward's arguments and the target, not to the loss module's output (its graph)."""
+        return (self.args, self.kwargs, self.targets(), self.given, self.index)
+
+    @staticmethod
+    def batch_of(refs: tuple[Any, ...]) -> tuple[Any, Any, Any]:
+        """``(inputs, targets, rows)`` of a step from its :meth:`refs`, as the check makes it."""
+        window = StepWindow.__new__(StepWindow)
+        window.args, window.kwargs, targets, window.given, window.index = refs
+        window.loss_args = (None, targets)
+        inputs = window.inputs()
+        return inputs, targets, window.rows_of(inputs)
 
     def rows_of(self, inputs: Any) -> Any:
         """The dataset rows of this batch, when they are known and fit its first dimension."""
@@ -201,11 +216,28 @@ class StepWindow:
             batch_index=self.rows_of(pick_input(args, kwargs)), extra=extra,
         )  # fmt: skip
 
+    def _on_cpu(self) -> bool:
+        for value in self.args:
+            if isinstance(value, torch.Tensor):
+                return bool(value.is_cpu)
+        return True
+
     def device(self) -> str:
         for value in self.args:
             if isinstance(value, torch.Tensor):
                 return value.device.type
         return "cpu"
+
+
+def _targets(loss_args: tuple[Any, ...], kwargs: dict[str, Any], given: tuple[Any, Any]) -> Any:
+    if len(loss_args) >= 2 and isinstance(loss_args[1], torch.Tensor):
+        return loss_args[1]
+    for key in TARGET_KEYS:
+        value = kwargs.get(key)
+        if isinstance(value, torch.Tensor):
+            return value
+    target = given[1]
+    return target if isinstance(target, torch.Tensor) else None
 
 
 _CUDA: list[bool] = []
@@ -217,8 +249,15 @@ def _cuda_available() -> bool:
     return _CUDA[0]
 
 
+def _any_autocast() -> bool:
+    check = getattr(torch._C, "_is_any_autocast_enabled", None)
+    return True if check is None else bool(check())
+
+
 def autocast_dtype() -> Any:
     """The autocast dtype active now (CPU, then CUDA), or None."""
+    if not _any_autocast():
+        return None
     if torch.is_autocast_enabled("cpu"):
         return torch.get_autocast_dtype("cpu")
     if _cuda_available() and torch.is_autocast_enabled("cuda"):

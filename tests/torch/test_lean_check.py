@@ -1,0 +1,133 @@
+"""The lean per-update check on CPU (watch.py): the same records as the full check, in batches.
+
+Every update is checked for non-finite values at once (one fused gradient norm, the loss read at
+its backward); the records of finite updates are shown to the detectors and written together.
+These tests compare the records with those of the full check on the same fits and check that the
+batching loses nothing: a read of the trace mid-run is complete, a NaN still stops before its
+step, a stop found in a batch keeps the updates that ran after it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+import nanscope
+import torch
+from nanscope.torch.watch import BATCH_RECORDS
+from torch import nn
+
+
+def _fit(steps, *, lean, lr=0.05, clip=None, micro=1, seed=0, tmp_path=None, policy="warn"):
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+    gen = torch.Generator().manual_seed(seed + 1)
+    x = torch.randn(256, 6, generator=gen)
+    y = x @ torch.randn(6, 1, generator=gen) + 0.1 * torch.randn(256, 1, generator=gen)
+    watcher = nanscope.watch(model, opt, policy=policy, run_dir=tmp_path)
+    if not lean:
+        watcher._lean_applies = lambda step: False  # type: ignore[method-assign]
+    loss_fn = nn.MSELoss()
+    for step in range(steps):
+        opt.zero_grad()
+        for k in range(micro):
+            rows = slice((step * micro + k) * 16 % 256, (step * micro + k) * 16 % 256 + 16)
+            (loss_fn(model(x[rows]), y[rows]) / micro).backward()
+        if clip is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+        opt.step()
+    return watcher, model
+
+
+KEYS = ("step", "loss", "nf_loss", "lr", "grad_norm", "nf_grads", "update_norm", "update_cos",
+        "grad_cos", "flip_frac", "weight_norm", "input_absmax")  # fmt: skip
+
+
+@pytest.mark.parametrize("options", [{}, {"clip": 0.05}, {"micro": 3}])
+def test_the_lean_records_are_the_full_check_records(options):
+    lean, _ = _fit(40, lean=True, **options)
+    full, _ = _fit(40, lean=False, **options)
+    got, want = lean.monitor.trace.records, full.monitor.trace.records
+    assert [r["step"] for r in got] == list(range(1, 41))
+    assert len(got) == len(want)
+    for a, b in zip(got, want):
+        for key in KEYS:
+            assert (key in a) == (key in b), (a["step"], key)
+            if key in a:
+                assert a[key] == pytest.approx(b[key], rel=1e-5, abs=1e-9), (a["step"], key)
+        assert a.get("extra", {}).keys() == b.get("extra", {}).keys()
+    lean.close()
+    full.close()
+
+
+def test_a_read_of_the_trace_mid_run_sees_every_update():
+    torch.manual_seed(0)
+    model = nn.Linear(3, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    watcher = nanscope.watch(model, opt, policy="warn")
+    x, y = torch.randn(32, 3), torch.randn(32, 1)
+    for step in range(1, 30):
+        opt.zero_grad()
+        nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+        assert watcher.monitor.trace.records[-1]["step"] == step
+    assert watcher._batched == []
+    watcher.close()
+
+
+def test_the_lean_path_holds_records_in_batches():
+    """Between two reads the records wait (what makes the check cheap), at most a batch."""
+    watcher, _ = _fit(5, lean=True)  # steps 2..5: lean (1 is a full update)
+    assert 1 <= len(watcher._batched) < BATCH_RECORDS
+    assert watcher.monitor.trace.records[-1]["step"] == 5  # the read hands them over
+    assert watcher._batched == []
+    watcher.close()
+
+
+def test_a_nan_in_a_lean_run_stops_before_the_step_with_the_batch_observed(tmp_path):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    watcher = nanscope.watch(model, opt, run_dir=tmp_path)
+    x, y = torch.randn(64, 4), torch.randn(64, 1)
+    with pytest.raises(nanscope.DivergenceError):
+        for step in range(1, 40):
+            xb = x.clone()
+            if step == 23:
+                xb[5, 2] = math.nan
+            opt.zero_grad()
+            nn.functional.mse_loss(model(xb), y).backward()
+            before = {k: v.clone() for k, v in model.state_dict().items()}
+            opt.step()
+    for name, value in model.state_dict().items():
+        assert torch.equal(value, before[name]), name  # the NaN never reached the weights
+    records = watcher.monitor.trace.records
+    assert [r["step"] for r in records] == list(range(1, 24))
+    assert records[-1]["nf_loss"] == 1
+    assert all(r["nf_loss"] == 0 for r in records[:-1])
+    assert watcher.monitor.diagnosis.cause == "nonfinite_input"
+
+
+def test_a_stop_found_while_the_trace_is_read_is_raised_at_the_next_step(monkeypatch):
+    """A read must not raise out of user code; the next optimizer step does (before it runs)."""
+    from nanscope.detectors import Alarm
+
+    watcher, model = _fit(6, lean=True, policy="raise")
+    assert watcher._batched
+    held = [r[0] for r in watcher._batched]
+    monkeypatch.setattr(
+        watcher.monitor.detectors, "step",
+        lambda rec: Alarm("diverging", rec["step"], "test alarm", {})
+        if rec["step"] == held[0] else None,
+    )  # fmt: skip
+    records = watcher.monitor.trace.records  # no raise here
+    assert [r["step"] for r in records] == list(range(1, 7))  # the later ones kept too
+    assert watcher.monitor.alarm is not None and watcher.monitor.alarm.step == held[0]
+    weights = [p.detach().clone() for p in model.parameters()]
+    opt = watcher.optimizer
+    nn.functional.mse_loss(model(torch.randn(4, 6)), torch.randn(4, 1)).backward()
+    with pytest.raises(nanscope.DivergenceError):
+        opt.step()
+    assert all(torch.equal(a, b) for a, b in zip(weights, model.parameters()))
