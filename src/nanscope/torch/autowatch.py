@@ -14,7 +14,10 @@ The global hooks (all guarded: a fault inside nanscope warns once and switches t
 * ``register_module_forward_pre_hook`` / ``register_module_forward_hook`` (``with_kwargs``,
   ``always_call``) track the call depth: the outermost module called between two steps whose
   parameters the optimizer holds is the model; its arguments (also keyword arguments, as Hugging
-  Face models take them) are the batch. Loss modules are seen through the loss-module patch;
+  Face models take them) are the batch. Loss modules are seen through the loss-module patch.
+  These run on every submodule call (~100 per forward in a small transformer), so once every
+  watcher has its model they are removed and each model gets the watcher's own forward hooks
+  (:func:`_narrow`); an optimizer that appears later puts them back until it has its model;
 * the backward patch of :mod:`nanscope.torch._hooks` (the loss).
 
 Scripts that update their parameters by hand (``p.data.add_(p.grad, alpha=-lr)``, ``with
@@ -50,6 +53,8 @@ _LOCK = threading.Lock()
 _ENABLED = False
 _FINDER: _TorchImportHook | None = None
 _HANDLES: list[Any] = []
+#: the global module hooks, while they are on (a subset of _HANDLES' job, removed by _narrow)
+_MODULE_HANDLES: list[Any] = []
 _WATCHERS: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 _STATE = threading.local()
 #: outermost modules called since the last optimizer step: id -> (weakref, args, kwargs, output)
@@ -80,14 +85,19 @@ def disarm() -> None:
         if _FINDER is not None and _FINDER in sys.meta_path:
             sys.meta_path.remove(_FINDER)
         _FINDER = None
-        for handle in _HANDLES:
+        for handle in _HANDLES + _MODULE_HANDLES:
             with contextlib.suppress(Exception):
                 handle.remove()
         _HANDLES.clear()
+        _MODULE_HANDLES.clear()
         for watcher in list(_WATCHERS.values()):
             watcher.close()
         _WATCHERS.clear()
         _MANUAL.close()
+        from nanscope.torch import _hooks
+
+        _hooks.unregister(_COLLECTOR)  # (else every backward still walks the graph for them)
+        _hooks.unregister(_MANUAL)
         _SEEN.clear()
         _BOUND.clear()
         _ENABLED = False
@@ -157,7 +167,6 @@ def enable() -> None:
         if _ENABLED:
             return
         _ENABLED = True
-    from torch.nn.modules import module as module_mod
     from torch.optim import optimizer as optimizer_mod
 
     import torch
@@ -168,10 +177,7 @@ def enable() -> None:
     _hooks.register(_MANUAL)
     _HANDLES.append(optimizer_mod.register_optimizer_step_pre_hook(_step_pre))
     _HANDLES.append(optimizer_mod.register_optimizer_step_post_hook(_step_post))
-    _HANDLES.append(module_mod.register_module_forward_pre_hook(_forward_pre))
-    _HANDLES.append(
-        module_mod.register_module_forward_hook(_forward_post, with_kwargs=True, always_call=True)
-    )
+    _widen()
     del torch
     from nanscope.probes.producer import LIVE  # producer: check the ops of the first update
 
@@ -185,6 +191,39 @@ def enable() -> None:
 
 
 # ---------------------------------------------------------------------- global hooks
+
+
+def _widen() -> None:
+    """Put the global module hooks on: a watcher is looking for its model."""
+    from torch.nn.modules import module as module_mod
+
+    if _MODULE_HANDLES or not _ENABLED:
+        return
+    _STATE.depth = 0
+    _MODULE_HANDLES.append(module_mod.register_module_forward_pre_hook(_forward_pre))
+    _MODULE_HANDLES.append(
+        module_mod.register_module_forward_hook(_forward_post, with_kwargs=True, always_call=True)
+    )
+
+
+def _narrow() -> None:
+    """Every watcher has its model: hook those models alone, not every module call."""
+    if not _MODULE_HANDLES:
+        return
+    watchers = list(_WATCHERS.values())
+    if _MANUAL.watcher is not None:
+        watchers.append(_MANUAL.watcher)
+    elif not _MANUAL.off:
+        return  # a loop that updates by hand may still be found: it needs the module calls
+    if not watchers or any(w.model is None or w.step < 2 for w in watchers):
+        return
+    for watcher in watchers:
+        watcher.hook_model()
+    for handle in _MODULE_HANDLES:
+        with contextlib.suppress(Exception):
+            handle.remove()
+    _MODULE_HANDLES.clear()
+    _SEEN.clear()
 
 
 def _guard() -> Any:
@@ -213,7 +252,8 @@ def _outermost(module: Any, args: Any, kwargs: Any, output: Any) -> None:
     bound = _BOUND.get(id(module))
     if bound:
         for watcher in bound:
-            watcher.on_forward(tuple(args), dict(kwargs or {}), output)
+            if not watcher.model_hooked:  # (its own hooks see this call)
+                watcher.on_forward(tuple(args), dict(kwargs or {}), output)
         return
     if len(_SEEN) > 32:
         _SEEN.clear()
@@ -276,6 +316,8 @@ def _step_post(optimizer: Any, args: Any, kwargs: Any) -> None:
     watcher = _WATCHERS.get(optimizer)
     if watcher is not None:
         watcher.step_post(optimizer, args, kwargs)
+        if _MODULE_HANDLES:
+            _guard().run("autowatch narrow", _narrow)
 
 
 def _watcher_for(optimizer: Any) -> Any:
@@ -283,6 +325,7 @@ def _watcher_for(optimizer: Any) -> Any:
     if watcher is not None:
         if watcher.model is None:
             _bind(watcher)
+            _widen()  # (after a narrowing: the next forward names the model)
         return watcher
     inner = getattr(optimizer, "optimizer", None)
     if inner is not None and inner is not optimizer and hasattr(inner, "param_groups"):
@@ -293,6 +336,8 @@ def _watcher_for(optimizer: Any) -> Any:
     watcher.monitor.meta["source"] = "torch (nanscope run)"
     _WATCHERS[optimizer] = watcher
     _bind(watcher)
+    if watcher.model is None:
+        _widen()
     _COLLECTOR.hand_over(watcher)
     for callback in list(on_watcher):
         _guard().run("autowatch on_watcher", callback, watcher)
@@ -459,6 +504,8 @@ class _ManualUpdates:
         self._grads = self._grad_sample()  # the gradient this update applies
         self.watcher.optimizer.param_groups[0]["lr"] = self._lr
         self.watcher.check()
+        if _MODULE_HANDLES:
+            _guard().run("autowatch narrow", _narrow)
 
     def _start(self) -> None:
         from nanscope.torch.watch import Watcher

@@ -163,6 +163,8 @@ class Watcher:
         self.guard = _hooks.Guard()
         self.optimizer = optimizer
         self.model: Any = None
+        #: the model's forward hooks are this watcher's own (not ``nanscope run``'s global ones)
+        self.model_hooked = False
         self._owns_monitor = monitor is None
         if monitor is None:
             name = type(model).__name__ if model is not None else type(optimizer).__name__
@@ -230,14 +232,22 @@ class Watcher:
         if model is self.model:
             return
         self.model = model
+        self.model_hooked = False
         self.records.rename(param_names(model))
         if hook:
-            self._handles.append(
-                model.register_forward_pre_hook(self._forward_pre, with_kwargs=True)
-            )
-            self._handles.append(model.register_forward_hook(self._forward_post))
+            self.hook_model()
         if not self.monitor.meta.get("model"):
             self.monitor.meta["model"] = type(model).__name__
+
+    def hook_model(self) -> None:
+        """Hook the bound model's forward (``nanscope run`` binds first, hooks once it knows)."""
+        if self.model is None or self.model_hooked:
+            return
+        self.model_hooked = True
+        self._handles.append(
+            self.model.register_forward_pre_hook(self._forward_pre, with_kwargs=True)
+        )
+        self._handles.append(self.model.register_forward_hook(self._forward_post))
 
     def owns(self, optimizer: Any) -> bool:
         return optimizer is self.optimizer
