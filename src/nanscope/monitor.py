@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from nanscope import trace as trace_module
 from nanscope._guard import FaultGuard
 from nanscope.capture.arrays import (
     BatchChecker,
@@ -660,6 +661,16 @@ def _merge_batch(record: dict[str, Any], result: Mapping[str, Any]) -> None:
             record.setdefault("rows", []).extend(value)
         else:
             record[key] = value
+
+
+def _sync_all() -> None:
+    """SIGTERM: the records the Monitors' sources hold go to their traces before the flush."""
+    for monitor in list(_LIVE):
+        with contextlib.suppress(Exception):
+            monitor._sync_pending()
+
+
+trace_module.before_flush_all.append(_sync_all)
 
 
 @atexit.register

@@ -297,8 +297,16 @@ _OPEN: weakref.WeakSet[TraceWriter] = weakref.WeakSet()
 _SIGNAL_STATE: dict[str, Any] = {"installed": False}
 
 
+#: called first by :func:`flush_all`: what hands over records not written yet (the Monitor's
+#: pending records, which the torch watcher holds for a batch)
+before_flush_all: list[Callable[[], None]] = []
+
+
 def flush_all() -> None:
     """Write every open trace writer's buffered lines now (atexit and SIGTERM call this)."""
+    for hand_over in list(before_flush_all):
+        with contextlib.suppress(Exception):
+            hand_over()
     for writer in list(_OPEN):
         with contextlib.suppress(Exception):
             writer.flush()
