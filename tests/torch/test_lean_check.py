@@ -19,9 +19,14 @@ from nanscope.torch.watch import BATCH_RECORDS
 from torch import nn
 
 
-def _fit(steps, *, lean, lr=0.05, clip=None, micro=1, seed=0, tmp_path=None, policy="warn"):
+def _fit(steps, *, lean, lr=0.05, clip=None, micro=1, seed=0, tmp_path=None, policy="warn",
+         deep=False):  # fmt: skip
     torch.manual_seed(seed)
-    model = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 1))
+    if deep:  # many small tensors: the lean check takes one dot product over all of them
+        layers = [m for _ in range(6) for m in (nn.Linear(6, 6), nn.Tanh())]
+        model = nn.Sequential(*layers, nn.Linear(6, 1))
+    else:
+        model = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 1))
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
     gen = torch.Generator().manual_seed(seed + 1)
     x = torch.randn(256, 6, generator=gen)
@@ -45,7 +50,7 @@ KEYS = ("step", "loss", "nf_loss", "lr", "grad_norm", "nf_grads", "update_norm",
         "grad_cos", "flip_frac", "weight_norm", "input_absmax")  # fmt: skip
 
 
-@pytest.mark.parametrize("options", [{}, {"clip": 0.05}, {"micro": 3}])
+@pytest.mark.parametrize("options", [{}, {"clip": 0.05}, {"micro": 3}, {"deep": True}])
 def test_the_lean_records_are_the_full_check_records(options):
     lean, _ = _fit(40, lean=True, **options)
     full, _ = _fit(40, lean=False, **options)

@@ -22,8 +22,11 @@ device, without a gradient, complex (norms only, no sample), sparse gradients (n
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Iterable, Mapping
 from typing import Any
+
+from torch._utils import _flatten_dense_tensors
 
 import torch
 
@@ -37,6 +40,10 @@ BLOCK = 16
 MAX_SAMPLED = 16
 #: above this many parameters, per-name gradient norms are summed per top-level module
 MAX_NAMES = 32
+#: the lean check copies tensors of at most this many elements into one buffer ...
+LEAN_SMALL = 4096
+#: ... when there are at least this many of them
+LEAN_FLAT_MIN = 8
 
 _HALF = (torch.float16, torch.bfloat16)
 
@@ -168,6 +175,14 @@ class ParamMeasure:
             and all(params[i].device.type == "cpu" for i in self.dense)
         )  # fmt: skip
         self._lean_groups = [idx for idx, _ in self.groups]
+        # many small tensors (a model of many small layers): one norm call each costs more than
+        # copying them into one buffer and taking one dot product; their per-tensor norms are
+        # then left to the full updates
+        small = [i for i in self.dense if params[i].numel() <= LEAN_SMALL]
+        self._lean_flat: tuple[list[int], list[int]] | None = None
+        if len(small) >= LEAN_FLAT_MIN:
+            keep = set(small)
+            self._lean_flat = ([i for i in self.dense if i not in keep], small)
 
     def _dtype_groups(self, indices: Iterable[int]) -> list[tuple[list[int], torch.dtype | None]]:
         by: dict[tuple[torch.dtype, str], list[int]] = {}
@@ -240,19 +255,29 @@ class ParamMeasure:
         parts = [t if t.dtype == torch.float32 else t.float() for t in parts]
         return (torch.cat(parts) if len(parts) > 1 else parts[0]), layout
 
-    def lean_norms(self) -> list[float] | None:
-        """This update's per-parameter gradient norms (in the layout's order), read now: one
-        fused call per dtype group and one read. None when a gradient is missing or sparse:
-        :meth:`device_vector` then says which."""
+    def lean_norms(self) -> tuple[float, list[float] | None] | None:
+        """This update's squared gradient norm, read now, and the per-parameter norms (in the
+        layout's order) when they came with it: one fused norm call per dtype group, or for a
+        model of many small tensors one norm call for the large ones and one dot product over
+        the small ones copied into one buffer (no per-parameter norms then). None when a
+        gradient is missing or sparse: :meth:`device_vector` then says which."""
         params = self.params
-        out: list[float] = []
-        for idx in self._lean_groups:
-            try:
+        try:
+            if self._lean_flat is not None:
+                large, small = self._lean_flat
+                g_sq = 0.0
+                if large:
+                    norms = torch.stack(torch._foreach_norm([params[i].grad for i in large]))  # type: ignore[misc]
+                    g_sq = float(torch.dot(norms, norms))
+                flat = _flatten_dense_tensors([params[i].grad for i in small])
+                return g_sq + float(torch.dot(flat, flat)), None
+            out: list[float] = []
+            for idx in self._lean_groups:
                 norms = torch._foreach_norm([params[i].grad for i in idx])  # type: ignore[misc]
-            except (TypeError, RuntimeError, NotImplementedError):
-                return None
-            out.extend(torch.stack(norms).tolist())
-        return out
+                out.extend(torch.stack(norms).tolist())
+        except (TypeError, RuntimeError, NotImplementedError):
+            return None
+        return sum(map(operator.mul, out, out)), out
 
     def weight_vector(self) -> tuple[torch.Tensor | None, dict[str, Any]]:
         """The weight norms alone (layout as :meth:`device_vector`'s, without gradients)."""

@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import operator
 import os
 import time
 import warnings
@@ -493,10 +492,10 @@ class Watcher:
         window = self.window
         floats = window.loss_floats
         loss = floats[0] if len(floats) == 1 else math.fsum(floats)
-        gnorms = measure.lean_norms()
-        if gnorms is None or not math.isfinite(loss):
+        measured = measure.lean_norms()
+        if measured is None or not math.isfinite(loss):
             return False
-        g_sq = sum(map(operator.mul, gnorms, gnorms))
+        g_sq, gnorms = measured
         if not math.isfinite(g_sq):
             return False
         clip = None
@@ -511,7 +510,8 @@ class Watcher:
         grad_norm = math.sqrt(g_sq)
         record["grad_norm"] = grad_norm
         record["nf_grads"] = 0
-        self.records.keep_norms(step, gnorms)
+        if gnorms is not None:
+            self.records.keep_norms(step, gnorms)
         prev_loss, prev_grad = self.records.last_loss, self._lean_grad
         self._lean_grad = grad_norm
         self.records.sample_if_wanted(step, record, full=False)
