@@ -168,13 +168,65 @@ def run(name: str, device: str, steps: int, rounds: int) -> dict[str, float]:
             "anomaly": ratio("anomaly")}  # fmt: skip
 
 
+def _child(name: str, mode: str, steps: int) -> None:
+    """One workload in a fresh process (``plain``, ``watched`` or ``run``): its peak RSS."""
+    import json
+    import resource
+
+    torch.manual_seed(0)
+    model, loss_of = WORKLOADS[name]("cpu")
+    opt = torch.optim.Adam(model.parameters(), lr=1e-4)
+    with tempfile.TemporaryDirectory() as run_dir, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        nanscope.monitor.set_defaults(policy="warn", root=run_dir)
+        watcher = nanscope.watch(model, opt, run_dir=run_dir) if mode == "watched" else None
+        if mode == "run":
+            autowatch.enable()
+        for _ in range(steps):
+            opt.zero_grad(set_to_none=True)
+            loss_of().backward()
+            opt.step()
+        if watcher is not None:
+            watcher.close()
+        if mode == "run":
+            autowatch.disarm()
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    print(json.dumps({"mode": mode, "peak_kb": peak}))
+
+
+def memory(name: str, steps: int) -> dict[str, float]:
+    """Peak RSS of watched and run over plain, each in its own process (median of two)."""
+    import json
+    import subprocess
+    import sys
+
+    peaks: dict[str, list[int]] = {"plain": [], "watched": [], "run": []}
+    for _ in range(2):
+        for mode in peaks:
+            out = subprocess.run(
+                [sys.executable, __file__, "--child", f"{name}:{mode}", "--steps", str(steps)],
+                capture_output=True, text=True, check=True,
+            ).stdout  # fmt: skip
+            peaks[mode].append(json.loads(out.strip().splitlines()[-1])["peak_kb"])
+    plain = statistics.median(peaks["plain"])
+    watched, run = statistics.median(peaks["watched"]), statistics.median(peaks["run"])
+    return {"plain_mb": plain / 1024, "watched": watched / plain, "run": run / plain,
+            "watched_mb": (watched - plain) / 1024, "run_mb": (run - plain) / 1024}  # fmt: skip
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--steps", type=int, default=20, help="updates per timed block")
     parser.add_argument("--rounds", type=int, default=7, help="interleaved rounds (median)")
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
+    parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory runs")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.child:
+        name, mode = args.child.split(":")
+        _child(name, mode, args.steps)
+        return 0
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device here")
     print(f"nanscope overhead, device={args.device}, torch {torch.__version__}, "
@@ -188,6 +240,15 @@ def main() -> int:
         print(f"{name:<12} {result['step_ms']:>12.2f} {result['watched']:>14.3f} "
               f"{result['run']:>10.3f} {result['anomaly']:>14.3f}")  # fmt: skip
     print(f"worst watched/plain or run/plain: {worst:.3f} (target <= 1.03)")
+    if args.no_memory or args.device != "cpu":
+        return 0
+    print(f"\npeak RSS, each in its own process, {args.steps} updates (median of 2)")
+    print(f"{'workload':<12} {'plain MB':>10} {'watched/plain':>14} {'run/plain':>10} "
+          f"{'watched +MB':>12} {'run +MB':>8}")  # fmt: skip
+    for name in args.workloads.split(","):
+        mem = memory(name, args.steps)
+        print(f"{name:<12} {mem['plain_mb']:>10.0f} {mem['watched']:>14.3f} {mem['run']:>10.3f} "
+              f"{mem['watched_mb']:>12.1f} {mem['run_mb']:>8.1f}")  # fmt: skip
     return 0
 
 
