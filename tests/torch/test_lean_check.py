@@ -136,3 +136,49 @@ def test_a_stop_found_while_the_trace_is_read_is_raised_at_the_next_step(monkeyp
     with pytest.raises(nanscope.DivergenceError):
         opt.step()
     assert all(torch.equal(a, b) for a, b in zip(weights, model.parameters()))
+
+
+def test_a_clip_over_every_parameter_is_the_finiteness_check():
+    """``clip_grad_norm_`` already reduced every gradient: the lean check reads its total."""
+    calls = []
+    watcher, _ = _fit(3, lean=True, clip=0.05)
+    measure = watcher.records.measure
+    original = measure.lean_norms
+    measure.lean_norms = lambda: calls.append(1) or original()  # type: ignore[method-assign]
+    opt, model = watcher.optimizer, watcher.model
+    x, y = torch.randn(16, 6), torch.randn(16, 1)
+    for _ in range(5):
+        opt.zero_grad()
+        nn.functional.mse_loss(model(x), y).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 0.05)
+        opt.step()
+    assert calls == []
+    clipped = watcher.monitor.trace.records[-1]["extra"]["grad_norm_clipped"]
+    assert clipped == pytest.approx(0.05, rel=1e-5)
+    for _ in range(3):  # clipping only the first layer proves nothing about the others
+        opt.zero_grad()
+        nn.functional.mse_loss(model(x), y).backward()
+        torch.nn.utils.clip_grad_norm_(model[0].parameters(), 0.05)
+        opt.step()
+    assert len(calls) == 3
+
+
+def test_a_nan_gradient_outside_the_clipped_parameters_still_stops_its_update(tmp_path):
+    """sqrt at 0: a finite loss whose gradient is NaN, in a branch the script does not clip."""
+    torch.manual_seed(0)
+    head, side = nn.Linear(4, 1), nn.Linear(4, 1)
+    opt = torch.optim.SGD([*head.parameters(), *side.parameters()], lr=0.01)
+    watcher = nanscope.watch(head, opt, run_dir=tmp_path)
+    x, y = torch.randn(32, 4), torch.randn(32, 1)
+    with pytest.raises(nanscope.DivergenceError):
+        for step in range(1, 30):
+            opt.zero_grad()
+            gate = torch.relu(side(x)) * (0.0 if step == 20 else 1.0)
+            bend = torch.sqrt(gate + 1e-3 * (step != 20)).mean()
+            loss = nn.functional.mse_loss(head(x), y) + bend
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
+            opt.step()
+    assert watcher.step == 20
+    assert all(torch.isfinite(p).all() for p in side.parameters())
+    assert watcher.monitor.trace.records[-1]["nf_grads"] > 0

@@ -260,6 +260,36 @@ def _patch_loss() -> None:
     _Loss.__call__ = loss_call  # type: ignore[method-assign]
 
 
+#: the last ``clip_grad_norm_`` call: ``params`` (a list), ``max_norm``, ``norm_type``; empty when
+#: its arguments could not be read
+CLIP_CALL: dict[str, Any] = {}
+
+
+def _clip_call(
+    args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    if args:
+        params, rest = args[0], args[1:]
+    else:
+        params, rest = kwargs.get("parameters"), ()
+    if isinstance(params, torch.Tensor):
+        listed: Any = [params]
+    elif isinstance(params, (list, tuple)):
+        listed = params
+    elif params is not None:
+        listed = list(params)
+        if args:
+            args = (listed, *rest)
+        else:
+            kwargs = {**kwargs, "parameters": listed}
+    else:
+        return args, kwargs
+    max_norm = rest[0] if rest else kwargs.get("max_norm")
+    norm_type = rest[1] if len(rest) > 1 else kwargs.get("norm_type", 2.0)
+    CLIP_CALL.update(params=listed, max_norm=max_norm, norm_type=norm_type)
+    return args, kwargs
+
+
 def _patch_clip() -> None:
     import torch.nn.utils as nn_utils
     import torch.nn.utils.clip_grad as clip_mod
@@ -268,10 +298,19 @@ def _patch_clip() -> None:
 
     @functools.wraps(original)
     def clip_grad_norm_(*args: Any, **kwargs: Any) -> Any:
+        if not _LIVE:
+            return original(*args, **kwargs)
+        # the parameters it clips (an iterator is read into a list first, which torch accepts
+        # the same): a watcher whose parameters are all among them may take the finite total as
+        # its own finiteness check instead of measuring the gradients again
+        CLIP_CALL.clear()
+        try:
+            args, kwargs = _clip_call(args, kwargs)
+        except Exception:
+            CLIP_CALL.clear()
         total = original(*args, **kwargs)
-        if _LIVE:
-            for watcher in list(_LIVE):
-                GUARD.run("clip_grad_norm_", watcher.on_clip, total)
+        for watcher in list(_LIVE):
+            GUARD.run("clip_grad_norm_", watcher.on_clip, total)
         return total
 
     nn_utils.clip_grad_norm_ = clip_grad_norm_
@@ -285,6 +324,7 @@ def _patch_clip() -> None:
         def clip_grads_with_norm_(parameters: Any, max_norm: Any, total_norm: Any,
                                   *args: Any, **kwargs: Any) -> Any:  # fmt: skip
             if _LIVE:
+                CLIP_CALL.clear()  # (its total was computed elsewhere: not taken as a check)
                 for watcher in list(_LIVE):
                     GUARD.run("clip_grad_norm_", watcher.on_clip, total_norm)
             return with_norm(parameters, max_norm, total_norm, *args, **kwargs)

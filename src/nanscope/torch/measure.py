@@ -267,8 +267,9 @@ class ParamMeasure:
                 large, small = self._lean_flat
                 g_sq = 0.0
                 if large:
-                    norms = torch.stack(torch._foreach_norm([params[i].grad for i in large]))  # type: ignore[misc]
-                    g_sq = float(torch.dot(norms, norms))
+                    grads = [params[i].grad for i in large]
+                    large_norms = torch.stack(torch._foreach_norm(grads))  # type: ignore[arg-type]
+                    g_sq = float(torch.dot(large_norms, large_norms))
                 flat = _flatten_dense_tensors([params[i].grad for i in small])
                 return g_sq + float(torch.dot(flat, flat)), None
             out: list[float] = []

@@ -327,6 +327,9 @@ class Watcher:
 
     def on_clip(self, total: Any) -> None:
         self.window.on_clip(total)
+        call = _hooks.CLIP_CALL
+        self.window.clip_call = (call["params"], call["max_norm"], call["norm_type"]) if call \
+            else None  # fmt: skip
 
     def step_pre(self, optimizer: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """The optimizer's step pre-hook: check this update before the weights change."""
@@ -492,16 +495,22 @@ class Watcher:
         window = self.window
         floats = window.loss_floats
         loss = floats[0] if len(floats) == 1 else math.fsum(floats)
-        measured = measure.lean_norms()
-        if measured is None or not math.isfinite(loss):
-            return False
-        g_sq, gnorms = measured
-        if not math.isfinite(g_sq):
+        if not math.isfinite(loss):
             return False
         clip = None
         if window.clip_norm is not None:
             clip = float(window.clip_norm)
             if not math.isfinite(clip):
+                return False
+        clipped = self._clipped_norm(clip, measure)
+        if clipped is not None:
+            g_sq, gnorms = clipped * clipped, None  # the script's own norm said it: finite
+        else:
+            measured = measure.lean_norms()
+            if measured is None:
+                return False
+            g_sq, gnorms = measured
+            if not math.isfinite(g_sq):
                 return False
         record: dict[str, Any] = {"step": step, "loss": loss, "nf_loss": 0}
         lr = self._lr()
@@ -546,6 +555,28 @@ class Watcher:
         if urgent or len(batched) >= BATCH_RECORDS or now - self._batched_since >= BATCH_SECONDS:
             self.drain_batched()
         return True
+
+    def _clipped_norm(self, pre: float | None, measure: Any) -> float | None:
+        """The gradient norm the optimizer sees after ``clip_grad_norm_``, from that call alone:
+        its pre-clip total (finite) is the 2-norm over every one of this optimizer's parameters,
+        and clipping scales it by ``min(1, max_norm / (total + 1e-6))``, torch's own factor.
+        None when the call does not cover them all, used another norm or cannot be read."""
+        call = self.window.clip_call
+        if pre is None or call is None:
+            return None
+        params, max_norm, norm_type = call
+        try:
+            if float(norm_type) != 2.0:
+                return None
+            limit = float(max_norm)
+        except (TypeError, ValueError, RuntimeError):
+            return None
+        if not math.isfinite(limit) or limit < 0:
+            return None
+        clipped_ids = {id(p) for p in params}
+        if not all(id(p) in clipped_ids for p in measure.params):
+            return None
+        return pre * min(1.0, limit / (pre + 1e-6))
 
     def drain_batched(self, *, stop: bool = True) -> None:
         """Show the detectors the finite records the lean check holds, in order; the Monitor

@@ -61,6 +61,8 @@ class StepWindow:
         self.loss_floats: list[float] = []
         self.scaled_by: Any = None
         self.clip_norm: torch.Tensor | None = None
+        #: ``(params, max_norm, norm_type)`` of this step's ``clip_grad_norm_`` call, when read
+        self.clip_call: tuple[Any, Any, Any] | None = None
         self.graph_located: dict[str, Any] | None = None
 
     # ------------------------------------------------------------------ fed by the hooks
