@@ -86,7 +86,17 @@ def _experiment(change: str, f: TorchFailure, found: dict[str, Any]) -> dict[str
         autocast = f.autocast in (torch.float16, torch.bfloat16)
         if not narrow and not autocast:
             return None  # already float32: nothing to change
-        return _rerun(f, located, change, dtype=torch.float32)
+        try:
+            return _rerun(f, located, change, dtype=torch.float32)
+        except RuntimeError as exc:
+            if not isinstance(located.get("precision"), dict):
+                raise
+            # the model's own forward casts (``x.half()``): with float32 weights it meets a
+            # float32 / float16 mix; the producer op is recomputed in float32 instead
+            first = str(exc).splitlines()[0][:120]
+            return _recomputed_entry(f, located, not_rerun=f"the model's own forward casts to "
+                                     f"{located.get('dtype')}, so it cannot run on float32 "
+                                     f"weights ({first})")  # fmt: skip
     for cols in found.get("nonfinite_columns") or []:
         if isinstance(cols, dict) and cols.get("columns"):
             names = ", ".join(str(c) for c in cols["columns"][:5])
@@ -120,8 +130,10 @@ def _lr_entry(f: TorchFailure, located: dict[str, Any]) -> dict[str, Any]:
                     "not make this value)"}  # fmt: skip
 
 
-def _recomputed_entry(f: TorchFailure, located: dict[str, Any]) -> dict[str, Any] | None:
-    """``float32`` for a producer outside the model: the op itself, recomputed from its inputs."""
+def _recomputed_entry(f: TorchFailure, located: dict[str, Any],
+                      not_rerun: str | None = None) -> dict[str, Any] | None:  # fmt: skip
+    """``float32`` for a producer outside the model (or in a model that cannot be rerun in
+    float32, ``not_rerun`` says why): the op itself, recomputed from its inputs."""
     dtype = str(located.get("dtype") or "")
     if dtype not in ("float16", "bfloat16"):
         return None  # already float32: nothing to change
@@ -129,7 +141,7 @@ def _recomputed_entry(f: TorchFailure, located: dict[str, Any]) -> dict[str, Any
     update = located.get("update") or f.step  # an optimizer producer is the step before
     phase = "the training loop's preprocessing" if located.get("phase") == "preprocess" else (
         "the optimizer step")
-    scope = f"the producer op recomputed in float32 ({phase} is not rerun)"
+    scope = f"the producer op recomputed in float32 ({not_rerun or phase + ' is not rerun'})"
     recomputed = located.get("recomputed") or {}
     wide = recomputed.get("float32") if isinstance(recomputed, dict) else None
     precision = located.get("precision")
@@ -155,6 +167,20 @@ def _where(located: dict[str, Any]) -> str:
     if isinstance(source, dict) and source.get("file"):
         text += f" at {source['file']}:{source.get('line')}"
     return text
+
+
+def _output_grad(f: TorchFailure, root: Any, keep: Any, batch: int | None) -> tuple[Any, bool]:
+    """The gradient to seed the model's backward with: the kept gradient at the output (its
+    ``keep`` rows), cast like ``root``, and True; else ones and False."""
+    import torch
+
+    grad = f.extra.get("output_grad")
+    if isinstance(grad, torch.Tensor):
+        if keep is not None and grad.dim() >= 1 and grad.shape[0] == batch:
+            grad = grad[keep.to(grad.device)]
+        if grad.shape == root.shape and bool(torch.isfinite(grad).all()):
+            return grad.to(dtype=root.dtype, device=root.device), True
+    return torch.ones_like(root), False
 
 
 def _suspect_rows(found: dict[str, Any]) -> list[int]:
@@ -260,18 +286,22 @@ def _rerun(f: TorchFailure, located: dict[str, Any], change: str, *, dtype: Any 
         return entry
     producer_phase = located.get("phase")
     if out_finite and producer_phase == "backward" and located.get("module") not in (None, "loss"):
-        # the producer is a backward node inside the model: its backward is rerun too, with the
-        # gradient at the output taken as ones (as the replay that found it did)
+        # the producer is a backward node inside the model: its backward is rerun too, from the
+        # gradient the failing backward sent into the output (kept by the adapter; the rows left
+        # out left out of it too), else with that gradient taken as ones (as the replay did)
         params = [p for p in state.values() if p.requires_grad]
         roots = [t for t in outs if t.grad_fn is not None]
         if params and roots:
+            seed, seeded = _output_grad(f, roots[0], keep, batch)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                grads = torch.autograd.grad(roots[0], params, torch.ones_like(roots[0]),
-                                            allow_unused=True)  # fmt: skip
+                grads = torch.autograd.grad(roots[0], params, seed, allow_unused=True)
             finite = all(bool(torch.isfinite(g).all()) for g in grads if g is not None)
-            entry.update(finite=finite, scope="forward and backward of the model (the gradient "
-                         "at its output taken as ones; the loop's loss expression is not rerun)")
+            how = ("the gradient at its output the one the failing backward sent in"
+                   + (", those rows left out" if keep is not None else "")) if seeded else (
+                   "the gradient at its output taken as ones")  # fmt: skip
+            entry.update(finite=finite, scope=f"forward and backward of the model ({how}; the "
+                         "loop's loss expression is not rerun)")
             text = f"{what} the model's output and its gradients are " + (
                 "finite" if finite else "not all finite")
             if finite:

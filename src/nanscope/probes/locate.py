@@ -404,6 +404,21 @@ def _saved_tensors(node: Any) -> dict[str, Any]:
     return saved
 
 
+def _custom_saved(node: Any) -> dict[str, Any]:
+    """What a custom ``torch.autograd.Function`` saved for its backward (``ctx.saved_tensors``),
+    floating tensors only; empty for torch's own nodes or when it cannot be read."""
+    import torch
+
+    if not hasattr(node, "saved_tensors") or not hasattr(node, "apply"):
+        return {}
+    try:
+        tensors = node.saved_tensors
+    except Exception:  # freed, or not a custom Function's node
+        return {}
+    return {f"saved_{i}": t for i, t in enumerate(tensors or ())
+            if isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel()}  # fmt: skip
+
+
 def _walk(root: Any, limit: int = 20000) -> list[Any]:
     """Every autograd node reachable from ``root``, root first (breadth first)."""
     seen: set[int] = set()
@@ -443,6 +458,10 @@ class _Locator:
         self.first_bad_module: str | None = None
         self.chain: list[dict[str, Any]] = []
         self.quiet = False
+        #: how the backward replay from the model's output was seeded: "kept" or "ones"
+        self.gradient_at_output: str | None = None
+        #: per running module: its inputs' autograd nodes (made before it ran)
+        self.input_nodes: list[set[int]] = []
 
     # ---------------------------------------------------------------- entry
 
@@ -578,11 +597,30 @@ class _Locator:
         if origin is not None:
             return self._forward_located(origin)
         # the forward is clean: the loss part of the original graph, then the backward
+        graph = None
         if loss is None and f.loss is not None:
             graph = self._from_loss_graph(f.loss, forward_only=True)
-            if graph:
+            if graph and (not graph.get("guessed") or self._output_grad(out) is None):
                 return graph
-        return self._backward(model, out, loss, params)
+        found = self._backward(model, out, loss, params)
+        if graph and (not found or found.get("guessed") or not found.get("op")):
+            return graph  # the loss graph's one hazardous op, guessed: nothing better was seen
+        return found
+
+    def _output_grad(self, out: Any) -> Any:
+        """The gradient the failing update's backward sent into the model's output (kept by the
+        adapter's hook on it, :meth:`~nanscope.torch.window.StepWindow.keep_output_grad`), when
+        it fits the replayed output; else None."""
+        grad = self.f.extra.get("output_grad")
+        outs = [t for t in _float_tensors(out) if t.grad_fn is not None]
+        if grad is None or not outs or getattr(grad, "shape", None) != outs[0].shape:
+            return None
+        loss = self.f.loss
+        if isinstance(loss, self.torch.Tensor) and not bool(
+            self.torch.isfinite(loss.detach()).all()
+        ):
+            return None  # the loss was already non-finite: its producer came before the backward
+        return grad
 
     def _restore_buffers(self, model: Any) -> None:
         """Put back the buffers (batch-norm statistics) the replay's forward moved."""
@@ -626,12 +664,19 @@ class _Locator:
 
     def _pre_hook(self, module: Any, args: Any) -> None:
         self.module_stack.append(self.names.get(id(module), type(module).__name__))
+        nodes: set[int] = set()
+        with contextlib.suppress(Exception):
+            nodes = {id(t.grad_fn) for t in _float_tensors(args) if t.grad_fn is not None}
+        self.input_nodes.append(nodes)
 
     def _post_hook(self, module: Any, args: Any, output: Any) -> None:
         torch = self.torch
         name = self.names.get(id(module), type(module).__name__)
         if self.module_stack:
             self.module_stack.pop()
+        before = self.input_nodes.pop() if self.input_nodes else set()
+        with contextlib.suppress(Exception):
+            self._claim_nodes(output, name, before)
         try:
             outs = _float_tensors(output)
             if not outs:
@@ -654,6 +699,24 @@ class _Locator:
             pass
         finally:
             self.quiet = False
+
+    def _claim_nodes(self, output: Any, name: str, before: set[int]) -> None:
+        """Name the module of the autograd nodes its forward made that no op call showed the op
+        watch (a custom ``torch.autograd.Function``'s ``apply``): those reachable from its
+        output, up to the nodes its inputs came with. An inner module's hook runs first and
+        claims its own; the nodes of ops the watch saw keep theirs. Each node is walked once per
+        module around it."""
+        queue = [t.grad_fn for t in _float_tensors(output) if t.grad_fn is not None]
+        seen: set[int] = set()
+        while queue and len(seen) < 20000:
+            node = queue.pop()
+            key = id(node)
+            if key in seen or key in before or type(node).__name__ == "AccumulateGrad":
+                continue
+            seen.add(key)
+            if key not in self.node_info:
+                self.node_info[key] = {"op": None, "module": name}
+            queue.extend(n for n, _ in node.next_functions if n is not None)
 
     def _note_op(self, func: Any, args: Any, kwargs: Any, out: Any) -> None:
         """Called by the op watcher for each op of the replay."""
@@ -781,16 +844,26 @@ class _Locator:
             if not outs:
                 return self._from_loss_graph(f.loss) if f.loss is not None else None
             root = outs[0]
-            grad_out = f.extra.get("output_grad")
-            if grad_out is None or getattr(grad_out, "shape", None) != root.shape:
+            grad_out = self._output_grad(out)
+            if grad_out is None:
                 grad_out = torch.ones_like(root)
+                self.gradient_at_output = "ones"
             elif not bool(torch.isfinite(grad_out).all()):
                 # the loss code (after the model) made the non-finite gradient
                 graph = self._from_loss_graph(f.loss) if f.loss is not None else None
                 return graph or {"phase": "backward", "op": None, "module": None,
                                  "note": "the gradient reaching the model's output is already "
                                          "non-finite: the loss code made it"}  # fmt: skip
+            else:
+                grad_out = grad_out.to(dtype=root.dtype, device=root.device)
+                self.gradient_at_output = "kept"
         found = self._hooked_backward(root, grad_out, params)
+        if found is not None and self.gradient_at_output:
+            found["gradient_at_output"] = (
+                "the gradient the failing update's backward sent into the model's output"
+                if self.gradient_at_output == "kept" else
+                "taken as ones (the gradient the loss sent into the model's output was not kept)"
+            )  # fmt: skip
         if found is None and loss is None and f.loss is not None:
             return self._from_loss_graph(f.loss)
         return found
@@ -799,6 +872,7 @@ class _Locator:
         torch = self.torch
         nodes = _walk(root.grad_fn)
         hits: list[Any] = []
+        grads: list[tuple[list[Any], list[Any]]] = []
         rows: list[int] = []
         handles = []
 
@@ -810,6 +884,7 @@ class _Locator:
                 go = [g for g in grad_outputs if g is not None and g.is_floating_point()]
                 if gi and not _all_finite(gi) and _all_finite(go):
                     hits.append(node)
+                    grads.append((gi, go))
                     rows.extend(self._batch_rows(next(g for g in gi if not _all_finite([g]))))
 
             return hook
@@ -830,6 +905,8 @@ class _Locator:
         if not hits:
             return None
         located = self._node_located(hits[0], "backward")
+        with contextlib.suppress(Exception):
+            _with_gradients(located, hits[0], *grads[0])
         if rows:
             located["producer_rows"] = rows
         return located
@@ -856,6 +933,9 @@ class _Locator:
             saved = _saved_tensors(node)
         except Exception:
             saved = {}
+        custom = not saved and _custom_saved(node)
+        if custom:
+            saved = custom
         summaries = [summary(t) for t in saved.values()]
         source = None
         with contextlib.suppress(Exception):
@@ -873,6 +953,12 @@ class _Locator:
         }
         if summaries:
             located["inputs"] = _backward_inputs(name, saved, summaries)
+            if custom:  # a custom Function's own backward: its formula is the user's, unknown
+                located["custom_function"] = True
+                absmax = max(s["absmax"] for s in summaries)
+                located["inputs"] = f"finite (max |x| = {absmax:.3g})"
+                if any(s.get("nonfinite") for s in summaries):
+                    located["inputs"] = "non-finite"
             located["dtype"] = summaries[0]["dtype"]
             located["input_absmax"] = max(s["absmax"] for s in summaries)
             located["input_zero"] = located["inputs"] == "exactly zero"
@@ -986,6 +1072,23 @@ class _Locator:
         ratios = sorted(x["ratio"] for x in layers)
         return {"layers": layers, "median_ratio": ratios[len(ratios) // 2],
                 "max_ratio": ratios[-1], "min_ratio": ratios[0]}  # fmt: skip
+
+
+def _with_gradients(located: dict[str, Any], node: Any, gi: list[Any], go: list[Any]) -> None:
+    """What the gradients at a replayed backward producer measured: the dtype its non-finite
+    gradient was made in and, in float16 / bfloat16, the finite gradient it received past that
+    dtype's limit (``why`` past_range, ``precision``), as the first-update watch reads them."""
+    from nanscope.probes.producer import _node_located as measured
+
+    m = measured(node, gi, go, None)
+    located["dtype"] = m.get("dtype") or located.get("dtype")
+    located.setdefault("grad_in", m.get("grad_in"))
+    why = m.get("why") or {}
+    if why.get("kind") == "past_range":
+        located["why"] = why
+        located["inputs"] = m.get("inputs")
+        if m.get("precision"):
+            located["precision"] = m["precision"]
 
 
 #: with the saved tensors gone, which op most often makes the non-finite value, per phase

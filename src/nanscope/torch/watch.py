@@ -292,6 +292,7 @@ class Watcher:
 
     def _forward_post(self, module: Any, args: Any, output: Any) -> None:
         self.window.output = output
+        self.guard.run("output gradient", self.window.keep_output_grad, output)
 
     def on_forward(self, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any = None) -> None:
         """The model's forward was called with ``args``/``kwargs`` (and returned ``output``)."""

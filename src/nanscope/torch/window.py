@@ -12,6 +12,7 @@ is their mean (:meth:`StepWindow.loss`).
 from __future__ import annotations
 
 import math
+import os
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -21,7 +22,12 @@ from nanscope.capture.keys import INPUT_KEYS, TARGET_KEYS
 from nanscope.probes.failure import CallSite, TorchFailure
 from nanscope.torch import sharded
 
-__all__ = ["StepWindow", "pick_input"]
+__all__ = ["OUTPUT_GRAD_MAX", "StepWindow", "pick_input"]
+
+#: the gradient at the model's output is kept for outputs of at most this many elements
+OUTPUT_GRAD_MAX = 1 << 22
+#: ``NANSCOPE_OUTPUT_GRAD=0`` keeps no gradient at the output (the replay then takes it as ones)
+KEEP_OUTPUT_GRAD = os.environ.get("NANSCOPE_OUTPUT_GRAD", "1") != "0"
 
 
 class StepWindow:
@@ -52,6 +58,8 @@ class StepWindow:
         self.model_site: CallSite | None = None
         self.last_loss: torch.Tensor | None = None
         self.site: CallSite | None = None
+        self.output_grad: torch.Tensor | None = None
+        self._output_gen = 0
         self.reset()
 
     def reset(self) -> None:
@@ -64,6 +72,8 @@ class StepWindow:
         #: ``(params, max_norm, norm_type)`` of this step's ``clip_grad_norm_`` call, when read
         self.clip_call: tuple[Any, Any, Any] | None = None
         self.graph_located: dict[str, Any] | None = None
+        #: kept from this update's backward until its check: nothing past the update
+        self.output_grad = None
 
     # ------------------------------------------------------------------ fed by the hooks
 
@@ -74,11 +84,37 @@ class StepWindow:
         self.args = args
         self.kwargs = kwargs
         self.output = output
+        self.keep_output_grad(output)
         self.rng = None
         self.index = _batch_index(args, kwargs)
         if rng and self._on_cpu():
             self.rng = torch.get_rng_state()
         self.autocast = autocast_dtype()
+
+    def keep_output_grad(self, output: Any) -> None:
+        """The model's forward returned ``output``: hook the tensor the replay
+        backpropagates from (its first floating tensor that requires grad) so the backward hands
+        over the gradient it sends into it, the gradient a loss written as an expression in the
+        loop makes. The hook keeps a reference, no copy, and runs only when backward does; the
+        gradient of an output of more than :data:`OUTPUT_GRAD_MAX` elements is not kept (it
+        would outlive the backward until the step's check: a language model's logits)."""
+        self.output_grad = None
+        self._output_gen += 1
+        if output is None or not KEEP_OUTPUT_GRAD or _compiling():
+            return
+        root = _grad_root(output)
+        if root is None or root.numel() > OUTPUT_GRAD_MAX:
+            return
+        gen = self._output_gen
+
+        def keep(grad: torch.Tensor) -> None:
+            if self._output_gen == gen:  # the last forward's output, not an earlier one's
+                self.output_grad = grad
+
+        try:
+            root.register_hook(keep)
+        except Exception:  # a tensor that takes no hooks: the replay takes the gradient as ones
+            return
 
     def on_batch(self, inputs: Any, targets: Any) -> None:
         """A trainer callback names the batch (used where the forward's arguments do not)."""
@@ -206,6 +242,8 @@ class StepWindow:
             extra["rng_state"] = self.rng
         if self.graph_located and current:
             extra["graph_located"] = self.graph_located
+        if self.output_grad is not None and current:
+            extra["output_grad"] = self.output_grad
         for key in ("loss_site", "model_site"):
             site = getattr(self, key, None)
             if site is not None:
@@ -276,6 +314,35 @@ def _batch_index(args: Any, kwargs: Any) -> Any:
         return rows.current_batch_rows(args, kwargs)
     except Exception:
         return None
+
+
+def _compiling() -> bool:
+    """True while ``torch.compile`` traces (a tensor hook there is the compiler's business)."""
+    compiler = getattr(torch, "compiler", None)
+    check = getattr(compiler, "is_compiling", None)
+    return bool(check()) if check is not None else False
+
+
+def _grad_root(output: Any, depth: int = 0) -> torch.Tensor | None:
+    """The tensor of ``output`` the replay backpropagates from: its first floating tensor (lists,
+    tuples and dicts, as the replay walks them) that requires grad, else None."""
+    if isinstance(output, torch.Tensor):
+        if output.requires_grad and output.is_floating_point() and output.grad_fn is not None:
+            return output
+        return None
+    if depth >= 3:
+        return None
+    if isinstance(output, (list, tuple)):
+        items: Any = output
+    elif isinstance(output, dict):
+        items = output.values()
+    else:
+        return None
+    for item in items:
+        found = _grad_root(item, depth + 1)
+        if found is not None:
+            return found
+    return None
 
 
 def pick_input(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

@@ -26,7 +26,8 @@ needs_run = pytest.mark.skipif(
 )
 
 
-KEYS = ("CAUSE", "OP", "MODULE", "BAD_ROWS", "STOPS", "ADVICE_NOT", "EVIDENCE")
+KEYS = ("CAUSE", "OP", "MODULE", "BAD_ROWS", "STOPS", "ADVICE_NOT", "EVIDENCE", "PHASE",
+        "SOURCE_MARK")
 
 #: a decided case clears the engine's thresholds by this much: the top finding's confidence
 #: against the best other cause, a suspect verdict against the suspect threshold (0.6), and a
@@ -113,6 +114,13 @@ def check(case: Path, proc: Any, d: dict[str, Any]) -> None:
         assert expected["OP"].lower() in str(located.get("op")).lower(), report
     if "MODULE" in expected:
         assert located.get("module") == expected["MODULE"], report
+    if "PHASE" in expected:  # the producer was seen there, not inferred
+        assert located.get("phase") == expected["PHASE"] and located.get("observed"), report
+    if "SOURCE_MARK" in expected:  # the producer's line is the case's line that holds the mark
+        source = located.get("source") or {}
+        assert Path(source.get("file") or "").resolve() == case.resolve(), report
+        line = case.read_text().splitlines()[int(source["line"]) - 1]
+        assert expected["SOURCE_MARK"] in line, report
     if "BAD_ROWS" in expected:
         rows = {r.get("dataset_row") for r in d.get("rows") or []}
         assert set(expected["BAD_ROWS"]) <= rows, report

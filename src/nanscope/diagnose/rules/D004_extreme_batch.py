@@ -18,8 +18,9 @@ Fingerprint
 Evidence
     The spike (its ratio to the recent loss), how long the descent lasted, and the extreme row:
     batch row, dataset row where known, column, value and robust z-score; where the row's value
-    overflowed, the producer (an ``exp`` or a squared error that got finite, huge inputs) with its
-    module and line.
+    overflowed, the producer (an ``exp`` or a squared error that got finite, huge inputs, or an op
+    whose non-finite output was in the extreme row's batch row alone, a backward node included)
+    with its module and line.
 
 Action
     Inspect or drop that row; clip the gradient norm so one row cannot dominate an update; a robust
@@ -33,6 +34,7 @@ Example
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 
@@ -70,6 +72,13 @@ def _spike_index(ctx: Context) -> int | None:
             if math.isfinite(ratio) and ratio >= best_ratio:
                 best, best_ratio = i, ratio
     return best
+
+
+def _made_at(prod: Any, rows: list[dict[str, Any]]) -> bool:
+    """The producer's non-finite output was in the extreme rows' batch rows and no other."""
+    made = prod.d.get("producer_rows")
+    extreme = {r.get("batch_row") for r in rows if r.get("why") == "extreme"}
+    return bool(made) and isinstance(made, list) and set(made) <= extreme
 
 
 def check(ctx: Context) -> Finding | None:
@@ -124,9 +133,16 @@ def check(ctx: Context) -> Finding | None:
             f"{num(top.get('z'))} robust standard deviations out)."
         )
         prod = producer_of(ctx.located)
-        if prod is not None and prod.known and prod.past_range() and not prod.inputs_nonfinite():
-            # where that row's value overflowed: an op that got finite (huge) inputs
+        at_row = prod is not None and _made_at(prod, rows)
+        if prod is not None and prod.known and (prod.past_range() or at_row) and (
+            not prod.inputs_nonfinite()
+        ):
+            # where that row's value overflowed: an op that got finite (huge) inputs, or one
+            # whose non-finite output was in the extreme row's own batch row
             text = f"the first non-finite value came from {prod.where()}"
+            if at_row:
+                made = ", ".join(str(r) for r in prod.d.get("producer_rows") or [])
+                text += f", non-finite in the extreme row's batch row ({made}) alone"
             values = prod.values_text()
             if values:
                 text += f" ({values})"
