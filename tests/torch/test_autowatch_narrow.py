@@ -88,3 +88,41 @@ def test_an_optimizer_made_after_the_narrowing_still_finds_its_model(armed):
     watchers = {w.optimizer: w for w in autowatch.watchers()}
     assert watchers[opt2].model is second
     assert not autowatch._MODULE_HANDLES
+
+
+def test_a_script_that_watches_its_optimizer_itself_gets_no_second_watcher(armed, tmp_path):
+    torch.manual_seed(0)
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    own = nanscope.watch(model, opt, run_dir=tmp_path / "own")
+    x, y = torch.randn(32, 4), torch.randn(32, 1)
+    _steps(model, opt, x, y, 5)
+    assert autowatch.watchers() == []
+    assert [r["step"] for r in own.monitor.trace.records] == [1, 2, 3, 4, 5]
+    own.close()
+
+
+def test_an_lbfgs_script_that_watches_itself_is_not_taken_for_a_hand_loop(armed, tmp_path):
+    """LBFGS moves the weights between the backward calls of one step: under nanscope run with
+    the script's own watch, no second (hand-update) watcher may take its NaN."""
+    torch.manual_seed(0)
+    model = _model()
+    opt = torch.optim.LBFGS(model.parameters(), lr=0.5, max_iter=4)
+    own = nanscope.watch(model, opt, run_dir=tmp_path / "own")
+    x, y = torch.randn(32, 4), torch.randn(32, 1)
+    poison = {"on": False}
+
+    def closure():
+        opt.zero_grad()
+        loss = nn.functional.mse_loss(model(x), y) * (math.nan if poison["on"] else 1.0)
+        loss.backward()
+        return loss
+
+    for _ in range(3):
+        opt.step(closure)
+    poison["on"] = True
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(nanscope.DivergenceError):
+            opt.step(closure)
+    assert own.step == 4 and autowatch.watchers() == []

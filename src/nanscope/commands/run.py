@@ -368,6 +368,16 @@ def _arm_torch() -> None:
         warn(f"could not arm the PyTorch hooks ({exc}); the script runs unwatched by them")
 
 
+def _disarm_torch() -> None:
+    autowatch = sys.modules.get("nanscope.torch.autowatch")
+    if autowatch is None:
+        return
+    try:
+        autowatch.disarm()
+    except Exception as exc:
+        warn(f"could not remove the PyTorch hooks ({exc})")
+
+
 def _distributed() -> Any:
     """The distributed helpers when this process is one rank of a torchrun job, else None."""
     if "TORCHELASTIC_RUN_ID" not in os.environ and "LOCAL_RANK" not in os.environ:
@@ -576,6 +586,8 @@ def main(argv: list[str]) -> int:
         for monitor in monitors:
             monitor.record_event("interrupted", signal=signals.caught, step=_last_step(monitor))
     diagnosis, owner = _pick(monitors, stop)
+    if target.program is None:
+        _disarm_torch()  # (run in process, as tests and notebooks do: the hooks go with it)
     if ranks and diagnosis is not None:
         diagnosis = ranks.finish(diagnosis, code=code)
     watched_nothing = owner is not None and not owner.trace.records and stop is None

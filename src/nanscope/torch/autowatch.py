@@ -330,7 +330,13 @@ def _watcher_for(optimizer: Any) -> Any:
     inner = getattr(optimizer, "optimizer", None)
     if inner is not None and inner is not optimizer and hasattr(inner, "param_groups"):
         return None  # a wrapper (accelerate, Lightning): the inner optimizer is the one watched
+    from nanscope.torch import _hooks
     from nanscope.torch.watch import Watcher
+
+    for live in _hooks.live_watchers():
+        if isinstance(live, Watcher) and live.owns(optimizer) and not live.closed:
+            _MANUAL.off = True  # an optimizer steps: not a loop that updates by hand
+            return None  # the script watches it itself (nanscope.watch): one watcher, its own
 
     watcher = Watcher(None, optimizer, hook_optimizer=False)
     watcher.monitor.meta["source"] = "torch (nanscope run)"

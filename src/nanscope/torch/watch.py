@@ -223,6 +223,10 @@ class Watcher:
     # ------------------------------------------------------------------ binding
 
     @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
     def last_good_path(self) -> Path | None:
         return self.last_good.path
 

@@ -11,6 +11,7 @@ is their mean (:meth:`StepWindow.loss`).
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import sys
@@ -74,6 +75,13 @@ class StepWindow:
         self.graph_located: dict[str, Any] | None = None
         #: kept from this update's backward until its check: nothing past the update
         self.output_grad = None
+        # a replay reruns a loss module that took the output, or a model that returns its own
+        # loss, by itself: the gradient at the output is kept only for a loss the script
+        # computes around the model (decided from the step that ends here; the first keeps it)
+        self.want_output_grad = not (getattr(self, "_loss_module_seen", False)
+                                     or getattr(self, "_loss_in_output", False))  # fmt: skip
+        self._loss_module_seen = False
+        self._loss_in_output = False
 
     # ------------------------------------------------------------------ fed by the hooks
 
@@ -100,21 +108,27 @@ class StepWindow:
         would outlive the backward until the step's check: a language model's logits)."""
         self.output_grad = None
         self._output_gen += 1
-        if output is None or not KEEP_OUTPUT_GRAD or _compiling():
+        if output is None or not KEEP_OUTPUT_GRAD or not self.want_output_grad:
             return
-        root = _grad_root(output)
-        if root is None or root.numel() > OUTPUT_GRAD_MAX:
+        # (a plain tensor output, the common case, without the walk; the checks by cost)
+        root = output if type(output) is torch.Tensor else _grad_root(output)
+        if root is None:
             return
-        gen = self._output_gen
-
-        def keep(grad: torch.Tensor) -> None:
-            if self._output_gen == gen:  # the last forward's output, not an earlier one's
-                self.output_grad = grad
-
+        node = root.grad_fn
+        if node is None or root.numel() > OUTPUT_GRAD_MAX or not root.is_floating_point():
+            return
+        if _IS_COMPILING is not None and _IS_COMPILING():
+            return
+        # a pre-hook on the node that made the output: one C++ call to register, where a tensor
+        # hook costs several Python calls per update; it sees the gradient of the node's outputs
         try:
-            root.register_hook(keep)
-        except Exception:  # a tensor that takes no hooks: the replay takes the gradient as ones
+            node.register_prehook(functools.partial(self._kept, self._output_gen, root.output_nr))
+        except Exception:  # a node that takes no hooks: the replay takes the gradient as ones
             return
+
+    def _kept(self, gen: int, index: int, grads: tuple[Any, ...]) -> None:
+        if gen == self._output_gen and index < len(grads):  # the last forward's, not an earlier
+            self.output_grad = grads[index]
 
     def on_batch(self, inputs: Any, targets: Any) -> None:
         """A trainer callback names the batch (used where the forward's arguments do not)."""
@@ -130,6 +144,9 @@ class StepWindow:
         """``backward()`` was called on ``tensor``; ``inspect`` reads a broken CPU graph now."""
         self.last_loss = tensor
         self.site = site
+        output = self.output
+        if output is not None and not self._loss_in_output:
+            self._loss_in_output = _holds(output, tensor)
         if scaler is not None:
             self.scaled_by = scaler
         value = tensor.detach()
@@ -145,6 +162,13 @@ class StepWindow:
                 inspect(tensor, site)
 
     def on_loss_module(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        if args and not self._loss_module_seen:
+            # the replay reruns it on its own output when it took the output (or its shape)
+            root = self.output if type(self.output) is torch.Tensor else _grad_root(self.output)
+            first = args[0]
+            self._loss_module_seen = root is not None and (
+                first is root or getattr(first, "shape", None) == root.shape
+            )
         self.loss_module = module
         self.loss_args = args
         self.loss_args_live = True  # they may hold the graph: the check detaches them
@@ -316,11 +340,19 @@ def _batch_index(args: Any, kwargs: Any) -> Any:
         return None
 
 
-def _compiling() -> bool:
-    """True while ``torch.compile`` traces (a tensor hook there is the compiler's business)."""
-    compiler = getattr(torch, "compiler", None)
-    check = getattr(compiler, "is_compiling", None)
-    return bool(check()) if check is not None else False
+#: True while ``torch.compile`` traces (a hook there is the compiler's business)
+_IS_COMPILING = getattr(getattr(torch, "compiler", None), "is_compiling", None)
+
+
+def _holds(output: Any, tensor: torch.Tensor) -> bool:
+    """``tensor`` is one of the model output's own tensors (a model that returns its loss)."""
+    if output is tensor:
+        return True
+    if isinstance(output, (list, tuple)):
+        return any(item is tensor for item in output)
+    if isinstance(output, dict):
+        return any(item is tensor for item in output.values())
+    return False
 
 
 def _grad_root(output: Any, depth: int = 0) -> torch.Tensor | None:
