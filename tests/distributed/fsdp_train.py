@@ -164,5 +164,8 @@ if __name__ == "__main__":
     main()
     # as training scripts end: without it gloo's threads can abort the process at exit
     # ("terminate called without an active exception"), with or without nanscope
+    # (both ranks reach the end first: one rank tearing gloo down while the other still talks
+    # to it aborted the plain run once under load)
     if dist.is_initialized():
+        dist.barrier()
         dist.destroy_process_group()
