@@ -66,6 +66,10 @@ def test_case_diagnosis(case, tmp_path: Path) -> None:  # type: ignore[no-untype
         assert diagnosis.verdict in ("nonfinite", "diverging", "suspect")
     decided = _zoo.margin(diagnosis.to_dict())
     assert decided >= _zoo.MARGIN, f"decided without margin ({decided:.2f}): {diagnosis.message()}"
+    if diagnosis.verdict == "nonfinite":  # the confirming experiment, run or said why not
+        data = diagnosis.to_dict()
+        assert data.get("confirmation"), diagnosis.message()
+        assert all({"change", "ran", "text"} <= set(c) for c in data["confirmation"])
     named = {row.get("dataset_row") for row in diagnosis.rows}
     for row in case.bad_rows:
         assert row in named, f"row {row} not named; rows: {diagnosis.rows}"

@@ -109,6 +109,10 @@ def check(case: Path, proc: Any, d: dict[str, Any]) -> None:
         assert proc.returncode == 0 and d["verdict"] == "suspect", report
         return
     assert proc.returncode == 3, report
+    if d["verdict"] == "nonfinite":  # the confirming experiment, each change with its outcome
+        confirmation = d.get("confirmation") or []
+        assert confirmation, report
+        assert all({"change", "ran", "text"} <= set(c) for c in confirmation), report
     located = d.get("located") or {}
     if "OP" in expected:
         assert expected["OP"].lower() in str(located.get("op")).lower(), report
