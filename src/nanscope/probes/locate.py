@@ -899,6 +899,12 @@ class _Locator:
                 warnings.simplefilter("ignore")
                 torch.autograd.grad(root, params, grad_outputs=grad_out, allow_unused=True,
                                     retain_graph=True)  # fmt: skip
+        except RuntimeError as exc:
+            # part of the replayed graph reuses a tensor the failing backward already freed (a
+            # model that keeps a graph across calls): this backward cannot be replayed
+            if "second time" not in str(exc):
+                raise
+            return None
         finally:
             for h in handles:
                 h.remove()
