@@ -79,28 +79,12 @@ _SITE_CACHE: dict[tuple[int, int], CallSite | None] = {}
 LOSS_SITE: dict[str, CallSite | None] = {"site": None}
 
 
-def caller_site(depth: int = 2, limit: int = 12, skip_from: str = "") -> CallSite | None:
-    """Like :func:`user_site`, uncached (the starting frame is torch's, the same every call);
-    ``None`` when a nanscope function named ``skip_from`` is on the way (a late call)."""
-    try:
-        f: Any = sys._getframe(depth)
-    except ValueError:
-        return None
-    while f is not None and limit > 0:
-        filename = f.f_code.co_filename
-        if skip_from and f.f_code.co_name == skip_from and _is_library(filename):
-            return None
-        if not filename.startswith("<") and not _is_library(filename):
-            return CallSite(filename, f.f_lineno, f.f_code.co_name)
-        f = f.f_back
-        limit -= 1
-    return None
-
-
 class CallerSites:
-    """:func:`caller_site` for a hook called the same way every update: the code objects of the
-    frames between the hook and the user's line are kept, and while the next call's frames have
-    the same ones, the user's line is read without looking at a file name again."""
+    """The user's line that called a hook (the first frame outside torch, nanscope and the
+    trainers; ``None`` when a nanscope function named ``skip_from`` is on the way: a late call).
+    The hook is called the same way every update, so the code objects of the frames between it
+    and the user's line are kept, and while the next call's frames have the same ones, the
+    user's line is read without looking at a file name again."""
 
     def __init__(self) -> None:
         self._codes: list[Any] = []

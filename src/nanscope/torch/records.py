@@ -24,7 +24,7 @@ import torch
 from nanscope.torch.measure import ParamMeasure, batch_stats
 from nanscope.torch.window import StepWindow
 
-__all__ = ["FULL_EVERY", "RecordBuilder", "count_nonfinite"]
+__all__ = ["FULL_EVERY", "RecordBuilder", "count_nonfinite", "step_extra"]
 
 #: default ``every``: the weight norm, per-layer gradient norms and batch max |x| every this many
 #: updates (the loss, gradient finiteness and norm, and the sampled cosines on every update)
@@ -165,17 +165,12 @@ class RecordBuilder:
                 else:
                     record[f"nf_{source}"] = 0
                     record[f"{prefix}_absmax"] = absmax
-        if "clip" in slots:
-            pre = values[slots["clip"][0]]
-            extra["grad_norm_clipped"] = record.get("grad_norm")
-            record["grad_norm"] = pre
-            extra["grad_norm_source"] = "pre_clip"
+        pre = values[slots["clip"][0]] if "clip" in slots else None
+        step_extra(record, extra, pre_clip=pre, micro=ctx["micro"])
         scale = None
         if "scale" in slots:
             scale = values[slots["scale"][0]]
             extra["loss_scale"] = scale
-        if ctx["micro"] > 1:
-            extra["micro_batches"] = ctx["micro"]
         if late:
             extra["detected_late"] = True
         if extra:  # merged: the measures may have put their own (sharded: extra["shards"])
@@ -281,6 +276,20 @@ class RecordBuilder:
             names = measure.grad_norms(gnorms, have)
             if names:
                 record["grad_norms"] = names
+
+
+def step_extra(
+    record: dict[str, Any], extra: dict[str, Any], *, pre_clip: float | None, micro: int
+) -> None:
+    """What every record of a step says of its window: with ``clip_grad_norm_``, ``grad_norm``
+    is the pre-clip norm it returned and the norm the optimizer saw goes to ``extra``; the
+    number of micro-batches (backward calls) when more than one."""
+    if pre_clip is not None:
+        extra["grad_norm_clipped"] = record.get("grad_norm")
+        record["grad_norm"] = pre_clip
+        extra["grad_norm_source"] = "pre_clip"
+    if micro > 1:
+        extra["micro_batches"] = micro
 
 
 def _group_signature(optimizer: Any) -> list[tuple[int, int]]:

@@ -60,7 +60,7 @@ from nanscope.torch import _hooks, distributed, sharded
 from nanscope.torch.deferred import DeferredReads
 from nanscope.torch.measure import param_names
 from nanscope.torch.precision import SCALE_FLOOR, SKIP_LIMIT, Precision, unscale_tensor
-from nanscope.torch.records import FULL_EVERY, RecordBuilder
+from nanscope.torch.records import FULL_EVERY, RecordBuilder, step_extra
 from nanscope.torch.rollback import ROLLBACK_LIMIT, ROLLBACK_LR_FACTOR, LastGood
 from nanscope.torch.window import StepWindow
 
@@ -535,17 +535,10 @@ class Watcher:
             prev_loss is not None and loss - prev_loss > 3.0 * abs(prev_loss)
         ) or (prev_grad is not None and grad_norm > 10.0 * prev_grad)
         extra: dict[str, Any] = {}
-        if clip is not None:
-            extra["grad_norm_clipped"] = grad_norm
-            record["grad_norm"] = clip
-            extra["grad_norm_source"] = "pre_clip"
-        if len(floats) > 1:
-            extra["micro_batches"] = len(floats)
-        if self._extra:
-            extra = {**self._extra, **extra}
-            self._extra = {}
+        step_extra(record, extra, pre_clip=clip, micro=len(floats))
         if extra:
             record["extra"] = extra
+        self._take_extra(record)
         batched = self._batched
         if len(batched) >= 3:
             batched[-3][2] = None  # the Monitor keeps the last three batches: so do we
@@ -621,11 +614,15 @@ class Watcher:
         record, what, scale = self.records.unpack(step, values, ctx, batch=batch, late=late)
         if scale is not None:
             self.precision.note_scale(scale)
+        self._take_extra(record)
+        self._failing = {"step": step, "late": late}
+        self._observe(record, what=what, batch=batch)
+
+    def _take_extra(self, record: dict[str, Any]) -> None:
+        """The fields :meth:`add_extra` gave go into this record (its own win a clash)."""
         if self._extra:
             record["extra"] = {**self._extra, **record.get("extra", {})}
             self._extra = {}
-        self._failing = {"step": step, "late": late}
-        self._observe(record, what=what, batch=batch)
 
     def _observe(self, record: dict[str, Any], *, what: str, batch: Any = None) -> None:
         self._failing.setdefault("step", record["step"])

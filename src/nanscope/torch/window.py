@@ -100,11 +100,12 @@ class StepWindow:
         self.autocast = autocast_dtype()
 
     def keep_output_grad(self, output: Any) -> None:
-        """The model's forward returned ``output``: hook the tensor the replay
-        backpropagates from (its first floating tensor that requires grad) so the backward hands
-        over the gradient it sends into it, the gradient a loss written as an expression in the
-        loop makes. The hook keeps a reference, no copy, and runs only when backward does; the
-        gradient of an output of more than :data:`OUTPUT_GRAD_MAX` elements is not kept (it
+        """The model's forward returned ``output``: hook the autograd node that made the tensor
+        the replay backpropagates from (its first floating tensor that requires grad) so the
+        backward hands over the gradient it sends into it, the gradient a loss written as an
+        expression in the loop makes. Only where a replay needs it (``want_output_grad``, see
+        :meth:`reset`). The hook keeps a reference, no copy, and runs only when backward does;
+        the gradient of an output of more than :data:`OUTPUT_GRAD_MAX` elements is not kept (it
         would outlive the backward until the step's check: a language model's logits)."""
         self.output_grad = None
         self._output_gen += 1
@@ -285,12 +286,6 @@ class StepWindow:
             if isinstance(value, torch.Tensor):
                 return bool(value.is_cpu)
         return True
-
-    def device(self) -> str:
-        for value in self.args:
-            if isinstance(value, torch.Tensor):
-                return value.device.type
-        return "cpu"
 
 
 def _targets(loss_args: tuple[Any, ...], kwargs: dict[str, Any], given: tuple[Any, Any]) -> Any:
