@@ -307,10 +307,12 @@ class Monitor:
             if named_params or named_grads:
                 record.update(self._params.measure(named_params, named_grads))
             rows_index = None if index is None else np.asarray(index).reshape(-1)
+            # a non-finite update has its batch checked in full: it is the evidence
+            broken = bool(nf_loss or record.get("nf_grads") or record.get("nf_params"))
             if inputs is not None:
-                _merge_batch(record, self._inputs.check(inputs, rows_index))
+                _merge_batch(record, self._inputs.check(inputs, rows_index, force=broken))
             if targets is not None:
-                _merge_batch(record, self._targets.check(targets, rows_index))
+                _merge_batch(record, self._targets.check(targets, rows_index, force=broken))
         except UsageError:
             raise
         except Exception as exc:  # a bug in nanscope must never stop the user's fit

@@ -170,7 +170,8 @@ def encode_record(record: Mapping[str, Any]) -> str:
         return _FAST.encode({k: v for k, v in record.items() if v is not None})
     except (ValueError, TypeError):
         clean = {k: _encode_value(v) for k, v in record.items() if v is not None}
-        return json.dumps(clean, separators=(",", ":"), allow_nan=False)
+        # default=repr: a value JSON cannot hold is written as its repr, never lost with the line
+        return json.dumps(clean, separators=(",", ":"), allow_nan=False, default=repr)
 
 
 def decode_record(obj: Mapping[str, Any]) -> dict[str, Any]:
@@ -339,7 +340,8 @@ atexit.register(flush_all)
 class TraceWriter:
     """Appends records to a JSONL file, buffered by time and count so a killed run keeps a trace.
 
-    A record line waits in memory until ``flush_lines`` lines wait or ``flush_seconds`` passed
+    A record waits in memory (encoded only when written, in one go with the others: the update
+    pays for a list append) until ``flush_lines`` lines wait or ``flush_seconds`` passed
     since the last write to disk (checked on each record: a slow fit writes every record at once);
     the header, the first ``flush_lines`` records (a short run is never cut), every event and
     :meth:`flush` write at once, and so do :meth:`close`, interpreter exit and SIGTERM (when no
@@ -363,7 +365,9 @@ class TraceWriter:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.flush_seconds = float(flush_seconds)
         self.flush_lines = max(1, int(flush_lines))
-        self._pending: list[str] = []
+        #: lines to write: events as text, records as the dicts themselves, encoded when written
+        #: (in one go, off the update's path)
+        self._pending: list[str | dict[str, Any]] = []
         #: the first lines go straight to disk: a short run (or a run's start) is never cut
         self._through = self.flush_lines
         self._flushed_at = time.monotonic()
@@ -374,10 +378,10 @@ class TraceWriter:
         _OPEN.add(self)
         _arm_sigterm()
 
-    def _write_line(self, line: str, *, now: bool = False) -> None:
+    def _write_line(self, line: str | dict[str, Any], *, now: bool = False) -> None:
         if self._file is None:
             return
-        self._pending.append(line + "\n")
+        self._pending.append(line)
         if self._through > 0:
             self._through -= 1
             now = True
@@ -393,13 +397,18 @@ class TraceWriter:
         self._flushed_at = time.monotonic()
         if self._file is None or not self._pending:
             return
-        text = "".join(self._pending)
+        lines = [
+            item if item.__class__ is str else encode_record(item)  # type: ignore[arg-type]
+            for item in self._pending
+        ]
         self._pending.clear()
+        text = "\n".join(lines) + "\n"
         self._file.write(text)
         self._file.flush()
 
     def write(self, record: Mapping[str, Any]) -> None:
-        self._write_line(encode_record(record))
+        # a shallow copy: the line is what the record was now, whatever the caller does with it
+        self._write_line(dict(record))
 
     def event(self, name: str, **fields: Any) -> None:
         """Write one event line ``{"event": name, ...fields}`` (not an update record), at once.

@@ -11,8 +11,10 @@ times as possible:
   gradients, the gradient reversal, the norms of large weight tensors and (by sign) the flips.
   No full copy of the model is kept: the previous weights are referenced only when the caller
   hands in a new array each update (``w = w - lr * g``).
-* an input batch costs one read-only pass (a finite sum proves every value finite); every
-  ``COLUMN_EVERY`` batches a column-wise max and min give ``input_absmax`` and the jump trigger.
+* an input batch is checked every ``CHECK_EVERY`` updates, and always when the update went
+  non-finite: one read-only pass (a finite sum proves every value finite), or, every
+  ``COLUMN_EVERY`` batches, a column-wise max and min that give ``input_absmax`` and the jump
+  trigger. The Monitor keeps the last batches, and its failure probe examines them row by row.
   Row-level robust z-scores are computed only when a column's maximum jumps far beyond its
   history, on the first batch, or when a value is non-finite; the failure probe recomputes them
   on the last batches anyway.
@@ -40,8 +42,10 @@ FULL_EVERY = 16
 EXTREME_Z = 20.0
 #: a column max this many times its recent typical max triggers the row analysis
 COLUMN_JUMP = 8.0
-#: column maxima (absmax, the jump trigger) every this many batches; a finiteness pass always
-COLUMN_EVERY = 4
+#: a batch is checked every this many updates (and always when the update went non-finite)
+CHECK_EVERY = 8
+#: of those, column maxima (absmax, the jump trigger) every this many batches; else a sum pass
+COLUMN_EVERY = 4 * CHECK_EVERY
 MAX_ROWS = 5
 
 
@@ -91,28 +95,33 @@ class _Layout:
     """Where each named tensor's sample sits in the shared buffer.
 
     Tensors up to ``SAMPLE`` elements are kept whole (exact measures); larger ones through a fixed
-    chunked sample whose columns weigh ``size / sample`` in the product, so that sums over the
-    buffer estimate sums over the whole tensor. One buffer for all tensors means one small matrix
-    product per update.
+    chunked sample whose values are scaled by ``sqrt(size / sample)`` as they are written, so that
+    sums of products over the buffer estimate sums over the whole tensor (the signs, and so the
+    flips, are those of the weights). One buffer for all tensors means one small matrix product
+    per sampled update.
     """
 
     def __init__(self, shapes: Mapping[str, tuple[int, ...]]) -> None:
         self.shapes = dict(shapes)
-        # name -> (its slice of the buffer, sample indices or None for "all", scale)
-        self.slices: dict[str, tuple[slice, np.ndarray | None, float]] = {}
         offset = 0
+        spans: list[tuple[str, slice, np.ndarray | None, float, tuple[int, ...]]] = []
         for name, shape in shapes.items():
             size = int(np.prod(shape)) if shape else 1
             picks = _sample_indices(size)
             count = size if picks is None else picks.size
-            self.slices[name] = (slice(offset, offset + count), picks, math.sqrt(size / count))
+            spans.append((name, slice(offset, offset + count), picks, math.sqrt(size / count),
+                          shape))  # fmt: skip
             offset += count
+        width = max(offset, 1)
         # rows: 0/1 weights (now/before), 2/3 gradients (now/before); roles swap, data stays
-        self.buffer = np.zeros((4, max(offset, 1)), dtype=np.float64)
-        self.weights = np.ones(max(offset, 1), dtype=np.float64)
-        self.scratch = np.empty_like(self.buffer)
-        for where, _, scale in self.slices.values():
-            self.weights[where] = scale * scale
+        self.buffer = np.zeros((4, width), dtype=np.float64)
+        self.scale = np.ones(width, dtype=np.float64)
+        self.scratch = np.empty(width, dtype=np.float64)
+        #: name -> (shape, sample indices or None for "all", its view of each buffer row)
+        self.slices: dict[str, tuple[tuple[int, ...], np.ndarray | None, list[np.ndarray]]] = {}
+        for name, where, picks, scale, shape in spans:
+            self.scale[where] = scale
+            self.slices[name] = (shape, picks, [self.buffer[r, where] for r in range(4)])
         self.w_now, self.g_now = 0, 2
         self.has_param = self.has_grad = False
         self.exact_weights = all(picks is None for _, picks, _ in self.slices.values())
@@ -136,27 +145,36 @@ def _sample_into(flat: np.ndarray, picks: np.ndarray | None, out: np.ndarray) ->
         flat = flat.real
     if picks is None:
         np.copyto(out, flat, casting="unsafe")
-    else:
-        np.take(flat, picks, out=out, mode="clip")
+    elif flat.dtype == out.dtype:
+        flat.take(picks, out=out, mode="clip")
+    else:  # take writes only its own dtype: float32 and friends go through a small temporary
+        out[...] = flat.take(picks, mode="clip")
 
 
 def _sum_sq(flat: np.ndarray) -> float:
-    if flat.dtype.kind == "c":
+    """Sum of squares, one pass (callers hold ``np.errstate(over=, invalid="ignore")``: an
+    overflow is the answer, not a warning)."""
+    kind = flat.dtype.kind
+    if kind == "c":
         return float(np.vdot(flat, flat).real)
-    if flat.dtype.kind != "f" or flat.dtype.itemsize < 4:
+    if kind != "f" or flat.dtype.itemsize < 4:
         flat = flat.astype(np.float64)
-    with np.errstate(over="ignore", invalid="ignore"):  # an overflow is the answer, not a warning
-        return float(np.dot(flat, flat))
+    return float(np.dot(flat, flat))
+
+
+class _Changed(Exception):
+    """A tensor's name or shape is not the layout's: validate and lay the buffer out again."""
 
 
 class ParamTracker:
     """Keeps a sample of the previous weights and gradient, and measures each update against them.
 
-    Gradient norms are exact, one pass per tensor: a NaN anywhere in a gradient is caught before
-    the step. The applied update, its cosine with the gradient, the gradient reversal, the sign
-    flips and the norms of large weight tensors are measured on the shared sample (exact for
-    tensors of at most ``SAMPLE`` elements), with an exact weight pass every ``FULL_EVERY``
-    updates.
+    Every update: the exact gradient norms, one pass per tensor (a NaN anywhere in a gradient is
+    caught before the step), and the fixed samples of the weights and of the gradient, copied into
+    the shared buffer. From one small matrix product of that buffer (exact for tensors of at most
+    ``SAMPLE`` elements): the applied update, its cosines with the gradients, the gradient
+    reversal, the sign flips and the weights' norm and finiteness. The exact weight norm and
+    finiteness pass every ``FULL_EVERY`` updates (every update when every tensor is kept whole).
     """
 
     def __init__(self) -> None:
@@ -164,15 +182,17 @@ class ParamTracker:
         self._last: dict[str, np.ndarray] = {}
         self._before: dict[str, np.ndarray] = {}
         self._count = 0
+        self._nonzero_now = 0  # non-zero entries of the newest weight sample: the next "before"
+        self._gg_sample = math.nan  # squared norm of the newest gradient sample
 
-    def measure(
+    def _relayout(
         self, params: Mapping[str, np.ndarray], grads: Mapping[str, np.ndarray]
-    ) -> dict[str, Any]:
+    ) -> _Layout:
+        """Check names and shapes (a clear error), and lay out the buffer for them: the history
+        starts again."""
         if params and grads and params.keys() != grads.keys():
             missing = sorted(set(params) ^ set(grads))
             raise UsageError(f"params and grads must have the same names; differ in {missing}")
-        ref = params or grads
-        shapes = {name: tuple(array.shape) for name, array in ref.items()}
         if params and grads:
             for name, w in params.items():
                 if grads[name].shape != w.shape:
@@ -180,41 +200,92 @@ class ParamTracker:
                         f"params[{name!r}] has shape {w.shape} but grads[{name!r}] has "
                         f"{grads[name].shape}"
                     )
+        ref = params or grads
+        shapes = {name: tuple(array.shape) for name, array in ref.items()}
         layout = self._layout
         if layout is None or layout.shapes != shapes:
-            layout = self._layout = _Layout(shapes)  # new model shape: history starts again
+            layout = self._layout = _Layout(shapes)
+        return layout
+
+    def measure(
+        self, params: Mapping[str, np.ndarray], grads: Mapping[str, np.ndarray]
+    ) -> dict[str, Any]:
+        layout = self._layout
+        ref = params or grads
+        if (
+            layout is None
+            or len(ref) != len(layout.slices)
+            or (params and grads and len(params) != len(grads))
+        ):
+            layout = self._relayout(params, grads)
         self._count += 1
+        full = layout.exact_weights or self._count % FULL_EVERY == 1
+        # one errstate for the whole update: an overflow is the answer, not a warning
+        with np.errstate(over="ignore", invalid="ignore"):
+            try:
+                out = self._fill(layout, params, grads, full)
+            except _Changed:  # a name or a shape changed: validated, laid out again
+                layout = self._relayout(params, grads)
+                out = self._fill(layout, params, grads, full)
+            self._directions(layout, out, bool(params), bool(grads))
+        layout.has_param = layout.has_param or bool(params)
+        layout.has_grad = layout.has_grad or bool(grads)
+        if params:
+            # references, not copies: the caller's step makes new arrays or mutates these
+            self._before, self._last = self._last, dict(params)
+        return out
+
+    def _fill(
+        self,
+        layout: _Layout,
+        params: Mapping[str, np.ndarray],
+        grads: Mapping[str, np.ndarray],
+        full: bool,
+    ) -> dict[str, Any]:
+        """The per-update pass: samples into the buffer, gradient norms, the weight check."""
+        slices = layout.slices
         buf = layout.buffer
         out: dict[str, Any] = {}
-        full = layout.exact_weights or self._count % FULL_EVERY == 1
         if params:
-            layout.w_now = 1 - layout.w_now
-            row = buf[layout.w_now]
+            wn = 1 - layout.w_now
             nf_params = 0
             w_exact = 0.0
+            exact_pass = full and not layout.exact_weights
             for name, w in params.items():
-                where, picks, _ = layout.slices[name]
+                entry = slices.get(name)
+                if entry is None or entry[0] != w.shape:
+                    raise _Changed
                 flat = w.reshape(-1)
-                _sample_into(flat, picks, row[where])
-                if full and picks is not None:
+                _sample_into(flat, entry[1], entry[2][wn])
+                if exact_pass:
                     ww = _sum_sq(flat)
                     if not math.isfinite(ww):
                         nf_params += _count_nonfinite(w)
                     w_exact += ww
-                # references, not copies: the caller's step makes new arrays or mutates these
-                if name in self._last:
-                    self._before[name] = self._last[name]
-                self._last[name] = w
+            layout.w_now = wn
+            row = buf[wn]
+            if not layout.exact_weights:
+                np.multiply(row, layout.scale, out=row)
+            ww = w_exact if exact_pass else float(np.dot(row, row))
+            if not exact_pass and not math.isfinite(ww):
+                nf_params = sum(_count_nonfinite(w) for w in params.values())
+            out["weight_norm"] = math.sqrt(ww) if ww >= 0 else math.nan
+            out["nf_params"] = nf_params
         if grads:
-            layout.g_now = 5 - layout.g_now
-            row = buf[layout.g_now]
+            gn = 5 - layout.g_now
             nf_grads = 0
             g_sq = 0.0
             grad_norms: dict[str, float] = {}
             for name, g in grads.items():
-                where, picks, _ = layout.slices[name]
+                entry = slices.get(name)
+                if entry is None or entry[0] != g.shape:
+                    raise _Changed
                 flat = g.reshape(-1)
-                gg = _sum_sq(flat)
+                dtype = flat.dtype
+                if dtype.kind == "f" and dtype.itemsize >= 4:
+                    gg = float(np.dot(flat, flat))
+                else:
+                    gg = _sum_sq(flat)
                 if not math.isfinite(gg):
                     nf = _count_nonfinite(g)
                     nf_grads += nf
@@ -222,54 +293,48 @@ class ParamTracker:
                         gg = _sum_sq(flat.astype(np.float64))
                 g_sq += gg
                 grad_norms[name] = math.sqrt(gg) if gg >= 0 else math.nan
-                _sample_into(flat, picks, row[where])
-        # each column weighted by size/sample of its tensor: sums over the buffer estimate sums
-        # over the whole tensors; 16 Python floats are cheaper to index than numpy scalars
-        np.multiply(buf, layout.weights, out=layout.scratch)  # preallocated: no page faults
-        gram = (layout.scratch @ buf.T).tolist()
-        wn, wp, gn, gp = layout.w_now, 1 - layout.w_now, layout.g_now, 5 - layout.g_now
-        if params:
-            ww = gram[wn][wn]
-            if full and not layout.exact_weights:
-                small = sum(
-                    float(np.dot(buf[wn, sl], buf[wn, sl]))
-                    for sl, picks, _ in layout.slices.values()
-                    if picks is None
-                )  # exact: small tensors are kept whole
-                ww = w_exact + small
-            elif not math.isfinite(ww):
-                nf_params = sum(_count_nonfinite(w) for w in params.values())
-            if layout.exact_weights and not math.isfinite(ww):
-                nf_params = sum(_count_nonfinite(w) for w in params.values())
-            out["weight_norm"] = math.sqrt(ww) if ww >= 0 else math.nan
-            out["nf_params"] = nf_params
-        if grads:
+                _sample_into(flat, entry[1], entry[2][gn])
+            layout.g_now = gn
+            if not layout.exact_weights:
+                row = buf[gn]
+                np.multiply(row, layout.scale, out=row)
             out["grad_norm"] = math.sqrt(g_sq) if g_sq >= 0 else math.nan
             out["nf_grads"] = nf_grads
             if len(grad_norms) > 1:
                 out["grad_norms"] = grad_norms
+        return out
+
+    def _directions(self, layout: _Layout, out: dict[str, Any], params: bool, grads: bool) -> None:
+        """The measures against the previous update, from the buffer's rows (already scaled: sums
+        over them estimate sums over the whole tensors); a handful of short dot products."""
+        buf = layout.buffer
+        g_now, g_before = buf[layout.g_now], buf[5 - layout.g_now]
+        gg_before = self._gg_sample  # the previous gradient sample's squared norm
+        gg_now = float(np.dot(g_now, g_now)) if grads else math.nan
+        if params:
+            w_now = buf[layout.w_now]
+            nonzero_before = self._nonzero_now
+            self._nonzero_now = int(np.count_nonzero(w_now))
         if params and layout.has_param:
-            uu = max(gram[wn][wn] - 2.0 * gram[wn][wp] + gram[wp][wp], 0.0)
-            u_norm = math.sqrt(uu)
+            w_before = buf[1 - layout.w_now]
+            update = np.subtract(w_now, w_before, out=layout.scratch)
+            u_norm = math.sqrt(float(np.dot(update, update)))
             out["update_norm"] = u_norm
             if grads and u_norm > 0:
-                if layout.has_grad and gram[gp][gp] > 0:
-                    u_pg = gram[wn][gp] - gram[wp][gp]
-                    out["update_cos"] = _clip_cos(u_pg / (u_norm * math.sqrt(gram[gp][gp])))
-                if gram[gn][gn] > 0:
-                    u_g = gram[wn][gn] - gram[wp][gn]
-                    out["update_cos_same"] = _clip_cos(u_g / (u_norm * math.sqrt(gram[gn][gn])))
-            before = buf[wp]
-            total = int(np.count_nonzero(before))
-            if total:
-                product = np.multiply(buf[wn], before, out=layout.scratch[0])
-                out["flip_frac"] = int(np.count_nonzero(product < 0.0)) / total
-        if grads and layout.has_grad and gram[gn][gn] > 0 and gram[gp][gp] > 0:
-            reversal = gram[gn][gp] / math.sqrt(gram[gn][gn] * gram[gp][gp])
-            out["grad_cos"] = _clip_cos(reversal)
-        layout.has_param = layout.has_param or bool(params)
-        layout.has_grad = layout.has_grad or bool(grads)
-        return out
+                if layout.has_grad and gg_before > 0:
+                    u_pg = float(np.dot(update, g_before))
+                    out["update_cos"] = _clip_cos(u_pg / (u_norm * math.sqrt(gg_before)))
+                if gg_now > 0:
+                    u_g = float(np.dot(update, g_now))
+                    out["update_cos_same"] = _clip_cos(u_g / (u_norm * math.sqrt(gg_now)))
+            if nonzero_before:
+                product = np.multiply(w_now, w_before, out=layout.scratch)
+                out["flip_frac"] = int(np.count_nonzero(product < 0.0)) / nonzero_before
+        if grads:
+            if layout.has_grad and gg_now > 0 and gg_before > 0:
+                reversal = float(np.dot(g_now, g_before)) / math.sqrt(gg_now * gg_before)
+                out["grad_cos"] = _clip_cos(reversal)
+            self._gg_sample = gg_now
 
     def snapshot_previous(self) -> dict[str, np.ndarray]:
         """The weights as they were one update ago (copies), when the caller gave new arrays."""
@@ -389,12 +454,22 @@ class BatchChecker:
         self._last_result: dict[str, Any] = {}
         self._ring: list[np.ndarray] = []
         self._inverse: np.ndarray | None = None  # 1 / typical column max (0 where none)
-        self._seen = 0
+        self._seen = 0  # batches offered
+        self._columns = 0  # column checks made
         self.scale_ratio: float | None = None
 
-    def check(self, batch: Any, index: np.ndarray | None) -> dict[str, Any]:
-        if batch is self._last and index is None:
+    def check(
+        self, batch: Any, index: np.ndarray | None, *, force: bool = False
+    ) -> dict[str, Any]:
+        """Check one batch on the schedule (every ``CHECK_EVERY``-th batch: a finiteness pass,
+        every second of those the column maxima too), or fully now with ``force`` (the update
+        went non-finite: its batch is the evidence). An unchecked batch gives ``{}``."""
+        if batch is self._last and index is None and not force:
             return self._last_result  # the same full batch again: nothing new to learn
+        seen = self._seen
+        self._seen = seen + 1
+        if seen % CHECK_EVERY and not force:
+            return {}  # the kept recent batches are examined when the fit breaks
         array = as_array(batch, self.source)
         result: dict[str, Any] = {}
         rows2d = _as_rows(array)
@@ -404,20 +479,19 @@ class BatchChecker:
             result[f"nf_{self.source}"] = nf
             self._remember(batch, result)
             return result
+        columns = force or seen % COLUMN_EVERY == 0
         if rows2d.dtype.kind in "iub":
             # integers (class labels) cannot be NaN or inf and have no rows to call extreme
-            absmax_int = float(max(int(rows2d.max()), -int(rows2d.min()))) if rows2d.size else 0.0
             result[f"nf_{self.source}"] = 0
-            result[f"{prefix}_absmax"] = absmax_int
-            self._seen += 1
+            if columns and rows2d.size:
+                result[f"{prefix}_absmax"] = float(max(int(rows2d.max()), -int(rows2d.min())))
             self._remember(batch, result)
             return result
-        if self._seen % COLUMN_EVERY:
-            # between column checks one read-only pass: a finite sum proves every value finite
+        if not columns:
+            # one read-only pass: a finite sum proves every value finite
             total = float(np.add.reduce(rows2d, axis=None))
             if math.isfinite(total):
                 result[f"nf_{self.source}"] = 0
-                self._seen += 1
                 self._remember(batch, result)
                 return result
         col_max = np.maximum(rows2d.max(axis=0), -rows2d.min(axis=0))
@@ -434,14 +508,14 @@ class BatchChecker:
             absmax = float(finite_cols.max()) if finite_cols.size else math.nan
         else:
             result[f"nf_{self.source}"] = 0
-            analyse = self._seen == 0
+            analyse = seen == 0
             if self._inverse is not None:
                 analyse = analyse or float(np.max(col_max * self._inverse)) >= COLUMN_JUMP
             if analyse:
                 top, rows = robust_rows(array, self.source, index)
                 if math.isfinite(top):
                     result["row_z"] = top
-            if self._seen == 0 and self.source == "inputs" and col_max.size > 1:
+            if seen == 0 and self.source == "inputs" and col_max.size > 1:
                 positive = col_max[col_max > 0]
                 if positive.size > 1:
                     self.scale_ratio = float(positive.max() / np.median(positive))
@@ -450,14 +524,14 @@ class BatchChecker:
             self._ring.append(col_max)
             if len(self._ring) > self.HISTORY:
                 self._ring.pop(0)
-            if self._inverse is None or self._seen % 8 == 0:
+            self._columns += 1
+            if self._inverse is None or self._columns % 8 == 0:
                 reference = np.median(np.stack(self._ring), axis=0)
                 with np.errstate(divide="ignore"):
                     self._inverse = np.where(reference > 0, 1.0 / reference, 0.0)
         result[f"{prefix}_absmax"] = absmax
         if rows:
             result["rows"] = rows
-        self._seen += 1
         self._remember(batch, result)
         return result
 
