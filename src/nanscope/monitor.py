@@ -276,8 +276,9 @@ class Monitor:
         arguments that cannot be right, :class:`nanscope.DivergenceError` when the fit broke.
         """
         record = self._measure(loss, params, grads, lr, inputs, targets, step, index)
-        self.observe(record, batch=(inputs, targets, index))
-        return record
+        if type(self).observe is Monitor.observe:  # the record is ours: observed without a copy
+            return self._observe(record, (inputs, targets, index))
+        return self.observe(record, batch=(inputs, targets, index))  # a subclass's own
 
     def _measure(
         self,
@@ -305,7 +306,7 @@ class Monitor:
             return record
         try:
             if named_params or named_grads:
-                record.update(self._params.measure(named_params, named_grads))
+                record.update(self._params.measure(named_params, named_grads, loss_value))
             rows_index = None if index is None else np.asarray(index).reshape(-1)
             # a non-finite update has its batch checked in full: it is the evidence
             broken = bool(nf_loss or record.get("nf_grads") or record.get("nf_params"))
@@ -325,7 +326,10 @@ class Monitor:
         ``record`` uses the keys of :mod:`nanscope.trace`; ``batch`` is kept by reference (the last
         three) so the probes can look at the rows of a failing update.
         """
-        rec = dict(record)
+        return self._observe(dict(record), batch)
+
+    def _observe(self, rec: dict[str, Any], batch: Any) -> dict[str, Any]:
+        """:meth:`observe` of a record this Monitor owns already (no copy)."""
         self._count += 1
         if rec.get("step") is None:
             rec["step"] = self._count
@@ -359,8 +363,9 @@ class Monitor:
             if alarm is not None:
                 self._fire(alarm)
         finally:
-            for observer in list(observers):
-                observer(self, rec)
+            if observers:
+                for observer in list(observers):
+                    observer(self, rec)
         return rec
 
     # ------------------------------------------------------------------ extension points

@@ -6,9 +6,10 @@ times as possible:
 * the norms of gradients take one pass each; a finite sum of squares proves every element
   finite, so the exact non-finite count is only taken when it is not.
 * a fixed sample of at most ``SAMPLE`` coordinates per tensor, in ``CHUNKS`` contiguous runs
-  (weights now and before, gradient now and before), goes into one shared four-row buffer; one
-  small matrix product of that buffer with itself yields the update, its cosines with the
-  gradients, the gradient reversal, the norms of large weight tensors and (by sign) the flips.
+  (weights now and before, gradient now and before), goes into one shared four-row buffer; a
+  few dot products of its rows yield the gradient reversal (every update) and, where the
+  detectors read them (a rising loss) and on a schedule, the update, its cosines with the
+  gradients, the norms of large weight tensors and (by sign) the flips.
   No full copy of the model is kept: the previous weights are referenced only when the caller
   hands in a new array each update (``w = w - lr * g``).
 * an input batch is checked every ``CHECK_EVERY`` updates, and always when the update went
@@ -47,6 +48,9 @@ CHECK_EVERY = 8
 #: of those, column maxima (absmax, the jump trigger) every this many batches; else a sum pass
 COLUMN_EVERY = 4 * CHECK_EVERY
 MAX_ROWS = 5
+
+_F64 = np.dtype(np.float64)
+_F32 = np.dtype(np.float32)
 
 
 def as_array(value: Any, name: str) -> np.ndarray:
@@ -97,8 +101,8 @@ class _Layout:
     Tensors up to ``SAMPLE`` elements are kept whole (exact measures); larger ones through a fixed
     chunked sample whose values are scaled by ``sqrt(size / sample)`` as they are written, so that
     sums of products over the buffer estimate sums over the whole tensor (the signs, and so the
-    flips, are those of the weights). One buffer for all tensors means one small matrix product
-    per sampled update.
+    flips, are those of the weights). One buffer for all tensors: the measures are a few short
+    dot products of its rows.
     """
 
     def __init__(self, shapes: Mapping[str, tuple[int, ...]]) -> None:
@@ -117,13 +121,18 @@ class _Layout:
         self.buffer = np.zeros((4, width), dtype=np.float64)
         self.scale = np.ones(width, dtype=np.float64)
         self.scratch = np.empty(width, dtype=np.float64)
-        #: name -> (shape, sample indices or None for "all", its view of each buffer row)
+        #: name -> (shape, sample indices or None for "all", its view of each buffer row: the
+        #: tensor's shape when whole, flat when sampled)
         self.slices: dict[str, tuple[tuple[int, ...], np.ndarray | None, list[np.ndarray]]] = {}
         for name, where, picks, scale, shape in spans:
             self.scale[where] = scale
-            self.slices[name] = (shape, picks, [self.buffer[r, where] for r in range(4)])
+            # a whole tensor's views have its shape: copied in without a reshape
+            views = [self.buffer[r, where] for r in range(4)]
+            if picks is None:
+                views = [v.reshape(shape) for v in views]
+            self.slices[name] = (shape, picks, views)
         self.w_now, self.g_now = 0, 2
-        self.has_param = self.has_grad = False
+        self.has_param = False  # the other weight row holds the previous update's sample
         self.exact_weights = all(picks is None for _, picks, _ in self.slices.values())
 
 
@@ -151,15 +160,15 @@ def _sample_into(flat: np.ndarray, picks: np.ndarray | None, out: np.ndarray) ->
         out[...] = flat.take(picks, mode="clip")
 
 
-def _sum_sq(flat: np.ndarray) -> float:
-    """Sum of squares, one pass (callers hold ``np.errstate(over=, invalid="ignore")``: an
-    overflow is the answer, not a warning)."""
-    kind = flat.dtype.kind
+def _sum_sq(array: np.ndarray) -> float:
+    """Sum of squares of any array, one pass (``vdot`` flattens it and never warns: an overflow
+    is the answer, inf)."""
+    kind = array.dtype.kind
     if kind == "c":
-        return float(np.vdot(flat, flat).real)
-    if kind != "f" or flat.dtype.itemsize < 4:
-        flat = flat.astype(np.float64)
-    return float(np.dot(flat, flat))
+        return float(np.vdot(array, array).real)
+    if kind != "f" or array.dtype.itemsize < 4:
+        array = array.astype(np.float64)
+    return float(np.vdot(array, array))
 
 
 class _Changed(Exception):
@@ -170,11 +179,13 @@ class ParamTracker:
     """Keeps a sample of the previous weights and gradient, and measures each update against them.
 
     Every update: the exact gradient norms, one pass per tensor (a NaN anywhere in a gradient is
-    caught before the step), and the fixed samples of the weights and of the gradient, copied into
-    the shared buffer. From one small matrix product of that buffer (exact for tensors of at most
-    ``SAMPLE`` elements): the applied update, its cosines with the gradients, the gradient
-    reversal, the sign flips and the weights' norm and finiteness. The exact weight norm and
-    finiteness pass every ``FULL_EVERY`` updates (every update when every tensor is kept whole).
+    caught before the step), the gradient's fixed sample into the shared buffer and its cosine
+    with the previous one (the reversal). Where a detector reads them (a rising loss, see
+    :meth:`wants_sample`) and on the schedule, the weights' sample too, and from a few short dot
+    products of the buffer's rows (exact for tensors of at most ``SAMPLE`` elements): the applied
+    update, its cosines with the gradients, the sign flips and the weights' norm and finiteness.
+    The exact weight norm and finiteness pass every ``FULL_EVERY`` updates and when a gradient
+    is non-finite.
     """
 
     def __init__(self) -> None:
@@ -184,6 +195,12 @@ class ParamTracker:
         self._count = 0
         self._nonzero_now = 0  # non-zero entries of the newest weight sample: the next "before"
         self._gg_sample = math.nan  # squared norm of the newest gradient sample
+        self._sampled_last = False  # the previous update's weight sample is in the buffer
+        self._grads_seen = False  # a previous gradient sample is in the buffer
+        self._prev_loss: float | None = None
+        self._rises = 0  # the loss rose this many updates in a row
+        #: take the sample on every update (the tests compare the detectors' decisions both ways)
+        self.every_update = False
 
     def _relayout(
         self, params: Mapping[str, np.ndarray], grads: Mapping[str, np.ndarray]
@@ -205,11 +222,21 @@ class ParamTracker:
         layout = self._layout
         if layout is None or layout.shapes != shapes:
             layout = self._layout = _Layout(shapes)
+            # the history starts again with the new buffer
+            self._sampled_last = self._grads_seen = False
+            self._gg_sample = math.nan
+            self._nonzero_now = 0
         return layout
 
     def measure(
-        self, params: Mapping[str, np.ndarray], grads: Mapping[str, np.ndarray]
+        self,
+        params: Mapping[str, np.ndarray],
+        grads: Mapping[str, np.ndarray],
+        loss: float | None = None,
     ) -> dict[str, Any]:
+        """This update's measures. With ``loss``, the weight sample (the update, its cosines,
+        the flips) is taken only where a detector reads it (see :meth:`wants_sample`); without,
+        on every update. The gradient's is taken every update: it is in cache after its norm."""
         layout = self._layout
         ref = params or grads
         if (
@@ -219,122 +246,189 @@ class ParamTracker:
         ):
             layout = self._relayout(params, grads)
         self._count += 1
-        full = layout.exact_weights or self._count % FULL_EVERY == 1
-        # one errstate for the whole update: an overflow is the answer, not a warning
-        with np.errstate(over="ignore", invalid="ignore"):
-            try:
-                out = self._fill(layout, params, grads, full)
-            except _Changed:  # a name or a shape changed: validated, laid out again
-                layout = self._relayout(params, grads)
-                out = self._fill(layout, params, grads, full)
-            self._directions(layout, out, bool(params), bool(grads))
-        layout.has_param = layout.has_param or bool(params)
-        layout.has_grad = layout.has_grad or bool(grads)
+        sample = self.every_update or loss is None or self.wants_sample(loss)
+        out: dict[str, Any] = {}
+        try:
+            sample = self._fill(layout, params, grads, out, sample)
+        except _Changed:  # a name or a shape changed: validated, laid out again, from scratch
+            layout = self._relayout(params, grads)
+            out = {}
+            sample = self._fill(layout, params, grads, out, sample)
+        if grads:
+            self._reversal(layout, out)
+        self._sampled_last = sample
         if params:
             # references, not copies: the caller's step makes new arrays or mutates these
             self._before, self._last = self._last, dict(params)
         return out
+
+    def wants_sample(self, loss: float) -> bool:
+        """Whether this update's weight sample is read: the divergence and ascent detectors read
+        the update's cosines and the flips only over a run of rising losses (the divergence
+        detector from the fourth rise, the ascent detector from the fifth), so it is taken from
+        the second rise in a row on (the measures, which need the previous sample, from the
+        third), at a non-finite loss, and on the first two updates of every ``FULL_EVERY`` (a
+        point for the plots and the rules). A noisy loss rises twice in a row about one update
+        in four. The gradient reversal needs no weights: it is measured every update."""
+        prev, self._prev_loss = self._prev_loss, loss
+        self._rises = self._rises + 1 if prev is not None and loss > prev else 0
+        return self._rises >= 2 or self._count % FULL_EVERY in (1, 2) or not math.isfinite(loss)
 
     def _fill(
         self,
         layout: _Layout,
         params: Mapping[str, np.ndarray],
         grads: Mapping[str, np.ndarray],
-        full: bool,
-    ) -> dict[str, Any]:
-        """The per-update pass: samples into the buffer, gradient norms, the weight check."""
-        slices = layout.slices
-        buf = layout.buffer
-        out: dict[str, Any] = {}
-        if params:
-            wn = 1 - layout.w_now
-            nf_params = 0
-            w_exact = 0.0
-            exact_pass = full and not layout.exact_weights
-            for name, w in params.items():
-                entry = slices.get(name)
-                if entry is None or entry[0] != w.shape:
-                    raise _Changed
-                flat = w.reshape(-1)
-                _sample_into(flat, entry[1], entry[2][wn])
-                if exact_pass:
-                    ww = _sum_sq(flat)
-                    if not math.isfinite(ww):
-                        nf_params += _count_nonfinite(w)
-                    w_exact += ww
-            layout.w_now = wn
-            row = buf[wn]
-            if not layout.exact_weights:
-                np.multiply(row, layout.scale, out=row)
-            ww = w_exact if exact_pass else float(np.dot(row, row))
-            if not exact_pass and not math.isfinite(ww):
-                nf_params = sum(_count_nonfinite(w) for w in params.values())
-            out["weight_norm"] = math.sqrt(ww) if ww >= 0 else math.nan
-            out["nf_params"] = nf_params
-        if grads:
-            gn = 5 - layout.g_now
-            nf_grads = 0
-            g_sq = 0.0
-            grad_norms: dict[str, float] = {}
-            for name, g in grads.items():
-                entry = slices.get(name)
-                if entry is None or entry[0] != g.shape:
-                    raise _Changed
-                flat = g.reshape(-1)
-                dtype = flat.dtype
-                if dtype.kind == "f" and dtype.itemsize >= 4:
-                    gg = float(np.dot(flat, flat))
-                else:
-                    gg = _sum_sq(flat)
-                if not math.isfinite(gg):
-                    nf = _count_nonfinite(g)
-                    nf_grads += nf
-                    if nf == 0:  # finite but the sum of squares overflowed
-                        gg = _sum_sq(flat.astype(np.float64))
-                g_sq += gg
-                grad_norms[name] = math.sqrt(gg) if gg >= 0 else math.nan
-                _sample_into(flat, entry[1], entry[2][gn])
-            layout.g_now = gn
-            if not layout.exact_weights:
-                row = buf[gn]
-                np.multiply(row, layout.scale, out=row)
-            out["grad_norm"] = math.sqrt(g_sq) if g_sq >= 0 else math.nan
-            out["nf_grads"] = nf_grads
-            if len(grad_norms) > 1:
-                out["grad_norms"] = grad_norms
-        return out
+        out: dict[str, Any],
+        sample: bool,
+    ) -> bool:
+        """The gradients, then the weights when they are wanted; whether the weights were
+        sampled."""
+        broken = self._grads(layout, grads, out) if grads else False
+        if not params or not (sample or broken or self._count % FULL_EVERY == 1):
+            return False
+        # overflow and inf - inf here are answers, not warnings
+        with np.errstate(over="ignore", invalid="ignore"):
+            self._weights(layout, params, out, sample, broken)
+        return sample
 
-    def _directions(self, layout: _Layout, out: dict[str, Any], params: bool, grads: bool) -> None:
-        """The measures against the previous update, from the buffer's rows (already scaled: sums
-        over them estimate sums over the whole tensors); a handful of short dot products."""
+    def _grads(
+        self, layout: _Layout, grads: Mapping[str, np.ndarray], out: dict[str, Any]
+    ) -> bool:
+        """Every update: each gradient's norm (one BLAS pass; a finite sum of squares proves
+        every element finite) and its sample into the buffer. True when one is non-finite.
+
+        Written flat (no helper call per tensor): it runs on every update, for every tensor."""
+        slices = layout.slices
+        gn = 5 - layout.g_now
+        nf_grads = 0
+        g_sq = 0.0
+        grad_norms: dict[str, float] = {}
+        for name, g in grads.items():
+            entry = slices.get(name)
+            if entry is None or entry[0] != g.shape:
+                raise _Changed
+            dtype = g.dtype
+            # vdot flattens any layout in one call, and an overflow is inf, not a warning
+            gg = float(np.vdot(g, g)) if dtype is _F64 or dtype is _F32 else _sum_sq(g)
+            if not gg < math.inf:  # inf or NaN
+                nf = _count_nonfinite(g)
+                nf_grads += nf
+                if nf == 0:  # finite but the sum of squares overflowed
+                    gg = _sum_sq(g.astype(np.float64))
+            g_sq += gg
+            grad_norms[name] = math.sqrt(gg) if gg >= 0 else math.nan
+            picks, view = entry[1], entry[2][gn]  # sampled while it is in cache
+            if picks is None:
+                np.copyto(view, g, casting="unsafe")
+            elif dtype is _F64:
+                g.take(picks, out=view, mode="clip")  # flat indices into any layout
+            else:
+                _sample_into(g.reshape(-1), picks, view)
+        layout.g_now = gn
+        if not layout.exact_weights:
+            row = layout.buffer[gn]
+            if g_sq < math.inf:  # every value below 1e154: scaled, it cannot overflow
+                np.multiply(row, layout.scale, out=row)
+            else:
+                with np.errstate(over="ignore", invalid="ignore"):
+                    np.multiply(row, layout.scale, out=row)
+        out["grad_norm"] = math.sqrt(g_sq) if g_sq >= 0 else math.nan
+        out["nf_grads"] = nf_grads
+        if len(grad_norms) > 1:
+            out["grad_norms"] = grad_norms
+        return nf_grads > 0
+
+    def _weights(
+        self,
+        layout: _Layout,
+        params: Mapping[str, np.ndarray],
+        out: dict[str, Any],
+        sample: bool,
+        broken: bool,
+    ) -> None:
+        """The weight sample (when wanted) with the update measures against the previous one,
+        and the weight norm and finiteness: exact on the schedule and when the update broke (a
+        sample of small tensors only is exact already), else estimated from the sample."""
+        slices = layout.slices
+        exact_pass = (broken or self._count % FULL_EVERY == 1) and not (
+            sample and layout.exact_weights
+        )
+        wn = 1 - layout.w_now
+        nf_params = 0
+        w_exact = 0.0
+        for name, w in params.items():
+            entry = slices.get(name)
+            if entry is None or entry[0] != w.shape:
+                raise _Changed
+            if sample:
+                picks, view = entry[1], entry[2][wn]
+                if picks is None:
+                    np.copyto(view, w, casting="unsafe")
+                elif w.dtype is _F64:
+                    w.take(picks, out=view, mode="clip")
+                else:
+                    _sample_into(w.reshape(-1), picks, view)
+            if exact_pass:
+                ww = _sum_sq(w)
+                if not ww < math.inf:
+                    nf_params += _count_nonfinite(w)
+                w_exact += ww
+        if sample:
+            layout.w_now = wn
+            row = layout.buffer[wn]
+            if not layout.exact_weights:
+                np.multiply(row, layout.scale, out=row)
+            if not self._sampled_last:  # the other weight row holds an older update
+                layout.has_param = False
+            self._update(layout, out, row, bool(out.get("grad_norm") is not None))
+            layout.has_param = True
+        if exact_pass:
+            ww = w_exact
+        else:
+            ww = float(np.vdot(row, row))
+            if not ww < math.inf:
+                nf_params = sum(_count_nonfinite(w) for w in params.values())
+        out["weight_norm"] = math.sqrt(ww) if ww >= 0 else math.nan
+        out["nf_params"] = nf_params
+
+    def _update(self, layout: _Layout, out: dict[str, Any], w_now: np.ndarray, grads: bool) -> None:
+        """The applied update against the previous weight sample: its norm, its cosines with the
+        previous gradient (the one it was made from) and the current one, the sign flips. From
+        the buffer's rows, already scaled: sums over them estimate sums over the whole tensors."""
         buf = layout.buffer
-        g_now, g_before = buf[layout.g_now], buf[5 - layout.g_now]
-        gg_before = self._gg_sample  # the previous gradient sample's squared norm
-        gg_now = float(np.dot(g_now, g_now)) if grads else math.nan
-        if params:
-            w_now = buf[layout.w_now]
-            nonzero_before = self._nonzero_now
-            self._nonzero_now = int(np.count_nonzero(w_now))
-        if params and layout.has_param:
-            w_before = buf[1 - layout.w_now]
-            update = np.subtract(w_now, w_before, out=layout.scratch)
-            u_norm = math.sqrt(float(np.dot(update, update)))
-            out["update_norm"] = u_norm
-            if grads and u_norm > 0:
-                if layout.has_grad and gg_before > 0:
-                    u_pg = float(np.dot(update, g_before))
-                    out["update_cos"] = _clip_cos(u_pg / (u_norm * math.sqrt(gg_before)))
-                if gg_now > 0:
-                    u_g = float(np.dot(update, g_now))
-                    out["update_cos_same"] = _clip_cos(u_g / (u_norm * math.sqrt(gg_now)))
-            if nonzero_before:
-                product = np.multiply(w_now, w_before, out=layout.scratch)
-                out["flip_frac"] = int(np.count_nonzero(product < 0.0)) / nonzero_before
-        if grads:
-            if layout.has_grad and gg_now > 0 and gg_before > 0:
-                reversal = float(np.dot(g_now, g_before)) / math.sqrt(gg_now * gg_before)
-                out["grad_cos"] = _clip_cos(reversal)
-            self._gg_sample = gg_now
+        nonzero_before = self._nonzero_now
+        self._nonzero_now = int(np.count_nonzero(w_now))
+        if not layout.has_param:
+            return
+        w_before = buf[1 - layout.w_now]
+        update = np.subtract(w_now, w_before, out=layout.scratch)
+        u_norm = math.sqrt(float(np.vdot(update, update)))
+        out["update_norm"] = u_norm
+        if grads and u_norm > 0:
+            # the gradient rows: this update's was written already, the previous one's is the other
+            gg_now = float(np.vdot(buf[layout.g_now], buf[layout.g_now]))
+            gg_before = self._gg_sample
+            if gg_before > 0:
+                u_pg = float(np.vdot(update, buf[5 - layout.g_now]))
+                out["update_cos"] = _clip_cos(u_pg / (u_norm * math.sqrt(gg_before)))
+            if gg_now > 0:
+                u_g = float(np.vdot(update, buf[layout.g_now]))
+                out["update_cos_same"] = _clip_cos(u_g / (u_norm * math.sqrt(gg_now)))
+        if nonzero_before:
+            product = np.multiply(w_now, w_before, out=layout.scratch)
+            out["flip_frac"] = int(np.count_nonzero(product < 0.0)) / nonzero_before
+
+    def _reversal(self, layout: _Layout, out: dict[str, Any]) -> None:
+        """The gradient's cosine with the previous one (its reversal), every update."""
+        buf = layout.buffer
+        g_now = buf[layout.g_now]
+        gg_now = float(np.vdot(g_now, g_now))
+        gg_before, self._gg_sample = self._gg_sample, gg_now
+        if self._grads_seen and gg_now > 0 and gg_before > 0:
+            reversal = float(np.vdot(g_now, buf[5 - layout.g_now])) / math.sqrt(gg_now * gg_before)
+            out["grad_cos"] = _clip_cos(reversal)
+        self._grads_seen = True
 
     def snapshot_previous(self) -> dict[str, np.ndarray]:
         """The weights as they were one update ago (copies), when the caller gave new arrays."""
