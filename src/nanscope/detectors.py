@@ -74,6 +74,8 @@ def _finite(value: Any) -> bool:
 
 def _num(value: Any) -> float | None:
     """The value as a float when it is a finite number, else None."""
+    if type(value) is float:  # the common case, first
+        return value if math.isfinite(value) else None
     if isinstance(value, (int, float)) and math.isfinite(value):
         return float(value)
     return None
@@ -242,10 +244,14 @@ class Departure:
         self._away: deque[tuple[int, float]] = deque(maxlen=2 * self.MAX_WINDOW)
         self._away_n = 0
         self._fired = False
+        self._k_noise, self._k = 0.0, max(self.K, 1.0)
 
     @property
     def k(self) -> float:
-        return max(self.K, math.exp(self.NOISE_SIGMAS * self._noise))
+        noise = self._noise
+        if noise != self._k_noise:  # exp only when the noise moved
+            self._k_noise, self._k = noise, max(self.K, math.exp(self.NOISE_SIGMAS * noise))
+        return self._k
 
     def step(self, record: dict[str, Any]) -> Alarm | None:
         loss = _num(record.get("loss"))

@@ -291,14 +291,20 @@ class Monitor:
         step: int | None,
         index: Any,
     ) -> dict[str, Any]:
-        loss_value, nf_loss = _loss_value(loss)
+        if isinstance(loss, float):  # a Python or numpy float: the common case, inline
+            loss_value = float(loss)
+            nf_loss = 0 if loss_value - loss_value == 0.0 else 1
+        else:
+            loss_value, nf_loss = _loss_value(loss)
         if lr is not None:
-            if isinstance(lr, (str, bytes)) or not isinstance(lr, (int, float, np.number)):
+            if type(lr) is not float and (
+                isinstance(lr, (str, bytes)) or not isinstance(lr, (int, float, np.number))
+            ):
                 raise UsageError(f"lr must be a number, got {type(lr).__name__}")
             if not lr >= 0:
                 raise UsageError(f"lr must be a non-negative number, got {lr!r}")
-        named_params = as_named(params, "params")
-        named_grads = as_named(grads, "grads")
+        named_params = as_named(params, "params") if params is not None else {}
+        named_grads = as_named(grads, "grads") if grads is not None else {}
         record: dict[str, Any] = {"step": step, "loss": loss_value, "nf_loss": nf_loss}
         if lr is not None:
             record["lr"] = float(lr)
@@ -311,9 +317,13 @@ class Monitor:
             # a non-finite update has its batch checked in full: it is the evidence
             broken = bool(nf_loss or record.get("nf_grads") or record.get("nf_params"))
             if inputs is not None:
-                _merge_batch(record, self._inputs.check(inputs, rows_index, force=broken))
+                checked = self._inputs.check(inputs, rows_index, force=broken)
+                if checked:  # {} between the scheduled checks
+                    _merge_batch(record, checked)
             if targets is not None:
-                _merge_batch(record, self._targets.check(targets, rows_index, force=broken))
+                checked = self._targets.check(targets, rows_index, force=broken)
+                if checked:
+                    _merge_batch(record, checked)
         except UsageError:
             raise
         except Exception as exc:  # a bug in nanscope must never stop the user's fit
@@ -355,7 +365,9 @@ class Monitor:
                         alarm = Alarm("spike", step, text, {"rows": len(spotted)})
             if alarm is not None and self._try_rollback(alarm, rec):
                 alarm = None
-            self.write(rec)
+            writer = self._writer if self._writer is not None else self._open_writer()
+            if writer is not None:
+                writer.write(rec)
         except Exception as exc:
             self._internal_fault("observe", exc)
         self.trace.append(rec, copy=False)  # rec is already this Monitor's own copy

@@ -407,8 +407,18 @@ class TraceWriter:
         self._file.flush()
 
     def write(self, record: Mapping[str, Any]) -> None:
-        # a shallow copy: the line is what the record was now, whatever the caller does with it
-        self._write_line(dict(record))
+        if self._file is None or self._through > 0:
+            self._write_line(dict(record))
+            return
+        # the common case inline (it runs on every update); a shallow copy: the line is what
+        # the record was now, whatever the caller does with it later
+        pending = self._pending
+        pending.append(dict(record))
+        if (
+            len(pending) >= self.flush_lines
+            or time.monotonic() - self._flushed_at >= self.flush_seconds
+        ):
+            self.flush()
 
     def event(self, name: str, **fields: Any) -> None:
         """Write one event line ``{"event": name, ...fields}`` (not an update record), at once.

@@ -78,6 +78,13 @@ def as_named(value: Any, name: str) -> dict[str, np.ndarray]:
     """Params or grads as ``{name: array}``: a mapping, a sequence of arrays, or one array."""
     if value is None:
         return {}
+    if type(value) is dict:
+        # the common case, {str: ndarray}, is used as it is (nanscope never changes it)
+        for k, v in value.items():
+            if type(k) is not str or type(v) is not np.ndarray:
+                break
+        else:
+            return value
     if isinstance(value, Mapping):
         out: dict[str, np.ndarray] = {}
         for k, v in value.items():
@@ -195,6 +202,7 @@ class ParamTracker:
         self._count = 0
         self._nonzero_now = 0  # non-zero entries of the newest weight sample: the next "before"
         self._gg_sample = math.nan  # squared norm of the newest gradient sample
+        self._gg_before = math.nan  # and of the one before it
         self._sampled_last = False  # the previous update's weight sample is in the buffer
         self._grads_seen = False  # a previous gradient sample is in the buffer
         self._prev_loss: float | None = None
@@ -224,7 +232,7 @@ class ParamTracker:
             layout = self._layout = _Layout(shapes)
             # the history starts again with the new buffer
             self._sampled_last = self._grads_seen = False
-            self._gg_sample = math.nan
+            self._gg_sample = self._gg_before = math.nan
             self._nonzero_now = 0
         return layout
 
@@ -246,7 +254,16 @@ class ParamTracker:
         ):
             layout = self._relayout(params, grads)
         self._count += 1
-        sample = self.every_update or loss is None or self.wants_sample(loss)
+        if loss is None or self.every_update:
+            sample = True
+        else:  # wants_sample, inline: it runs on every update
+            prev, self._prev_loss = self._prev_loss, loss
+            self._rises = self._rises + 1 if prev is not None and loss > prev else 0
+            sample = (
+                self._rises >= 2
+                or self._count % FULL_EVERY in (1, 2)
+                or loss - loss != 0.0  # inf or NaN
+            )
         out: dict[str, Any] = {}
         try:
             sample = self._fill(layout, params, grads, out, sample)
@@ -254,8 +271,6 @@ class ParamTracker:
             layout = self._relayout(params, grads)
             out = {}
             sample = self._fill(layout, params, grads, out, sample)
-        if grads:
-            self._reversal(layout, out)
         self._sampled_last = sample
         if params:
             # references, not copies: the caller's step makes new arrays or mutates these
@@ -273,6 +288,7 @@ class ParamTracker:
         prev, self._prev_loss = self._prev_loss, loss
         self._rises = self._rises + 1 if prev is not None and loss > prev else 0
         return self._rises >= 2 or self._count % FULL_EVERY in (1, 2) or not math.isfinite(loss)
+        # (measure inlines this: keep the two the same)
 
     def _fill(
         self,
@@ -284,7 +300,7 @@ class ParamTracker:
     ) -> bool:
         """The gradients, then the weights when they are wanted; whether the weights were
         sampled."""
-        broken = self._grads(layout, grads, out) if grads else False
+        broken = self._grads(layout, grads, out, sample) if grads else False
         if not params or not (sample or broken or self._count % FULL_EVERY == 1):
             return False
         # overflow and inf - inf here are answers, not warnings
@@ -293,10 +309,12 @@ class ParamTracker:
         return sample
 
     def _grads(
-        self, layout: _Layout, grads: Mapping[str, np.ndarray], out: dict[str, Any]
+        self, layout: _Layout, grads: Mapping[str, np.ndarray], out: dict[str, Any], sample: bool
     ) -> bool:
         """Every update: each gradient's norm (one BLAS pass; a finite sum of squares proves
         every element finite) and its sample into the buffer. True when one is non-finite.
+        The per-tensor norms go into the record with the weight sample and when one is not
+        finite (the layer that broke), not on every update.
 
         Written flat (no helper call per tensor): it runs on every update, for every tensor."""
         slices = layout.slices
@@ -335,8 +353,18 @@ class ParamTracker:
                     np.multiply(row, layout.scale, out=row)
         out["grad_norm"] = math.sqrt(g_sq) if g_sq >= 0 else math.nan
         out["nf_grads"] = nf_grads
-        if len(grad_norms) > 1:
+        if len(grad_norms) > 1 and (sample or not g_sq < math.inf):
             out["grad_norms"] = grad_norms
+        # the gradient's cosine with the previous one (its reversal), every update; the weight
+        # measures (after this) still read the previous sample's norm, so it is kept aside
+        row = layout.buffer[gn]
+        gg_now = float(np.vdot(row, row))
+        gg_before = self._gg_before = self._gg_sample
+        self._gg_sample = gg_now
+        if self._grads_seen and gg_now > 0 and gg_before > 0:
+            reversal = float(np.vdot(row, layout.buffer[5 - gn])) / math.sqrt(gg_now * gg_before)
+            out["grad_cos"] = _clip_cos(reversal)
+        self._grads_seen = True
         return nf_grads > 0
 
     def _weights(
@@ -407,8 +435,7 @@ class ParamTracker:
         out["update_norm"] = u_norm
         if grads and u_norm > 0:
             # the gradient rows: this update's was written already, the previous one's is the other
-            gg_now = float(np.vdot(buf[layout.g_now], buf[layout.g_now]))
-            gg_before = self._gg_sample
+            gg_now, gg_before = self._gg_sample, self._gg_before
             if gg_before > 0:
                 u_pg = float(np.vdot(update, buf[5 - layout.g_now]))
                 out["update_cos"] = _clip_cos(u_pg / (u_norm * math.sqrt(gg_before)))
@@ -418,17 +445,6 @@ class ParamTracker:
         if nonzero_before:
             product = np.multiply(w_now, w_before, out=layout.scratch)
             out["flip_frac"] = int(np.count_nonzero(product < 0.0)) / nonzero_before
-
-    def _reversal(self, layout: _Layout, out: dict[str, Any]) -> None:
-        """The gradient's cosine with the previous one (its reversal), every update."""
-        buf = layout.buffer
-        g_now = buf[layout.g_now]
-        gg_now = float(np.vdot(g_now, g_now))
-        gg_before, self._gg_sample = self._gg_sample, gg_now
-        if self._grads_seen and gg_now > 0 and gg_before > 0:
-            reversal = float(np.vdot(g_now, buf[5 - layout.g_now])) / math.sqrt(gg_now * gg_before)
-            out["grad_cos"] = _clip_cos(reversal)
-        self._grads_seen = True
 
     def snapshot_previous(self) -> dict[str, np.ndarray]:
         """The weights as they were one update ago (copies), when the caller gave new arrays."""

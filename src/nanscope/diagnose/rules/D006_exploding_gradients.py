@@ -41,6 +41,8 @@ from nanscope.diagnose.diagnosis import Evidence, Finding
 from nanscope.diagnose.rules._common import num, tenfold_action
 
 CODE = "D006"
+#: the per-layer gradient norms are looked for this many updates back from the peak
+LAYER_LOOKBACK = 8
 CAUSE = "exploding_gradients"
 TITLE = "Exploding gradients"
 
@@ -220,7 +222,11 @@ def _norm_overflow(ctx: Context, upto: int) -> int | None:
 
 
 def _dominant_layer(ctx: Context, k: int) -> Evidence | None:
-    norms = ctx.records[k].get("grad_norms")
+    # the per-layer norms are recorded on sampled updates and at a failure, not on every one:
+    # the nearest record at or before k that has them, a few updates back at most
+    at = next((j for j in range(k, max(-1, k - LAYER_LOOKBACK), -1)
+               if isinstance(ctx.records[j].get("grad_norms"), dict)), k)  # fmt: skip
+    norms = ctx.records[at].get("grad_norms")
     if not isinstance(norms, dict) or len(norms) < 2:
         return None
     finite = {n: v for n, v in norms.items() if v is not None and math.isfinite(v)}
@@ -237,10 +243,11 @@ def _dominant_layer(ctx: Context, k: int) -> Evidence | None:
             first = gn[name]
             break
     growth = finite[name] / first if first else math.nan
+    when = f" at update {ctx.step_at(at)}" if at != k else ""
     return Evidence(
         CODE,
-        f"'{name}' carries {num(100 * share)}% of the squared gradient norm"
+        f"'{name}' carries {num(100 * share)}% of the squared gradient norm{when}"
         + (f" and its gradient grew {num(growth)}x since the start" if math.isfinite(growth)
            else ""),
-        {"layer": name, "share": share, "growth": growth},
+        {"layer": name, "share": share, "growth": growth, "step": ctx.step_at(at)},
     )  # fmt: skip
