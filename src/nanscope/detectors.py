@@ -84,6 +84,15 @@ def _num(value: Any) -> float | None:
 class NonFinite:
     """First non-finite loss, gradient or weight."""
 
+    def quiet(self, record: dict[str, Any], rises: int, behind: int) -> bool:
+        loss = record.get("loss")
+        return not (
+            record.get("nf_loss", 0)
+            or (loss is not None and not _finite(loss))
+            or record.get("nf_grads", 0)
+            or record.get("nf_params", 0)
+        )
+
     def step(self, record: dict[str, Any]) -> Alarm | None:
         loss = record.get("loss")
         what = []
@@ -125,6 +134,9 @@ class Divergence:
         self._rise_from: float | None = None
         self._rises = 0
         self._start: float | None = None
+
+    def quiet(self, record: dict[str, Any], rises: int, behind: int) -> bool:
+        return rises < self.RISES  # it reads nothing before the fourth rise in a row
 
     def step(self, record: dict[str, Any]) -> Alarm | None:
         loss = _num(record.get("loss"))
@@ -252,6 +264,10 @@ class Departure:
         if noise != self._k_noise:  # exp only when the noise moved
             self._k_noise, self._k = noise, max(self.K, math.exp(self.NOISE_SIGMAS * noise))
         return self._k
+
+    def quiet(self, record: dict[str, Any], rises: int, behind: int) -> bool:
+        # out of its range one update more per record at most: it fires after WINDOW of them
+        return self._fired or self._away_n + behind + 1 < self.WINDOW
 
     def step(self, record: dict[str, Any]) -> Alarm | None:
         loss = _num(record.get("loss"))
@@ -446,6 +462,9 @@ class Ascent:
         self._prev: float | None = None
         self._run = 0
 
+    def quiet(self, record: dict[str, Any], rises: int, behind: int) -> bool:
+        return rises < self.ASCENT_RISES
+
     def step(self, record: dict[str, Any]) -> Alarm | None:
         loss = record.get("loss")
         if not _finite(loss):
@@ -485,8 +504,43 @@ class Spikes:
     def __init__(self) -> None:
         self._loss = _LogHistory()
         self._grad = _LogHistory()
+        #: (record, (log loss, log grad norm)) of the records quiet() let wait, not stepped yet
+        self._waiting: deque[tuple[dict[str, Any], tuple[float | None, float | None]]]
+        self._waiting = deque(maxlen=64)
+
+    def quiet(self, record: dict[str, Any], rises: int, behind: int) -> bool:
+        # A spike's batch is probed while the caller's arrays still hold it (a loop that refills
+        # one buffer in place would show a later batch): only a record that cannot be a jump
+        # waits. The moving mean after the waiting records lies between its value now and their
+        # lowest value (each update moves it toward the new value), so a value no more than the
+        # factor above the lower of the two cannot be a jump.
+        loss, grad = _num(record.get("loss")), _num(record.get("grad_norm"))
+        log_loss = math.log(loss) if loss is not None and loss > 0 else None
+        log_grad = math.log(grad) if grad is not None and grad > 0 else None
+        waiting = self._waiting
+        for value, history, factor, k in (
+            (log_loss, self._loss, self.LOSS_FACTOR, 0),
+            (log_grad, self._grad, self.GRAD_FACTOR, 1),
+        ):
+            if value is None or history.count + len(waiting) < self.WARMUP:
+                continue
+            low = history.mean if history.count else math.inf
+            for item in waiting:
+                seen = item[1][k]
+                if seen is not None and seen < low:
+                    low = seen
+            if value - low > math.log(factor):
+                return False
+        waiting.append((record, (log_loss, log_grad)))
+        return True
 
     def step(self, record: dict[str, Any]) -> Alarm | None:
+        waiting = self._waiting
+        for k, item in enumerate(waiting):  # records are stepped in the order they waited
+            if item[0] is record:
+                for _ in range(k + 1):
+                    waiting.popleft()
+                break
         events: list[str] = []
         loss = _num(record.get("loss"))
         if (
@@ -573,7 +627,13 @@ class Detector(Protocol):
     ``step(record)`` reads one update's record (the keys of :mod:`nanscope.trace`) and returns an
     :class:`Alarm` to ask for a stop, or None. It must be cheap: a few floats of state, no arrays.
     A detector may also define ``reset()``, which forgets its history: the Monitor calls it after
-    a rollback (:meth:`nanscope.Monitor.reset_detectors`). Wrappers follow the same protocol and
+    a rollback (:meth:`nanscope.Monitor.reset_detectors`), and ``quiet(record, rises, behind)``,
+    True only when it cannot fire on ``record`` whatever its state: the loss rose ``rises``
+    updates in a row up to it (finite losses), and ``behind`` records before it have not been
+    shown to it yet (its state is that many updates old). Where every detector of a chain says
+    quiet, :meth:`nanscope.Monitor.update` judges the record later, with the next few, in one
+    warm loop (see ``DEFER_RECORDS`` there); a detector without ``quiet`` sees each record at its
+    own update. Wrappers follow the same protocol and
     hold the detectors they wrap (``nanscope.torch.distributed.agree(inner)``), the way an optax
     transform wraps an inner one.
     """

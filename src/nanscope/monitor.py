@@ -12,6 +12,11 @@ Call ``update`` after the loss and gradient are computed and *before* the step i
 non-finite gradient stops the fit before it reaches the weights, and ``mon.last_good`` holds the
 weights of the last update where everything was finite.
 
+An update no detector can fire on (each default detector's ``quiet``) is judged a little later,
+with up to ``DEFER_RECORDS`` others, in a warm loop; one that could fire is judged at once, after
+them, so every alarm still stops the fit at its own update. Reads of the trace, :meth:`flush`,
+:meth:`diagnose` and :meth:`close` judge the waiting ones first.
+
 Extension points (what adapters use; none of them needs the Monitor's private state):
 
 * ``Monitor(detectors=..., writer=...)``: the detectors it runs (a factory, a list, or one
@@ -46,7 +51,7 @@ import weakref
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -61,15 +66,22 @@ from nanscope.capture.arrays import (
     robust_rows,
 )
 from nanscope.detectors import Alarm, Detector, default_detectors
+from nanscope.detectors import _num as _finite_number
 from nanscope.errors import DivergenceError, UsageError
-from nanscope.trace import Trace, TraceWriter
+from nanscope.trace import FLUSH_LINES, Trace, TraceWriter
 
 if TYPE_CHECKING:
     from nanscope.diagnose.diagnosis import Diagnosis
 
-__all__ = ["POLICIES", "DetectorChain", "Monitor", "active_monitors", "observers", "set_defaults"]
+__all__ = ["DEFER_RECORDS", "DEFER_SECONDS", "POLICIES", "DetectorChain", "Monitor",
+           "active_monitors", "observers", "set_defaults"]  # fmt: skip
 
 POLICIES = ("raise", "warn", "rollback")
+
+#: records of updates no detector can fire on are judged together, at most this many ...
+DEFER_RECORDS = 8
+#: ... or once the oldest waited this long (a slow fit is judged update by update)
+DEFER_SECONDS = 0.25
 
 _DEFAULTS: dict[str, Any] = {}
 _LIVE: weakref.WeakSet[Monitor] = weakref.WeakSet()
@@ -115,6 +127,7 @@ class DetectorChain:
     ) -> None:
         self.factory = factory
         self.detectors: list[Detector] = list(factory() if detectors is None else detectors)
+        self._quiet = _quiet_of(self.detectors)
 
     @classmethod
     def of(cls, detectors: Sequence[Detector]) -> DetectorChain:
@@ -134,8 +147,27 @@ class DetectorChain:
                 alarm = fired
         return alarm
 
+    def quiet(self, record: dict[str, Any], rises: int, behind: int) -> bool:
+        """No detector of the chain can fire on ``record`` (False when one cannot tell)."""
+        checks = self._quiet
+        if checks is None:
+            return False
+        for quiet in checks:  # noqa: SIM110 (a loop: cheaper than all() over a generator here)
+            if not quiet(record, rises, behind):
+                return False
+        return True
+
     def reset(self) -> None:
         self.detectors = list(self.factory())
+        self._quiet = _quiet_of(self.detectors)
+
+
+def _quiet_of(detectors: list[Detector]) -> list[Callable[..., bool]] | None:
+    """Each detector's ``quiet``, or None when one has none (it sees every record at once)."""
+    checks = [getattr(detector, "quiet", None) for detector in detectors]
+    if any(not callable(check) for check in checks):
+        return None
+    return cast("list[Callable[..., bool]]", checks)
 
 
 def _reset_each(detectors: list[Detector]) -> list[Detector]:
@@ -229,6 +261,13 @@ class Monitor:
         self._detector: Detector = _as_detector(detectors)
         self._recent: deque[tuple[int, Any, Any, Any]] = deque(maxlen=3)
         self._count = 0
+        #: records admitted (counted, numbered) but not judged yet: (record, batch)
+        self._deferred: list[tuple[dict[str, Any], Any]] = []
+        self._deferred_since = 0.0
+        self._judging = False
+        self._late_stop: DivergenceError | None = None  # found by a read of the trace
+        self._rise_prev: float | None = None  # the last finite loss
+        self._rises = 0  # the finite loss rose this many updates in a row
         #: nanscope's own faults: one warning per part, the measures off after theirs
         self.guard = FaultGuard("check")
         self._warned: set[str] = set()
@@ -276,9 +315,32 @@ class Monitor:
         arguments that cannot be right, :class:`nanscope.DivergenceError` when the fit broke.
         """
         record = self._measure(loss, params, grads, lr, inputs, targets, step, index)
-        if type(self).observe is Monitor.observe:  # the record is ours: observed without a copy
-            return self._observe(record, (inputs, targets, index))
-        return self.observe(record, batch=(inputs, targets, index))  # a subclass's own
+        if type(self).observe is not Monitor.observe:
+            return self.observe(record, batch=(inputs, targets, index))  # a subclass's own
+        # the record is ours: observed without a copy
+        if self._late_stop is not None:
+            self._raise_late_stop()
+        rises = self._admit(record)
+        deferred = self._deferred
+        quiet = getattr(self._detector, "quiet", None)
+        if (
+            quiet is not None
+            and self._count > FLUSH_LINES  # the first are written at once: a short run is whole
+            and self.policy != "rollback"  # a spike can be rolled back: judged at once
+            and not observers  # they see each update as it is made
+            and quiet(record, rises, len(deferred))
+        ):
+            # no detector can fire on it: judged later with the next ones, in a warm loop
+            now = time.monotonic()
+            if not deferred:
+                self._deferred_since = now
+            deferred.append((record, (inputs, targets, index)))
+            if len(deferred) >= DEFER_RECORDS or now - self._deferred_since > DEFER_SECONDS:
+                self._judge_deferred()
+            return record
+        if deferred:
+            self._judge_deferred()
+        return self._judge(record, (inputs, targets, index))
 
     def _measure(
         self,
@@ -340,9 +402,53 @@ class Monitor:
 
     def _observe(self, rec: dict[str, Any], batch: Any) -> dict[str, Any]:
         """:meth:`observe` of a record this Monitor owns already (no copy)."""
+        if self._late_stop is not None:
+            self._raise_late_stop()
+        self._admit(rec)
+        if self._deferred:
+            self._judge_deferred()
+        return self._judge(rec, batch)
+
+    def _admit(self, rec: dict[str, Any]) -> int:
+        """Count and number the update; the finite loss's rises in a row up to it."""
         self._count += 1
         if rec.get("step") is None:
             rec["step"] = self._count
+        loss = _finite_number(rec.get("loss"))
+        if loss is None:
+            self._rise_prev, self._rises = None, 0
+            return 0
+        prev, self._rise_prev = self._rise_prev, loss
+        self._rises = self._rises + 1 if prev is not None and loss > prev else 0
+        return self._rises
+
+    def _judge_deferred(self) -> None:
+        """Judge the deferred records, in order (their detectors cannot fire: see update)."""
+        if self._judging:
+            return
+        self._judging = True
+        items, self._deferred = self._deferred, []
+        try:
+            for k, (record, batch) in enumerate(items):
+                try:
+                    self._judge(record, batch)
+                except DivergenceError:
+                    # a detector whose quiet() was wrong: the updates after it ran too
+                    for later, _ in items[k + 1 :]:
+                        self.write(later)
+                        self.trace.append(later, copy=False)
+                    raise
+        finally:
+            self._judging = False
+
+    def _raise_late_stop(self) -> None:
+        error, self._late_stop = self._late_stop, None
+        assert error is not None
+        raise error
+
+    def _judge(self, rec: dict[str, Any], batch: Any) -> dict[str, Any]:
+        """Run the detectors on an admitted record, write it, add it to the trace, and stop
+        the fit when one fired."""
         step = int(rec["step"])
         if batch is not None:
             if isinstance(batch, tuple):
@@ -411,7 +517,15 @@ class Monitor:
             flush()
 
     def drain_pending(self, *, stop: bool = True) -> None:
-        """Have every :attr:`pending` source observe the records it still holds (in order)."""
+        """Judge the deferred records, and have every :attr:`pending` source observe the records
+        it still holds (in order)."""
+        if self._deferred:
+            try:
+                self._judge_deferred()
+            except DivergenceError as exc:
+                if stop:
+                    raise
+                self._late_stop = exc  # raised from the next update, not from a read
         if not self.pending:
             return
         for drain in list(self.pending):
@@ -423,7 +537,7 @@ class Monitor:
                 self._internal_fault("pending records", exc)
 
     def _sync_pending(self) -> None:
-        if self.pending:
+        if self.pending or self._deferred:
             self.drain_pending(stop=False)
 
     def _open_writer(self) -> Any:
@@ -600,10 +714,15 @@ class Monitor:
         """Rows of the last batches that hold non-finite or extreme values, newest batch first."""
         found: list[dict[str, Any]] = []
         recent = list(self._recent)[-last:] if last else list(self._recent)
+        # A loop that refills one buffer in place hands the same array every update: it holds
+        # the newest batch only, so an older update's rows (or row numbers) are not read from it.
+        newer: set[int] = set()
         for step, inputs, targets, index in reversed(recent):
-            rows_index = None if index is None else np.asarray(index).reshape(-1)
+            rows_index = None
+            if index is not None and id(index) not in newer:
+                rows_index = np.asarray(index).reshape(-1)
             for source, batch in (("inputs", inputs), ("targets", targets)):
-                if batch is None:
+                if batch is None or id(batch) in newer:
                     continue
                 try:
                     array = as_array(batch, source)
@@ -615,6 +734,7 @@ class Monitor:
                 for row in bad:
                     row["step"] = step
                 found.extend(bad)
+            newer.update(id(a) for a in (inputs, targets, index) if a is not None)
         return found
 
     def save_diagnosis(self, diagnosis: Diagnosis) -> None:
