@@ -182,3 +182,52 @@ def test_a_nan_gradient_outside_the_clipped_parameters_still_stops_its_update(tm
     assert watcher.step == 20
     assert all(torch.isfinite(p).all() for p in side.parameters())
     assert watcher.monitor.trace.records[-1]["nf_grads"] > 0
+
+
+def _nan_at(step_bad, model, opt, x, y, *, train_from=1):
+    with pytest.raises(nanscope.DivergenceError):
+        for step in range(1, 40):
+            model.train(step >= train_from)
+            xb = x.clone()
+            if step == step_bad:
+                xb[5, 2] = math.nan
+            opt.zero_grad()
+            nn.functional.mse_loss(model(xb), y).backward()
+            opt.step()
+
+
+@pytest.mark.parametrize(("train_from", "bad"), [(1, 23), (6, 10)])
+def test_a_forward_with_dropout_keeps_its_rng_state_for_an_exact_replay(tmp_path, train_from, bad):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 32), nn.ReLU(), nn.Dropout(0.5), nn.Linear(32, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    watcher = nanscope.watch(model, opt, run_dir=tmp_path)
+    x, y = torch.randn(64, 4), torch.randn(64, 1)
+    # not a probed update (1, 17, 33); train_from=6: the first forwards run in eval mode and
+    # draw nothing, the switch to training is probed at once
+    _nan_at(bad, model, opt, x, y, train_from=train_from)
+    failure = watcher.failure
+    assert failure is not None and failure.step == bad
+    state = failure.extra["rng_state"]
+    torch.set_rng_state(state)
+    again = model(*failure.args)  # the weights are those the failing forward saw
+    torch.testing.assert_close(again, failure.output, equal_nan=True)  # the same dropout mask
+    watcher.close()
+
+
+def test_a_forward_without_randomness_skips_the_rng_copy_and_still_locates(tmp_path):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    watcher = nanscope.watch(model, opt, run_dir=tmp_path)
+    x, y = torch.randn(64, 4), torch.randn(64, 1)
+    _nan_at(23, model, opt, x, y)
+    assert watcher.window.rng_used is False
+    assert "rng_state" not in watcher.failure.extra
+    found = watcher.monitor.diagnosis.to_dict()
+    assert found["cause"] == "nonfinite_input"
+    # the replay of update 23 needed no RNG state: the same op, module and rows
+    assert found["located"]["how"] == "replay of the failing update"
+    assert (found["located"]["op"], found["located"]["module"]) == ("linear", "0")
+    assert found["rows"][0]["batch_row"] == 5
+    watcher.close()

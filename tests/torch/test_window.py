@@ -86,6 +86,19 @@ def test_forward_keeps_the_cpu_rng_state_and_rows_must_fit_the_batch():
     assert window.rows_of(x) is None  # rows for another batch: not this one's
 
 
+def test_a_probed_forward_says_whether_the_forward_draws_from_the_rng():
+    x = torch.randn(4, 3)
+    for drop, used in ((nn.Dropout(0.5), True), (nn.Identity(), False)):
+        model, window = nn.Sequential(nn.Linear(3, 3), drop), StepWindow()
+        window.on_forward((x,), {}, rng=True, probe=True)
+        window.output = model(x)
+        window.probe_rng()
+        assert window.rng_used is used
+        window.on_forward((x,), {}, rng=True, probe=False)
+        # kept where a replay needs it; a forward that draws nothing is replayed without it
+        assert (window.rng is not None) is used
+
+
 def test_clip_keeps_the_pre_clip_norm_and_reset_keeps_the_batch():
     model, window = _model(), StepWindow()
     x = torch.randn(8, 3)

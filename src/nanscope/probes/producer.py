@@ -385,6 +385,8 @@ class FirstUpdateWatch:
 
     def stop(self) -> None:
         """Leave the mode stack (only when ours is on top; else just go quiet) and unhook."""
+        if not self.pushed:  # every step after the first: nothing to do, no lock to take
+            return
         with self.lock:
             if not self.pushed:
                 return

@@ -45,6 +45,10 @@ class Guard(FaultGuard):
 GUARD = Guard()
 
 _LIVE: weakref.WeakSet[Any] = weakref.WeakSet()
+#: the live watchers as a tuple of weak references, what the patches read on every call (a
+#: ``WeakSet``'s ``len`` and iteration are Python calls; a tuple's are not). Remade on register,
+#: unregister and when a watcher is collected.
+_LIVE_NOW: tuple[weakref.ref[Any], ...] = ()
 _LOCK = threading.Lock()
 _INSTALLED = False
 _STATE = threading.local()
@@ -130,13 +134,30 @@ def live_watchers() -> list[Any]:
     return list(_LIVE)
 
 
+def _live() -> list[Any]:
+    """The live watchers, from the snapshot (the patches' fast path)."""
+    out = []
+    for ref in _LIVE_NOW:
+        watcher = ref()
+        if watcher is not None:
+            out.append(watcher)
+    return out
+
+
+def _refresh(_gone: Any = None) -> None:
+    global _LIVE_NOW
+    _LIVE_NOW = tuple(weakref.ref(w, _refresh) for w in list(_LIVE))
+
+
 def register(watcher: Any) -> None:
     install()
     _LIVE.add(watcher)
+    _refresh()
 
 
 def unregister(watcher: Any) -> None:
     _LIVE.discard(watcher)
+    _refresh()
 
 
 def user_site(depth: int = 2) -> CallSite | None:
@@ -182,7 +203,7 @@ def _notify_backward(tensors: Any) -> None:
     if not isinstance(tensor, torch.Tensor) or tensor.numel() != 1:
         return
     site = user_site(4)
-    for watcher in list(_LIVE):
+    for watcher in _live():
         watcher.on_backward(tensor, site)
 
 
@@ -205,7 +226,7 @@ def _patch_backward() -> None:
 
     @functools.wraps(tensor_backward)
     def backward(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        if _LIVE and not getattr(_STATE, "inside", False):
+        if _LIVE_NOW and not getattr(_STATE, "inside", False):
             GUARD.run("backward", _notify_backward, self)
             _STATE.inside = True
             try:
@@ -216,7 +237,7 @@ def _patch_backward() -> None:
 
     @functools.wraps(autograd_backward)
     def autograd_bw(tensors: Any, *args: Any, **kwargs: Any) -> Any:
-        if _LIVE and not getattr(_STATE, "inside", False):
+        if _LIVE_NOW and not getattr(_STATE, "inside", False):
             GUARD.run("backward", _notify_backward, tensors)
             _STATE.inside = True
             try:
@@ -235,9 +256,9 @@ def _patch_loss() -> None:
     call = torch.nn.Module.__call__
 
     def loss_call(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if _LIVE:
+        if _LIVE_NOW:
             LOSS_SITE["site"] = user_site(2)  # the user's line that called the loss module
-            for watcher in list(_LIVE):
+            for watcher in _live():
                 GUARD.run("loss module", watcher.on_loss_module, self, args, kwargs)
         return call(self, *args, **kwargs)
 
@@ -282,7 +303,7 @@ def _patch_clip() -> None:
 
     @functools.wraps(original)
     def clip_grad_norm_(*args: Any, **kwargs: Any) -> Any:
-        if not _LIVE:
+        if not _LIVE_NOW:
             return original(*args, **kwargs)
         # the parameters it clips (an iterator is read into a list first, which torch accepts
         # the same): a watcher whose parameters are all among them may take the finite total as
@@ -293,7 +314,7 @@ def _patch_clip() -> None:
         except Exception:
             CLIP_CALL.clear()
         total = original(*args, **kwargs)
-        for watcher in list(_LIVE):
+        for watcher in _live():
             GUARD.run("clip_grad_norm_", watcher.on_clip, total)
         return total
 
@@ -307,9 +328,9 @@ def _patch_clip() -> None:
         @functools.wraps(with_norm)
         def clip_grads_with_norm_(parameters: Any, max_norm: Any, total_norm: Any,
                                   *args: Any, **kwargs: Any) -> Any:  # fmt: skip
-            if _LIVE:
+            if _LIVE_NOW:
                 CLIP_CALL.clear()  # (its total was computed elsewhere: not taken as a check)
-                for watcher in list(_LIVE):
+                for watcher in _live():
                     GUARD.run("clip_grad_norm_", watcher.on_clip, total_norm)
             return with_norm(parameters, max_norm, total_norm, *args, **kwargs)
 
@@ -328,14 +349,14 @@ def _patch_scaler() -> None:
     @functools.wraps(scale)
     def scale_(self: Any, outputs: Any) -> Any:
         out = scale(self, outputs)
-        if _LIVE and isinstance(out, torch.Tensor) and out is not outputs:
+        if _LIVE_NOW and isinstance(out, torch.Tensor) and out is not outputs:
             with contextlib.suppress(TypeError):
                 _SCALED[out] = self
         return out
 
     @functools.wraps(step)
     def step_(self: Any, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
-        watchers = [w for w in list(_LIVE) if w.owns(optimizer)] if _LIVE else []
+        watchers = [w for w in _live() if w.owns(optimizer)] if _LIVE_NOW else []
         for watcher in watchers:
             watcher.scaler_step_begin(self)
         out = step(self, optimizer, *args, **kwargs)

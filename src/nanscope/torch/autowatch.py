@@ -227,9 +227,10 @@ def _narrow() -> None:
 
 
 def _guard() -> Any:
-    from nanscope.torch._hooks import GUARD
-
-    return GUARD
+    hooks: Any = sys.modules.get("nanscope.torch._hooks")
+    if hooks is None:
+        from nanscope.torch import _hooks as hooks
+    return hooks.GUARD
 
 
 def _forward_pre(module: Any, args: Any) -> None:

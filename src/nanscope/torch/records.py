@@ -198,12 +198,12 @@ class RecordBuilder:
         """Keep this update's per-parameter gradient norms (the per-name norms at a stop)."""
         self._gnorms.append((step, gnorms, None))
 
-    def sample_if_wanted(self, step: int, record: dict[str, Any], *, full: bool) -> None:
-        """:meth:`_sample_if_wanted` for a record made elsewhere (the watcher's lean check)."""
-        self._sample_if_wanted(step, record, {"full": full})
-
     def _sample_if_wanted(self, step: int, record: dict[str, Any], ctx: dict[str, Any]) -> None:
-        """The sampled update norm, cosines and sign flips, when a detector can use them.
+        self.sample_if_wanted(step, record, full=ctx["full"])
+
+    def sample_if_wanted(self, step: int, record: dict[str, Any], *, full: bool) -> float | None:
+        """The sampled update norm, cosines and sign flips, when a detector can use them; returns
+        the previous record's loss (the one :attr:`last_loss` said before this call).
 
         The divergence and ascent detectors read them only over a run of rising losses (four
         rises and more), so on the synchronous path (CPU) the sample is taken from the second
@@ -216,11 +216,11 @@ class RecordBuilder:
         prev, self._prev_loss = self._prev_loss, loss
         rising = loss is not None and prev is not None and loss > prev
         self._rises = self._rises + 1 if rising else 0
-        if not (self._rises >= 2 or ctx["full"] or (step - 2) % self.every == 0):
-            return
+        if not (self._rises >= 2 or full or (step - 2) % self.every == 0):
+            return prev
         measure = self.measure
         if measure is None:
-            return
+            return prev
         if self._sampled_at != step - 1:
             measure.reset_history()
         self._sampled_at = step
@@ -228,6 +228,7 @@ class RecordBuilder:
         if stats is not None:
             layout = {"n": 0, "stats": True, "no_grads": True, "half": measure._half ^ 1}
             record.update(measure.record(stats.tolist(), layout))
+        return prev
 
     def _full_at_failure(
         self, record: dict[str, Any], slots: dict[str, Any], batch: Any, *, late: bool

@@ -201,6 +201,7 @@ class Watcher:
         self._stop_error: DivergenceError | None = None
         self._lean_grad: float | None = None  # the last lean check's gradient norm
         self._model_sites = _hooks.CallerSites()  # the user's line that calls the model
+        self._training: bool | None = None  # the model's mode at the last forward
         monitor.pending.append(self.drain_batched)
         if model is not None:
             self.bind_model(model, hook=hook_model)
@@ -295,15 +296,25 @@ class Watcher:
         self.guard.run("forward pre", self.on_forward, args, kwargs)
 
     def _forward_post(self, module: Any, args: Any, output: Any) -> None:
-        self.window.output = output
-        self.guard.run("output gradient", self.window.keep_output_grad, output)
+        window = self.window
+        window.output = output
+        self.guard.run("output gradient", window.keep_output_grad, output)
+        if window._rng_probe:
+            self.guard.run("rng probe", window.probe_rng)
 
     def on_forward(self, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any = None) -> None:
         """The model's forward was called with ``args``/``kwargs`` (and returned ``output``)."""
-        self.window.on_forward(args, kwargs, output, rng=self.failure is None)
-        with contextlib.suppress(Exception):
+        # the forward of every ``every``-th update, and the first after a train/eval switch,
+        # says whether the forward draws from the RNG (window.probe_rng)
+        training = getattr(self.model, "training", None)
+        probe = self.step % self.records.every == 0 or training is not self._training
+        self._training = training
+        self.window.on_forward(args, kwargs, output, rng=self.failure is None, probe=probe)
+        try:
             # the user's line that called the model (None when called late, not from a forward)
             self.window.model_site = self._model_sites.get(2, skip_from="_bind")
+        except Exception:
+            self.window.model_site = None
 
     def on_batch(self, inputs: Any, targets: Any) -> None:
         """A trainer callback names this step's batch (read where the forward's arguments fail)."""
@@ -507,7 +518,7 @@ class Watcher:
             clip = float(window.clip_norm)
             if not math.isfinite(clip):
                 return False
-        clipped = self._clipped_norm(clip, measure)
+        clipped = self._clipped_norm(clip, measure) if clip is not None else None
         if clipped is not None:
             g_sq, gnorms = clipped * clipped, None  # the script's own norm said it: finite
         else:
@@ -524,29 +535,32 @@ class Watcher:
         grad_norm = math.sqrt(g_sq)
         record["grad_norm"] = grad_norm
         record["nf_grads"] = 0
+        records = self.records
         if gnorms is not None:
-            self.records.keep_norms(step, gnorms)
-        prev_loss, prev_grad = self.records.last_loss, self._lean_grad
+            records.keep_norms(step, gnorms)
+        prev_grad = self._lean_grad
         self._lean_grad = grad_norm
-        self.records.sample_if_wanted(step, record, full=False)
+        prev_loss = records.sample_if_wanted(step, record, full=False)
         # judged now, not with the batch: a climb (the divergence and ascent detectors decide
         # from its fourth rise on) and a jump of the loss or the gradient (a spike's batch rows)
-        urgent = self.records.rises >= 2 or (
+        urgent = records.rises >= 2 or (
             prev_loss is not None and loss - prev_loss > 3.0 * abs(prev_loss)
         ) or (prev_grad is not None and grad_norm > 10.0 * prev_grad)
-        extra: dict[str, Any] = {}
-        step_extra(record, extra, pre_clip=clip, micro=len(floats))
-        if extra:
+        if clip is not None or len(floats) > 1:
+            extra: dict[str, Any] = {}
+            step_extra(record, extra, pre_clip=clip, micro=len(floats))
             record["extra"] = extra
-        self._take_extra(record)
+        if self._extra:
+            self._take_extra(record)
         batched = self._batched
         if len(batched) >= 3:
             batched[-3][2] = None  # the Monitor keeps the last three batches: so do we
         batched.append([step, record, window.refs()])
         window.reset()
-        # a finite update is never replayed: its loss module's arguments are not kept
+        # a finite update is never replayed: its loss module's arguments are not kept, nor the
+        # loss and the output (their graph: _drop_graph)
         window.loss_args, window.loss_args_live = (), False
-        self._drop_graph()
+        window.last_loss = window.output = None
         now = time.monotonic()
         if len(batched) == 1:
             self._batched_since = now

@@ -48,6 +48,10 @@ class StepWindow:
         self.kwargs: dict[str, Any] = {}
         self.output: Any = None
         self.rng: Any = None
+        #: whether the model's forward draws from the CPU RNG (then its state is kept at every
+        #: forward, for an exact replay); measured on the forwards :meth:`on_forward` probes
+        self.rng_used = True
+        self._rng_probe = False
         self.index: Any = None
         self.autocast: Any = None
         self.given: tuple[Any, Any] = (None, None)
@@ -86,18 +90,38 @@ class StepWindow:
     # ------------------------------------------------------------------ fed by the hooks
 
     def on_forward(
-        self, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any = None, *, rng: bool
+        self,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        output: Any = None,
+        *,
+        rng: bool,
+        probe: bool = True,
     ) -> None:
-        """The model's forward ran; ``rng``: keep the CPU RNG state (for an exact replay)."""
+        """The model's forward ran; ``rng``: keep the CPU RNG state (for an exact replay).
+
+        The state (a 5 kB copy) is kept on every forward while the forward is known to draw
+        from the RNG (dropout); a ``probe`` forward keeps it and :meth:`probe_rng` compares it at
+        the forward's end: a forward that drew nothing needs no state to be replayed exactly,
+        and the forwards after it skip the copy until the next probe says otherwise."""
         self.args = args
         self.kwargs = kwargs
         self.output = output
         self.keep_output_grad(output)
         self.rng = None
+        self._rng_probe = False
         self.index = _batch_index(args, kwargs)
-        if rng and self._on_cpu():
+        if rng and (self.rng_used or probe) and self._on_cpu():
             self.rng = torch.get_rng_state()
-        self.autocast = autocast_dtype()
+            self._rng_probe = probe
+        self.autocast = autocast_dtype() if _ANY_AUTOCAST is None or _ANY_AUTOCAST() else None
+
+    def probe_rng(self) -> None:
+        """At the end of a probed forward: did it draw from the CPU RNG?"""
+        if self._rng_probe:
+            self._rng_probe = False
+            if self.rng is not None:
+                self.rng_used = not torch.equal(torch.get_rng_state(), self.rng)
 
     def keep_output_grad(self, output: Any) -> None:
         """The model's forward returned ``output``: hook the autograd node that made the tensor
@@ -173,9 +197,8 @@ class StepWindow:
         self.loss_module = module
         self.loss_args = args
         self.loss_args_live = True  # they may hold the graph: the check detaches them
-        from nanscope.torch import _hooks
-
-        self.loss_site = _hooks.LOSS_SITE.get("site")
+        hooks = sys.modules.get("nanscope.torch._hooks")  # (imported: it calls this)
+        self.loss_site = hooks.LOSS_SITE.get("site") if hooks is not None else None
         if len(args) < 2:
             target = kwargs.get("target")
             if target is not None:
@@ -308,9 +331,12 @@ def _cuda_available() -> bool:
     return _CUDA[0]
 
 
+#: one C call that says whether any autocast is on (None on a torch without it)
+_ANY_AUTOCAST = getattr(torch._C, "_is_any_autocast_enabled", None)
+
+
 def _any_autocast() -> bool:
-    check = getattr(torch._C, "_is_any_autocast_enabled", None)
-    return True if check is None else bool(check())
+    return True if _ANY_AUTOCAST is None else bool(_ANY_AUTOCAST())
 
 
 def autocast_dtype() -> Any:
