@@ -11,6 +11,7 @@ import pytest
 import nanscope
 import torch
 from nanscope.torch import autowatch
+from nanscope.torch.records import FULL_EVERY
 from torch import nn
 
 
@@ -48,10 +49,10 @@ def test_the_global_module_hooks_go_once_the_model_is_known(armed):
     assert not autowatch._MODULE_HANDLES
     (watcher,) = autowatch.watchers()
     assert watcher.model is model and watcher.model_hooked
-    _steps(model, opt, x, y, 14)  # update 17 is a full one: its batch is read
+    _steps(model, opt, x, y, FULL_EVERY - 2)  # update FULL_EVERY + 1 is a full one: its batch
     records = watcher.monitor.trace.records
-    assert [r["step"] for r in records] == list(range(1, 18))
-    assert records[16]["input_absmax"] == pytest.approx(float(x.abs().max()))
+    assert [r["step"] for r in records] == list(range(1, FULL_EVERY + 2))
+    assert records[FULL_EVERY]["input_absmax"] == pytest.approx(float(x.abs().max()))
 
 
 def test_a_nan_batch_after_the_narrowing_is_still_found_with_its_row(armed):

@@ -28,7 +28,7 @@ __all__ = ["FULL_EVERY", "RecordBuilder", "count_nonfinite", "step_extra"]
 
 #: default ``every``: the weight norm, per-layer gradient norms and batch max |x| every this many
 #: updates (the loss, gradient finiteness and norm, and the sampled cosines on every update)
-FULL_EVERY = 16
+FULL_EVERY = 64
 
 
 class RecordBuilder:
