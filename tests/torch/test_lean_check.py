@@ -91,12 +91,17 @@ def test_the_lean_path_holds_records_in_batches():
     watcher.close()
 
 
-def test_a_nan_in_a_lean_run_stops_before_the_step_with_the_batch_observed(tmp_path):
+def _watched(tmp_path, *hidden):
+    """A seeded 4 -> 8 -> ``hidden`` -> 1 model, its SGD, its watcher and one batch."""
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+    model = nn.Sequential(nn.Linear(4, 8), *hidden, nn.Linear(8, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     watcher = nanscope.watch(model, opt, run_dir=tmp_path)
-    x, y = torch.randn(64, 4), torch.randn(64, 1)
+    return model, opt, watcher, torch.randn(64, 4), torch.randn(64, 1)
+
+
+def test_a_nan_in_a_lean_run_stops_before_the_step_with_the_batch_observed(tmp_path):
+    model, opt, watcher, x, y = _watched(tmp_path, nn.ReLU())
     with pytest.raises(nanscope.DivergenceError):
         for step in range(1, 40):
             xb = x.clone()
@@ -198,13 +203,9 @@ def _nan_at(step_bad, model, opt, x, y, *, train_from=1):
 
 @pytest.mark.parametrize(("train_from", "bad"), [(1, 23), (6, 10)])
 def test_a_forward_with_dropout_keeps_its_rng_state_for_an_exact_replay(tmp_path, train_from, bad):
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(4, 32), nn.ReLU(), nn.Dropout(0.5), nn.Linear(32, 1))
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    watcher = nanscope.watch(model, opt, run_dir=tmp_path)
-    x, y = torch.randn(64, 4), torch.randn(64, 1)
-    # not a probed update (1, 17, 33); train_from=6: the first forwards run in eval mode and
-    # draw nothing, the switch to training is probed at once
+    model, opt, watcher, x, y = _watched(tmp_path, nn.ReLU(), nn.Dropout(0.5))
+    # not a probed update (the forwards of updates 1, 65, ... are); train_from=6: the first
+    # forwards run in eval mode and draw nothing, the switch to training is probed at once
     _nan_at(bad, model, opt, x, y, train_from=train_from)
     failure = watcher.failure
     assert failure is not None and failure.step == bad
@@ -216,11 +217,7 @@ def test_a_forward_with_dropout_keeps_its_rng_state_for_an_exact_replay(tmp_path
 
 
 def test_a_forward_without_randomness_skips_the_rng_copy_and_still_locates(tmp_path):
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    watcher = nanscope.watch(model, opt, run_dir=tmp_path)
-    x, y = torch.randn(64, 4), torch.randn(64, 1)
+    model, opt, watcher, x, y = _watched(tmp_path, nn.ReLU())
     _nan_at(23, model, opt, x, y)
     assert watcher.window.rng_used is False
     assert "rng_state" not in watcher.failure.extra
