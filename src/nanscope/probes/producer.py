@@ -306,6 +306,12 @@ def _multi_rank() -> bool:
         return False
 
 
+def _compiling() -> bool:
+    """True while ``torch.compile`` traces (hooks run inside the traced function then)."""
+    check = getattr(getattr(_torch(), "compiler", None), "is_compiling", None)
+    return bool(check()) if check is not None else False
+
+
 class FirstUpdateWatch:
     """Checks every op of the first update, live, and keeps the first producer and its chain.
 
@@ -426,12 +432,14 @@ class FirstUpdateWatch:
     # ------------------------------------------------------------ module hooks
 
     def _pre(self, module: Any, args: Any) -> None:
-        if self.active:
+        # (under torch.compile the hooks are traced into the graph: the watch looks at eager ops
+        # only, and reading its own state there trips the compiler's side-effect tracking)
+        if self.active and not _compiling():
             self.modules.append(module)
             self.forward_seen = True
 
     def _post(self, module: Any, args: Any, output: Any) -> None:
-        if self.active and self.modules:
+        if self.active and not _compiling() and self.modules:
             self.modules.pop()
 
     def _module_name(self) -> str | None:

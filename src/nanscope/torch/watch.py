@@ -43,6 +43,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import sys
 import time
 import warnings
 from collections.abc import Callable, Mapping
@@ -121,6 +122,26 @@ def watch(
         warnings.warn(f"nanscope: ranks will not agree on stops ({type(exc).__name__}: {exc})",
                       RuntimeWarning, stacklevel=2)  # fmt: skip
     return watcher
+
+
+_IS_COMPILING = getattr(getattr(torch, "compiler", None), "is_compiling", None)
+
+
+def _compiling() -> bool:
+    """True while ``torch.compile`` traces (the model's hooks run inside the traced code then)."""
+    return _IS_COMPILING is not None and bool(_IS_COMPILING())
+
+
+def _eager(model: Any) -> Any:
+    """The module a ``torch.compile`` wrapper runs (the replay watches its ops one by one, which
+    a compiled graph hides), else ``model`` itself."""
+    frame = sys.modules.get("torch._dynamo.eval_frame")
+    wrapper = getattr(frame, "OptimizedModule", None)
+    if wrapper is not None and isinstance(model, wrapper):
+        inner = getattr(model, "_orig_mod", None)
+        if isinstance(inner, torch.nn.Module):
+            return inner
+    return model
 
 
 def _positive(name: str, value: Any, *, optional: bool = False) -> None:
@@ -293,11 +314,20 @@ class Watcher:
     # ------------------------------------------------------------------ hooks (guarded)
 
     def _forward_pre(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        if _compiling():
+            # torch.compile traces this hook into the model's graph: only references, which the
+            # compiler replays after the graph (the RNG read, the frames, would break the graph,
+            # an error under fullgraph=True)
+            window = self.window
+            window.args, window.kwargs, window.rng = args, kwargs, None
+            return
         self.guard.run("forward pre", self.on_forward, args, kwargs)
 
     def _forward_post(self, module: Any, args: Any, output: Any) -> None:
         window = self.window
         window.output = output
+        if _compiling():
+            return
         self.guard.run("output gradient", window.keep_output_grad, output)
         if window._rng_probe:
             self.guard.run("rng probe", window.probe_rng)
@@ -685,7 +715,7 @@ class Watcher:
         if self._failing.get("late"):
             extra["replay_from"] = self.deferred.replay_from()
         # a replay of a sharded model would run its collectives on this rank alone
-        model = None if sharded.is_sharded(self.model) else self.model
+        model = None if sharded.is_sharded(self.model) else _eager(self.model)
         return self.window.failure(
             model, step, str(self._failing.get("what", "loss")),
             kept=self.deferred.batch_at(step), current=step == self.step,
