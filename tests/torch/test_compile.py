@@ -44,9 +44,17 @@ def _model():
     return nn.Sequential(nn.Linear(4, 16), nn.GELU(), nn.Dropout(0.1), nn.Linear(16, 1))
 
 
+def _compiled(model, style, fullgraph):
+    if style == "wrapper":  # torch.compile(model): a new module around the model
+        return torch.compile(model, backend="aot_eager", fullgraph=fullgraph)
+    model.compile(backend="aot_eager", fullgraph=fullgraph)  # in place
+    return model
+
+
+@pytest.mark.parametrize("style", ["wrapper", "in_place"])
 @pytest.mark.parametrize("fullgraph", [False, True])
 @pytest.mark.parametrize("how", ["watch", "run"])
-def test_a_compiled_model_trains_and_its_nan_batch_is_found(tmp_path, how, fullgraph):
+def test_a_compiled_model_trains_and_its_nan_batch_is_found(tmp_path, how, fullgraph, style):
     model = _model()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     if how == "watch":
@@ -56,7 +64,7 @@ def test_a_compiled_model_trains_and_its_nan_batch_is_found(tmp_path, how, fullg
         autowatch.enable()
     try:
         # fullgraph=True: any graph break nanscope's hooks made would be an error
-        compiled = torch.compile(model, backend="aot_eager", fullgraph=fullgraph)
+        compiled = _compiled(model, style, fullgraph)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the compiler's note on global module hooks
             with pytest.raises(nanscope.DivergenceError) as info:
@@ -64,7 +72,7 @@ def test_a_compiled_model_trains_and_its_nan_batch_is_found(tmp_path, how, fullg
         found = info.value.diagnosis.to_dict()
         assert (found["cause"], found["step"]) == ("nonfinite_input", 30)
         assert found["rows"][0]["batch_row"] == 3 and found["rows"][0]["column"] == 1
-        # where the NaN first appears, from an eager replay of update 30 (the compiled graph
+        # where the NaN first appears, from an eager replay of update 30 (a compiled graph
         # would hide its ops), named in the user's model, not in the compiler's wrapper
         assert (found["located"]["op"], found["located"]["module"]) == ("linear", "0")
         assert found["located"]["how"] == "replay of the failing update"

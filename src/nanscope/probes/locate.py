@@ -586,6 +586,7 @@ class _Locator:
                 stack.enter_context(torch.autograd.detect_anomaly(check_nan=False))
                 if f.autocast is not None:
                     stack.enter_context(torch.autocast(device.type, dtype=f.autocast))
+                stack.enter_context(_eager_compiled(torch))
                 stack.enter_context(_OpWatch(self))
                 out = model(*f.args, **f.kwargs)
                 self.module_stack = []
@@ -1162,6 +1163,18 @@ def _op_name(func: Any) -> str:
         name = getattr(getattr(func, "__self__", None), "__name__", name)
     name = name.strip("_")
     return _NAME_FIXES.get(name, name)
+
+
+def _eager_compiled(torch: Any) -> Any:
+    """Run what ``torch.compile`` compiled (the model, ``model.compile()``, compiled blocks)
+    eagerly for the replay: a compiled graph hides the ops the replay watches one by one."""
+    set_stance = getattr(getattr(torch, "compiler", None), "set_stance", None)
+    if set_stance is None:
+        return contextlib.nullcontext()
+    try:
+        return set_stance("force_eager")
+    except Exception:  # a torch whose stances differ: replay as it is
+        return contextlib.nullcontext()
 
 
 class _OpWatch:

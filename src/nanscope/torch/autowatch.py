@@ -39,6 +39,7 @@ that follows no change of the weights adds to the update already recorded).
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.abc
 import sys
 import threading
@@ -178,6 +179,7 @@ def enable() -> None:
     _HANDLES.append(optimizer_mod.register_optimizer_step_pre_hook(_step_pre))
     _HANDLES.append(optimizer_mod.register_optimizer_step_post_hook(_step_post))
     _widen()
+    _patch_compile(torch)
     del torch
     from nanscope.probes.producer import LIVE  # producer: check the ops of the first update
 
@@ -188,6 +190,26 @@ def enable() -> None:
         rows.install()
     except Exception:
         pass
+
+
+def _patch_compile(torch: Any) -> None:
+    """``model.compile()`` compiles the module's call in place, the global module hooks with it
+    (they are skipped while the compiler traces): a module compiled in place is a candidate
+    model from then on, as one seen in a forward is (its batch comes with the watcher's own
+    hooks, which the compiler keeps references of)."""
+    compile_ = getattr(torch.nn.Module, "compile", None)
+    if compile_ is None or getattr(compile_, "_nanscope", False):
+        return
+
+    @functools.wraps(compile_)
+    def compile_in_place(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if _ENABLED and len(_SEEN) <= 32:
+            with contextlib.suppress(Exception):
+                _SEEN.setdefault(id(self), (weakref.ref(self), (), {}, None))
+        return compile_(self, *args, **kwargs)
+
+    compile_in_place._nanscope = True  # type: ignore[attr-defined]
+    torch.nn.Module.compile = compile_in_place
 
 
 # ---------------------------------------------------------------------- global hooks
@@ -233,11 +255,23 @@ def _guard() -> Any:
     return hooks.GUARD
 
 
+def _compiling() -> bool:
+    """True while ``torch.compile`` traces (torch is imported once these hooks run)."""
+    check = getattr(getattr(sys.modules.get("torch"), "compiler", None), "is_compiling", None)
+    return check is not None and bool(check())
+
+
 def _forward_pre(module: Any, args: Any) -> None:
+    # while torch.compile traces a model compiled in place these hooks run inside its graph: a
+    # depth that changes per call would recompile it each time (an error under fullgraph=True)
+    if _compiling():
+        return
     _STATE.depth = getattr(_STATE, "depth", 0) + 1
 
 
 def _forward_post(module: Any, args: Any, kwargs: Any, output: Any) -> None:
+    if _compiling():
+        return
     depth = getattr(_STATE, "depth", 1) - 1
     _STATE.depth = max(depth, 0)
     if depth > 0:
