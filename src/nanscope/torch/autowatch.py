@@ -192,13 +192,17 @@ def enable() -> None:
         pass
 
 
+#: the functions this module put in torch's place (a second enable leaves them as they are)
+_PATCHED: set[Any] = set()
+
+
 def _patch_compile(torch: Any) -> None:
     """``model.compile()`` compiles the module's call in place, the global module hooks with it
     (they are skipped while the compiler traces): a module compiled in place is a candidate
     model from then on, as one seen in a forward is (its batch comes with the watcher's own
     hooks, which the compiler keeps references of)."""
     compile_ = getattr(torch.nn.Module, "compile", None)
-    if compile_ is None or getattr(compile_, "_nanscope", False):
+    if compile_ is None or compile_ in _PATCHED:
         return
 
     @functools.wraps(compile_)
@@ -208,7 +212,7 @@ def _patch_compile(torch: Any) -> None:
                 _SEEN.setdefault(id(self), (weakref.ref(self), (), {}, None))
         return compile_(self, *args, **kwargs)
 
-    compile_in_place._nanscope = True  # type: ignore[attr-defined]
+    _PATCHED.add(compile_in_place)
     torch.nn.Module.compile = compile_in_place
 
 
