@@ -104,6 +104,7 @@ def train(
     grad_clip=1.0,
     weight_decay=0.1,
     seed=None,
+    compile=False,
 ):
     seed = int(os.environ.get("ZOO_SEED", "1337")) if seed is None else seed
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
@@ -115,6 +116,10 @@ def train(
     train_data = data[:n]
     model = GPT(len(chars), block_size=block_size)
     optimizer = model.configure_optimizers(weight_decay, learning_rate, (0.9, 0.95))
+    if compile:
+        # as nanoGPT does, after the optimizer; aot_eager traces as the default backend does
+        # without building C++ (the machine's compiler is not what is tested)
+        model = torch.compile(model, backend="aot_eager")
     min_lr = learning_rate * min_lr_ratio
 
     def get_batch():
