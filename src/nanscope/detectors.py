@@ -184,7 +184,10 @@ class Divergence:
             if descent and sum(not d for d in descent) > len(descent) / 2:
                 return None  # the update ascends: that is the Ascent detector's case
             if known:
-                if sum(known) >= max(2, len(known) - 1) and growth >= self.GROWTH:
+                # an update whose direction was not measured (its cosines are sampled on a
+                # climb) is no evidence of oscillation: a one-row spike followed by a wild
+                # update or two would otherwise read as the step size
+                if sum(known) >= max(2, len(osc_flags) - 1) and growth >= self.GROWTH:
                     break
             elif growth >= self.LOSS_ONLY_GROWTH:
                 break
