@@ -31,7 +31,8 @@ import torch
 from nanscope._guard import REPORT, FaultGuard
 from nanscope.probes.failure import CallSite
 
-__all__ = ["GUARD", "REPORT", "CallerSites", "Guard", "install", "live_watchers", "user_site"]
+__all__ = ["GUARD", "REPORT", "CallerSites", "Guard", "compiling", "install", "live_watchers",
+           "user_site"]  # fmt: skip
 
 
 class Guard(FaultGuard):
@@ -45,8 +46,14 @@ class Guard(FaultGuard):
 GUARD = Guard()
 
 _LIVE: weakref.WeakSet[Any] = weakref.WeakSet()
-#: True while ``torch.compile`` traces: what the patches do then is left out of the graph
 _IS_COMPILING = getattr(getattr(torch, "compiler", None), "is_compiling", None)
+
+
+def compiling() -> bool:
+    """True while ``torch.compile`` traces: hooks run inside the traced code then, and what they
+    do there is left out of the graph (frames, RNG reads and the watchers' state break it)."""
+    return _IS_COMPILING is not None and bool(_IS_COMPILING())
+
 #: the live watchers as a tuple of weak references, what the patches read on every call (a
 #: ``WeakSet``'s ``len`` and iteration are Python calls; a tuple's are not). Remade on register,
 #: unregister and when a watcher is collected.
@@ -258,8 +265,7 @@ def _patch_loss() -> None:
     call = torch.nn.Module.__call__
 
     def loss_call(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if _LIVE_NOW and not (_IS_COMPILING is not None and _IS_COMPILING()):
-            # (inside a compiled model the frames and the watchers' Python break its graph)
+        if _LIVE_NOW and not compiling():
             LOSS_SITE["site"] = user_site(2)  # the user's line that called the loss module
             for watcher in _live():
                 GUARD.run("loss module", watcher.on_loss_module, self, args, kwargs)

@@ -124,14 +124,6 @@ def watch(
     return watcher
 
 
-_IS_COMPILING = getattr(getattr(torch, "compiler", None), "is_compiling", None)
-
-
-def _compiling() -> bool:
-    """True while ``torch.compile`` traces (the model's hooks run inside the traced code then)."""
-    return _IS_COMPILING is not None and bool(_IS_COMPILING())
-
-
 def _eager(model: Any) -> Any:
     """The module a ``torch.compile`` wrapper runs (the replay watches its ops one by one, which
     a compiled graph hides), else ``model`` itself."""
@@ -314,7 +306,7 @@ class Watcher:
     # ------------------------------------------------------------------ hooks (guarded)
 
     def _forward_pre(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        if _compiling():
+        if _hooks.compiling():
             # torch.compile traces this hook into the model's graph: only references, which the
             # compiler replays after the graph (the RNG read, the frames, would break the graph,
             # an error under fullgraph=True)
@@ -326,7 +318,7 @@ class Watcher:
     def _forward_post(self, module: Any, args: Any, output: Any) -> None:
         window = self.window
         window.output = output
-        if _compiling():
+        if _hooks.compiling():
             return
         self.guard.run("output gradient", window.keep_output_grad, output)
         if window._rng_probe:
