@@ -150,7 +150,7 @@ class RecordBuilder:
                 self._gnorms.append((step, measured[:n], ctx["layout"].get("has")))
         bad = bool(record.get("nf_loss") or record.get("nf_grads"))
         if not late and not bad and "measure" in slots and not ctx["layout"].get("stats"):
-            self._sample_if_wanted(step, record, ctx)
+            self.sample_if_wanted(step, record, full=ctx["full"])
         if bad and not ctx["full"]:
             self._full_at_failure(record, slots, batch, late=late)
         for source, prefix in (("inputs", "input"), ("targets", "target")):
@@ -197,9 +197,6 @@ class RecordBuilder:
     def keep_norms(self, step: int, gnorms: list[float]) -> None:
         """Keep this update's per-parameter gradient norms (the per-name norms at a stop)."""
         self._gnorms.append((step, gnorms, None))
-
-    def _sample_if_wanted(self, step: int, record: dict[str, Any], ctx: dict[str, Any]) -> None:
-        self.sample_if_wanted(step, record, full=ctx["full"])
 
     def sample_if_wanted(self, step: int, record: dict[str, Any], *, full: bool) -> float | None:
         """The sampled update norm, cosines and sign flips, when a detector can use them; returns

@@ -321,7 +321,7 @@ class Watcher:
         if _hooks.compiling():
             return
         self.guard.run("output gradient", window.keep_output_grad, output)
-        if window._rng_probe:
+        if window.rng_probing:
             self.guard.run("rng probe", window.probe_rng)
 
     def on_forward(self, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any = None) -> None:

@@ -51,7 +51,8 @@ class StepWindow:
         #: whether the model's forward draws from the CPU RNG (then its state is kept at every
         #: forward, for an exact replay); measured on the forwards :meth:`on_forward` probes
         self.rng_used = True
-        self._rng_probe = False
+        #: this forward's state is to be compared at its end (:meth:`probe_rng`)
+        self.rng_probing = False
         self.index: Any = None
         self.autocast: Any = None
         self.given: tuple[Any, Any] = (None, None)
@@ -109,17 +110,17 @@ class StepWindow:
         self.output = output
         self.keep_output_grad(output)
         self.rng = None
-        self._rng_probe = False
+        self.rng_probing = False
         self.index = _batch_index(args, kwargs)
         if rng and (self.rng_used or probe) and self._on_cpu():
             self.rng = torch.get_rng_state()
-            self._rng_probe = probe
-        self.autocast = autocast_dtype() if _ANY_AUTOCAST is None or _ANY_AUTOCAST() else None
+            self.rng_probing = probe
+        self.autocast = autocast_dtype()
 
     def probe_rng(self) -> None:
         """At the end of a probed forward: did it draw from the CPU RNG?"""
-        if self._rng_probe:
-            self._rng_probe = False
+        if self.rng_probing:
+            self.rng_probing = False
             if self.rng is not None:
                 self.rng_used = not torch.equal(torch.get_rng_state(), self.rng)
 
