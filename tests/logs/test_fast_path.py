@@ -159,6 +159,36 @@ def test_the_fast_path_is_taken_on_common_shapes() -> None:
         assert layout.fast_lines == block.count("\n"), shape
 
 
+@pytest.mark.parametrize("odd", ["1.2.3", "e", "-", "1e5e", ".", "+-", "0.5x", "abc", "nan", "--1"])
+def test_a_value_the_layout_skips_may_be_any_run_of_number_characters(
+    tmp_path: Path, odd: str
+) -> None:
+    # mmdetection's lines carry values no role reads (time, data_time, loss_cls); the loose
+    # pattern skips them as any run of number characters: an odd one there reads as the
+    # general reader reads it, and the other lines stay on the fast path
+    shape = (
+        "2024-01-01 00:00:01,123 - mmdet - INFO - Epoch [1][{s}/3862]\tlr: 1.000e-02, "
+        "eta: 1:02:03, time: {t}, data_time: 0.010, memory: 3021, loss_cls: {v:.4f}, "
+        "loss: {v:.4f}, grad_norm: 3.1"
+    )
+    losses = _losses(400)[:300]
+    lines = [
+        shape.format(s=50 * i, t=odd if i % 37 == 0 else "0.512", v=v)
+        for i, v in enumerate(losses, 1)
+    ]
+    path = tmp_path / "mmdet.log"
+    _write(path, lines)
+    records = _same(path)
+    assert [r["step"] for r in records] == [50 * i for i in range(1, 301)]
+    block = "".join(line + "\n" for line in lines)
+    layout = textlog._find_layout(block)
+    assert layout is not None
+    layout.read(textlog._State({}), block)
+    # a run of number characters stays on the fast path; anything else goes to the general one
+    runs = all(c in "-+.0123456789eE" for c in odd)
+    assert layout.fast_lines == (300 if runs else 300 - 300 // 37)
+
+
 def test_seed_fixture_and_bench_shape() -> None:
     _same(FIXTURES / "seed_000_epochs.txt")
 

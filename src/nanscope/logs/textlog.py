@@ -815,7 +815,11 @@ def _shape(segment: str, found: dict[str, _Hit]) -> tuple[str, str, list[str], b
             token += "|" + _WORD
         if role is None:
             parts.append("(?:" + token + ")")
-            loose.append(parts[-1])
+            # a value only skipped, never read: in the loose pattern any run of number
+            # characters (fewer steps of the regex engine on lines of many values; a token is
+            # never followed by a word character or ".", and _loose_ok rules out the rest)
+            skip_loose = not whole and _loose_ok(segment, start, end)
+            loose.append("(?:" + _LOOSE + ")" if skip_loose else parts[-1])
         elif role in _ROLES and _loose_ok(segment, start, end):
             # a value where whole and other numbers read alike: either kind in the exact
             # pattern; in the loose one any run of number characters (float() then checks it)
