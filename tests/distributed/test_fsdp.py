@@ -53,6 +53,16 @@ def _losses(stdout: str) -> list[tuple[str, ...]]:
     return sorted(re.findall(r"rank (\d+) step (\d+) loss (-?\d+\.\d{4}|nan|inf)", stdout))
 
 
+def _finished(proc) -> bool:
+    """The plain script (no nanscope) ran to its end on both ranks. Gloo's threads still abort
+    a process at exit now and then under load, after both ranks printed "done" ("terminate
+    called without an active exception": torch's teardown, not the run); that counts as done."""
+    if proc.returncode == 0:
+        return True
+    done = all(f"rank {rank} done" in proc.stdout for rank in (0, 1))
+    return done and "terminate called without an active exception" in proc.stdout + proc.stderr
+
+
 def _num(value) -> float:
     return float(value)  # the trace writes non-finite floats as "nan" / "inf"
 
@@ -87,7 +97,7 @@ def test_healthy_fsdp2_run_every_update_recorded_and_equal_to_the_full_tensors(t
     # untouched: the same script without nanscope prints the same losses, digit for digit
     (tmp_path / "plain").mkdir()
     plain, _ = _torchrun(tmp_path / "plain", [], [str(SCRIPT)], FSDP_STEPS="12")
-    assert plain.returncode == 0, plain.stdout + plain.stderr
+    assert _finished(plain), plain.stdout + plain.stderr
     assert _losses(plain.stdout) == _losses(proc.stdout) and len(_losses(plain.stdout)) == 24
 
 
