@@ -252,17 +252,21 @@ def _narrow() -> None:
     _SEEN.clear()
 
 
-def _guard() -> Any:
+def _hooks_module() -> Any:
+    """``nanscope.torch._hooks`` (it imports torch, which this module may not import early)."""
     hooks: Any = sys.modules.get("nanscope.torch._hooks")
     if hooks is None:
         from nanscope.torch import _hooks as hooks
-    return hooks.GUARD
+    return hooks
+
+
+def _guard() -> Any:
+    return _hooks_module().GUARD
 
 
 def _compiling() -> bool:
     """True while ``torch.compile`` traces (torch is imported once these hooks run)."""
-    check = getattr(getattr(sys.modules.get("torch"), "compiler", None), "is_compiling", None)
-    return check is not None and bool(check())
+    return bool(_hooks_module().compiling())
 
 
 def _forward_pre(module: Any, args: Any) -> None:
