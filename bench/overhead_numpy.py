@@ -11,11 +11,12 @@ and the medians are compared.
 
 The headline is watched/plain over whole steps: what the user's loop pays; floor/plain beside it
 says how much of that no NaN check can skip. The time of ``Monitor.update`` alone is printed too,
-its median and its mean: they differ by a half, because one update in eight judges the eight
-records waiting and one in four takes the weight sample, and the median of whole steps moves
-with the mean of the update, not with its median. (plain + mean update) / plain is the upper
-bound: the update is the first to read the fresh gradients, a memory pass the user's own weight
-update then does not pay (in the whole-step ratio it is paid once, as in the plain arm).
+its median and its mean: on the development machine the mean is about half again the median,
+because one update in eight judges the eight records waiting and one in four takes the weight
+sample, and the median of whole steps moves with the mean of the update, not with its median.
+(plain + mean update) / plain is the upper bound: the update is the first to read the fresh
+gradients, a memory pass the user's own weight update then does not pay (in the whole-step ratio
+it is paid once, as in the plain arm).
 Target: watched/plain <= 1.05.
 
     python bench/overhead_numpy.py [--steps 1200] [--batch 256] [--no-write]
