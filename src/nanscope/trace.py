@@ -72,6 +72,11 @@ import numpy as np
 
 from nanscope.errors import TraceError
 
+try:  # the fast encoder of the common line; the standard library's where it is missing
+    import orjson
+except ImportError:  # pragma: no cover - a dependency, but never a reason to stop a run
+    orjson = None  # type: ignore[assignment]
+
 __all__ = [
     "NUMERIC_KEYS",
     "RECORD_KEYS",
@@ -161,12 +166,25 @@ def _encode_value(value: Any) -> Any:
 
 
 _FAST = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
+_DUMPS = orjson.dumps if orjson is not None else None
 
 
 def encode_record(record: Mapping[str, Any]) -> str:
     """One strict-JSON line for a record (non-finite floats become strings, None is dropped)."""
+    if _DUMPS is not None:
+        # the common case, plain Python values, all finite: one call to a fast C encoder (a
+        # tenth of the standard one's time, which is mostly float formatting). It writes None
+        # and NaN alike as null and refuses numpy scalars, big ints and non-str keys: any of
+        # those takes the exact path below.
+        try:
+            line = _DUMPS(record)
+        except TypeError:
+            pass
+        else:
+            if b"null" not in line:
+                return line.decode()
     try:
-        # the common case, all values finite plain Python: the C encoder in one call
+        # all values finite plain Python: the standard C encoder in one call
         return _FAST.encode({k: v for k, v in record.items() if v is not None})
     except (ValueError, TypeError):
         clean = {k: _encode_value(v) for k, v in record.items() if v is not None}

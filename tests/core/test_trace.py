@@ -161,3 +161,52 @@ def test_the_streaming_reader_keeps_events_apart_too(tmp_path, monkeypatch):
     assert stream.meta["events"] == whole.meta["events"] == [
         {"event": "interrupted", "signal": "SIGTERM", "step": 12}
     ]
+
+
+def _reference_line(record):
+    """The standard library's reading of a record, for comparing with the fast encoder."""
+    import numpy as np
+
+    def plain(value):
+        if isinstance(value, float) and not math.isfinite(value):
+            return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+        if isinstance(value, dict):
+            return {str(k): plain(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [plain(v) for v in value]
+        if isinstance(value, np.generic):
+            return plain(value.item())
+        return value
+
+    return {k: plain(v) for k, v in record.items() if v is not None}
+
+
+@pytest.mark.parametrize(
+    "record",
+    [
+        {"step": 3, "loss": 0.00001, "lr": 1e-3, "grad_norm": 12.5, "nf_grads": 0},
+        {"step": 4, "loss": 2.5, "grad_norms": {"W1": 1.0, "b1": 0.25}, "events": ["loss_spike"]},
+        {"step": 5, "loss": float("nan"), "grad_norm": float("inf"), "update_norm": None},
+        {"step": 6, "loss": -float("inf"), "grad_norms": {"W1": float("nan")}},
+        {"step": 7, "note": "nullable", "update_cos": None},
+        {"step": 8, "loss": "np", "big": 2**70},
+        {"step": 9, "grad_norms": {1: 2.0}},
+    ],
+)
+def test_encoded_lines_parse_to_what_the_record_holds(record):
+    line = encode_record(record)
+    assert "\n" not in line
+    parsed = json.loads(line)  # strict JSON: no NaN or Infinity tokens
+    assert parsed == _reference_line(record)
+
+
+def test_numpy_scalars_are_encoded_as_their_values():
+    import numpy as np
+
+    record = {"step": np.int64(2), "loss": np.float64(0.5), "nf_grads": np.int32(0),
+              "flag": np.bool_(True), "update_cos": np.float32(float("nan"))}  # fmt: skip
+    assert json.loads(encode_record(record)) == {
+        "step": 2, "loss": 0.5, "nf_grads": 0, "flag": True, "update_cos": "nan"}  # fmt: skip
+    # and they come back as the numbers they were
+    back = decode_record(json.loads(encode_record(record)))
+    assert back["loss"] == 0.5 and math.isnan(back["update_cos"])
