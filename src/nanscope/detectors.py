@@ -85,13 +85,12 @@ class NonFinite:
     """First non-finite loss, gradient or weight."""
 
     def quiet(self, record: dict[str, Any], rises: int, behind: int) -> bool:
+        if record.get("nf_loss") or record.get("nf_grads") or record.get("nf_params"):
+            return False
         loss = record.get("loss")
-        return not (
-            record.get("nf_loss", 0)
-            or (loss is not None and not _finite(loss))
-            or record.get("nf_grads", 0)
-            or record.get("nf_params", 0)
-        )
+        if type(loss) is float:  # the common case, inline: it runs on every update
+            return loss - loss == 0.0  # NaN and inf give NaN
+        return loss is None or _finite(loss)
 
     def step(self, record: dict[str, Any]) -> Alarm | None:
         loss = record.get("loss")
@@ -260,13 +259,19 @@ class Departure:
         self._away_n = 0
         self._fired = False
         self._k_noise, self._k = 0.0, max(self.K, 1.0)
+        self._home_factor = math.sqrt(self._k)  # the home range is below this times the best
 
     @property
     def k(self) -> float:
-        noise = self._noise
-        if noise != self._k_noise:  # exp only when the noise moved
-            self._k_noise, self._k = noise, max(self.K, math.exp(self.NOISE_SIGMAS * noise))
+        if self._noise != self._k_noise:
+            self._refresh_k()
         return self._k
+
+    def _refresh_k(self) -> None:
+        """k and the home factor for the noise now (exp and sqrt only when the noise moved)."""
+        noise = self._k_noise = self._noise
+        self._k = max(self.K, math.exp(self.NOISE_SIGMAS * noise))
+        self._home_factor = math.sqrt(self._k)
 
     def quiet(self, record: dict[str, Any], rises: int, behind: int) -> bool:
         # out of its range one update more per record at most: it fires after WINDOW of them
@@ -285,7 +290,9 @@ class Departure:
             self._head.append(loss)
         self._recent.append(loss)
         smooth = sorted(self._recent)[len(self._recent) // 2]
-        if loss <= math.sqrt(self.k) * self.best or not math.isfinite(self.best):
+        if self._noise != self._k_noise:
+            self._refresh_k()
+        if loss <= self._home_factor * self.best or not math.isfinite(self.best):
             self.best, self.best_step = (smooth, step) if smooth < self.best else (
                 self.best, self.best_step)  # fmt: skip
             if self._prev is not None and self._prev > 0 and not self._away:
@@ -475,14 +482,17 @@ class Ascent:
             self._run = 0
             return None
         assert isinstance(loss, (int, float))
+        prev = self._prev
+        self._prev = float(loss)
+        if prev is None or not loss > prev:
+            self._run = 0  # the common case: not rising, the cosines are not read
+            return None
         along = [
             c
             for c in (_num(record.get("update_cos")), _num(record.get("update_cos_same")))
             if c is not None
         ]
-        rising = self._prev is not None and loss > self._prev
-        self._prev = float(loss)
-        if rising and along and max(along) > 0.5 and min(along) > 0:
+        if along and max(along) > 0.5 and min(along) > 0:
             self._run += 1
         else:
             self._run = 0
@@ -510,31 +520,54 @@ class Spikes:
         #: (record, (log loss, log grad norm)) of the records quiet() let wait, not stepped yet
         self._waiting: deque[tuple[dict[str, Any], tuple[float | None, float | None]]]
         self._waiting = deque(maxlen=64)
+        # the lowest log loss and log gradient norm among the waiting records (kept as they
+        # come: quiet() runs on every update), None after step() took some out
+        self._waiting_low: list[float] | None = [math.inf, math.inf]
+        self._log_loss_factor = math.log(self.LOSS_FACTOR)
+        self._log_grad_factor = math.log(self.GRAD_FACTOR)
 
     def quiet(self, record: dict[str, Any], rises: int, behind: int) -> bool:
         # A spike's batch is probed while the caller's arrays still hold it (a loop that refills
         # one buffer in place would show a later batch): only a record that cannot be a jump
         # waits. The moving mean after the waiting records lies between its value now and their
         # lowest value (each update moves it toward the new value), so a value no more than the
-        # factor above the lower of the two cannot be a jump.
+        # factor above the lower of the two cannot be a jump. Written flat: it runs on every
+        # update.
         loss, grad = _num(record.get("loss")), _num(record.get("grad_norm"))
         log_loss = math.log(loss) if loss is not None and loss > 0 else None
         log_grad = math.log(grad) if grad is not None and grad > 0 else None
         waiting = self._waiting
-        for value, history, factor, k in (
-            (log_loss, self._loss, self.LOSS_FACTOR, 0),
-            (log_grad, self._grad, self.GRAD_FACTOR, 1),
-        ):
-            if value is None or history.count + len(waiting) < self.WARMUP:
-                continue
-            low = history.mean if history.count else math.inf
-            for item in waiting:
-                seen = item[1][k]
-                if seen is not None and seen < low:
-                    low = seen
-            if value - low > math.log(factor):
+        low = self._waiting_low
+        if low is None:  # step() took records out: the lowest of those left, again
+            low = [math.inf, math.inf]
+            for _, seen in waiting:
+                for k in (0, 1):
+                    value = seen[k]
+                    if value is not None and value < low[k]:
+                        low[k] = value
+            self._waiting_low = low
+        behind_count = len(waiting)
+        history = self._loss
+        if log_loss is not None and history.count + behind_count >= self.WARMUP:
+            floor = low[0]
+            if history.count and history.mean < floor:
+                floor = history.mean
+            if log_loss - floor > self._log_loss_factor:
                 return False
+        history = self._grad
+        if log_grad is not None and history.count + behind_count >= self.WARMUP:
+            floor = low[1]
+            if history.count and history.mean < floor:
+                floor = history.mean
+            if log_grad - floor > self._log_grad_factor:
+                return False
+        if len(waiting) == waiting.maxlen:
+            self._waiting_low = None  # the oldest falls out: count again next time
         waiting.append((record, (log_loss, log_grad)))
+        if log_loss is not None and log_loss < low[0]:
+            low[0] = log_loss
+        if log_grad is not None and log_grad < low[1]:
+            low[1] = log_grad
         return True
 
     def step(self, record: dict[str, Any]) -> Alarm | None:
@@ -543,24 +576,28 @@ class Spikes:
             if item[0] is record:
                 for _ in range(k + 1):
                     waiting.popleft()
+                self._waiting_low = None if waiting else [math.inf, math.inf]
+                logs = item[1]  # quiet() took their logs already
                 break
-        events: list[str] = []
-        loss = _num(record.get("loss"))
-        if (
-            loss is not None
-            and loss > 0
-            and self._loss.is_jump(math.log(loss), self.LOSS_FACTOR, self.WARMUP)
-        ):
-            events.append("loss_spike")
-        grad = _num(record.get("grad_norm"))
-        if (
-            grad is not None
-            and grad > 0
-            and self._grad.is_jump(math.log(grad), self.GRAD_FACTOR, self.WARMUP)
-        ):
-            events.append("grad_jump")
-        if events:
-            record.setdefault("events", []).extend(events)
+        else:
+            loss, grad = _num(record.get("loss")), _num(record.get("grad_norm"))
+            logs = (
+                math.log(loss) if loss is not None and loss > 0 else None,
+                math.log(grad) if grad is not None and grad > 0 else None,
+            )
+        log_loss, log_grad = logs
+        loss_spike = log_loss is not None and self._loss.is_jump(
+            log_loss, self.LOSS_FACTOR, self.WARMUP
+        )
+        grad_jump = log_grad is not None and self._grad.is_jump(
+            log_grad, self.GRAD_FACTOR, self.WARMUP
+        )
+        if loss_spike or grad_jump:
+            events = record.setdefault("events", [])
+            if loss_spike:
+                events.append("loss_spike")
+            if grad_jump:
+                events.append("grad_jump")
         return None
 
 
@@ -575,18 +612,21 @@ class _LogHistory:
         self.count = 0
 
     def is_jump(self, value: float, factor: float, warmup: int) -> bool:
-        jump = False
-        if self.count >= warmup:
-            excess = value - self.mean
-            jump = excess > math.log(factor) and excess > 6.0 * max(self.dev, 1e-12)
-        if self.count == 0:
+        count, mean = self.count, self.mean
+        self.count = count + 1
+        if count == 0:
             self.mean = value
-        else:
-            deviation = abs(value - self.mean)
-            self.mean += self.ALPHA * (value - self.mean)
-            self.dev += self.ALPHA * (deviation - self.dev)
-        self.count += 1
-        return jump
+            return False
+        excess = value - mean
+        # the moving averages move first; the jump is judged against them as they were
+        dev = self.dev
+        self.mean = mean + self.ALPHA * excess
+        self.dev = dev + self.ALPHA * (abs(excess) - dev)
+        return (
+            count >= warmup
+            and excess > math.log(factor)
+            and excess > 6.0 * (dev if dev > 1e-12 else 1e-12)
+        )
 
 
 #: this many exact zeros in a row, to the end, after at least as many finite non-zero losses (a

@@ -128,6 +128,7 @@ class _Layout:
         self.buffer = np.zeros((4, width), dtype=np.float64)
         self.scale = np.ones(width, dtype=np.float64)
         self.scratch = np.empty(width, dtype=np.float64)
+        self.rows = list(self.buffer)  # each row's view, made once
         #: name -> (shape, sample indices or None for "all", its view of each buffer row: the
         #: tensor's shape when whole, flat when sampled)
         self.slices: dict[str, tuple[tuple[int, ...], np.ndarray | None, list[np.ndarray]]] = {}
@@ -344,8 +345,8 @@ class ParamTracker:
             else:
                 _sample_into(g.reshape(-1), picks, view)
         layout.g_now = gn
+        row = layout.rows[gn]
         if not layout.exact_weights:
-            row = layout.buffer[gn]
             if g_sq < math.inf:  # every value below 1e154: scaled, it cannot overflow
                 np.multiply(row, layout.scale, out=row)
             else:
@@ -357,13 +358,13 @@ class ParamTracker:
             out["grad_norms"] = grad_norms
         # the gradient's cosine with the previous one (its reversal), every update; the weight
         # measures (after this) still read the previous sample's norm, so it is kept aside
-        row = layout.buffer[gn]
-        gg_now = float(np.vdot(row, row))
+        gg_now = float(np.vdot(row, row))  # vdot, not dot: it never warns on inf or NaN
         gg_before = self._gg_before = self._gg_sample
         self._gg_sample = gg_now
         if self._grads_seen and gg_now > 0 and gg_before > 0:
-            reversal = float(np.vdot(row, layout.buffer[5 - gn])) / math.sqrt(gg_now * gg_before)
-            out["grad_cos"] = _clip_cos(reversal)
+            reversal = float(np.vdot(row, layout.rows[5 - gn])) / math.sqrt(gg_now * gg_before)
+            # in range, as nearly always: no call (it runs every update)
+            out["grad_cos"] = reversal if -1.0 <= reversal <= 1.0 else _clip_cos(reversal)
         self._grads_seen = True
         return nf_grads > 0
 
