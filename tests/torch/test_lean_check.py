@@ -1,10 +1,10 @@
 """The lean per-update check on CPU (watch.py): the same records as the full check, in batches.
 
-Every update is checked for non-finite values at once (one fused gradient norm, the loss read at
-its backward); the records of finite updates are shown to the detectors and written together.
-These tests compare the records with those of the full check on the same fits and check that the
-batching loses nothing: a read of the trace mid-run is complete, a NaN still stops before its
-step, a stop found in a batch keeps the updates that ran after it.
+Every update is checked for non-finite values at once (one norm pass over the gradients, the
+loss read at its backward); the records of finite updates are shown to the detectors and written
+together. These tests compare the records with those of the full check on the same fits and
+check that the batching loses nothing: a read of the trace mid-run is complete, a NaN still stops
+before its step, a stop found in a batch keeps the updates that ran after it.
 """
 
 from __future__ import annotations
@@ -15,16 +15,22 @@ import pytest
 
 import nanscope
 import torch
+from nanscope.torch.measure import LEAN_EACH_MAX, LEAN_SMALL
 from nanscope.torch.watch import BATCH_RECORDS
 from torch import nn
 
 
 def _fit(steps, *, lean, lr=0.05, clip=None, micro=1, seed=0, tmp_path=None, policy="warn",
-         deep=False):  # fmt: skip
+         deep=False, wide=False):  # fmt: skip
     torch.manual_seed(seed)
     if deep:  # many small tensors: the lean check takes one dot product over all of them
         layers = [m for _ in range(6) for m in (nn.Linear(6, 6), nn.Tanh())]
         model = nn.Sequential(*layers, nn.Linear(6, 1))
+    elif wide:  # more large tensors than LEAN_EACH_MAX: one fused norm call over them
+        hidden = [m for _ in range(LEAN_EACH_MAX + 1)
+                  for m in (nn.Linear(65, 65, bias=False), nn.Tanh())]  # fmt: skip
+        model = nn.Sequential(nn.Linear(6, 65, bias=False), *hidden, nn.Linear(65, 1, bias=False))
+        assert sum(p.numel() > LEAN_SMALL for p in model.parameters()) > LEAN_EACH_MAX
     else:
         model = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 1))
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
@@ -50,7 +56,8 @@ KEYS = ("step", "loss", "nf_loss", "lr", "grad_norm", "nf_grads", "update_norm",
         "grad_cos", "flip_frac", "weight_norm", "input_absmax")  # fmt: skip
 
 
-@pytest.mark.parametrize("options", [{}, {"clip": 0.05}, {"micro": 3}, {"deep": True}])
+@pytest.mark.parametrize("options", [{}, {"clip": 0.05}, {"micro": 3}, {"deep": True},
+                                     {"wide": True, "lr": 0.005}])  # fmt: skip
 def test_the_lean_records_are_the_full_check_records(options):
     lean, _ = _fit(40, lean=True, **options)
     full, _ = _fit(40, lean=False, **options)

@@ -25,10 +25,12 @@ import os
 import sys
 import threading
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from nanscope._guard import REPORT, FaultGuard
+from nanscope.errors import DivergenceError
 from nanscope.probes.failure import CallSite
 
 __all__ = ["GUARD", "REPORT", "CallerSites", "Guard", "compiling", "install", "live_watchers",
@@ -46,13 +48,19 @@ class Guard(FaultGuard):
 GUARD = Guard()
 
 _LIVE: weakref.WeakSet[Any] = weakref.WeakSet()
-_IS_COMPILING = getattr(getattr(torch, "compiler", None), "is_compiling", None)
 
 
-def compiling() -> bool:
-    """True while ``torch.compile`` traces: hooks run inside the traced code then, and what they
-    do there is left out of the graph (frames, RNG reads and the watchers' state break it)."""
-    return _IS_COMPILING is not None and bool(_IS_COMPILING())
+def _never_compiling() -> bool:
+    return False
+
+
+#: True while ``torch.compile`` traces: hooks run inside the traced code then, and what they
+#: do there is left out of the graph (frames, RNG reads and the watchers' state break it). It is
+#: torch's own ``torch.compiler.is_compiling`` (the compiler folds that call to True while it
+#: traces), not a wrapper of it: the hooks ask on every call.
+compiling: Callable[[], bool] = getattr(
+    getattr(torch, "compiler", None), "is_compiling", None
+) or _never_compiling
 
 #: the live watchers as a tuple of weak references, what the patches read on every call (a
 #: ``WeakSet``'s ``len`` and iteration are Python calls; a tuple's are not). Remade on register,
@@ -62,6 +70,9 @@ _LOCK = threading.Lock()
 _INSTALLED = False
 _STATE = threading.local()
 _SCALED: weakref.WeakKeyDictionary[torch.Tensor, Any] = weakref.WeakKeyDictionary()
+#: a GradScaler scaled a loss in this process: until then no backward needs :func:`scaled_by`
+#: (the mapping's own ``len`` is a Python call, on every backward)
+scaling = False
 
 #: installed packages whose frames are never the user's (matched under site-packages only, so a
 #: user's own folder named ``torch`` or ``lightning`` still counts as theirs)
@@ -95,9 +106,11 @@ LOSS_SITE: dict[str, CallSite | None] = {"site": None}
 class CallerSites:
     """The user's line that called a hook (the first frame outside torch, nanscope and the
     trainers; ``None`` when a nanscope function named ``skip_from`` is on the way: a late call).
-    The hook is called the same way every update, so the code objects of the frames between it
-    and the user's line are kept, and while the next call's frames have the same ones, the
-    user's line is read without looking at a file name again."""
+    The hook is called the same way every update, so the walk's first and last code objects
+    (the hook's caller and the user's function) and its length are kept: while the frames at
+    both ends have the same code, the user's line is read without walking the frames between
+    (library frames: the same count of them ends at the same user function only on the same
+    path) or looking at a file name again."""
 
     def __init__(self) -> None:
         self._codes: list[Any] = []
@@ -109,13 +122,12 @@ class CallerSites:
         except ValueError:
             return None
         codes = self._codes
-        if codes:
-            g, user = f, f
-            for code in codes:
-                if g is None or g.f_code is not code:
-                    break
-                user, g = g, g.f_back
-            else:
+        if codes and f.f_code is codes[0]:
+            try:
+                user: Any = sys._getframe(depth + len(codes) - 1)
+            except ValueError:
+                user = None
+            if user is not None and user.f_code is codes[-1]:
                 line = user.f_lineno
                 site = self._sites.get(line)
                 if site is None:
@@ -194,7 +206,7 @@ def user_site(depth: int = 2) -> CallSite | None:
 
 def scaled_by(tensor: torch.Tensor) -> Any:
     """The GradScaler whose ``scale()`` produced ``tensor``, if one did."""
-    if not _SCALED:
+    if not scaling:
         return None
     try:
         return _SCALED.get(tensor)
@@ -203,17 +215,29 @@ def scaled_by(tensor: torch.Tensor) -> Any:
 
 
 def _notify_backward(tensors: Any) -> None:
-    if isinstance(tensors, torch.Tensor):
-        tensor = tensors
-    elif isinstance(tensors, (list, tuple)) and len(tensors) == 1:
-        tensor = tensors[0]
-    else:
+    """``backward()`` is about to run on ``tensors``: a one-element tensor is a loss, handed to
+    every live watcher with the user's line. Under :data:`GUARD` (written out: it runs on every
+    backward; the line is read 3 frames up: this one, the patch, the caller)."""
+    if "backward" in GUARD.off:
         return
-    if not isinstance(tensor, torch.Tensor) or tensor.numel() != 1:
-        return
-    site = user_site(4)
-    for watcher in _live():
-        watcher.on_backward(tensor, site)
+    try:
+        if isinstance(tensors, torch.Tensor):
+            tensor = tensors
+        elif isinstance(tensors, (list, tuple)) and len(tensors) == 1:
+            tensor = tensors[0]
+        else:
+            return
+        if not isinstance(tensor, torch.Tensor) or tensor.numel() != 1:
+            return
+        site = user_site(3)
+        for ref in _LIVE_NOW:
+            watcher = ref()
+            if watcher is not None:
+                watcher.on_backward(tensor, site)
+    except DivergenceError:
+        raise
+    except Exception as exc:
+        GUARD.fault("backward", exc, stacklevel=4)
 
 
 def install() -> None:
@@ -236,7 +260,7 @@ def _patch_backward() -> None:
     @functools.wraps(tensor_backward)
     def backward(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         if _LIVE_NOW and not getattr(_STATE, "inside", False):
-            GUARD.run("backward", _notify_backward, self)
+            _notify_backward(self)
             _STATE.inside = True
             try:
                 return tensor_backward(self, *args, **kwargs)
@@ -247,7 +271,7 @@ def _patch_backward() -> None:
     @functools.wraps(autograd_backward)
     def autograd_bw(tensors: Any, *args: Any, **kwargs: Any) -> Any:
         if _LIVE_NOW and not getattr(_STATE, "inside", False):
-            GUARD.run("backward", _notify_backward, tensors)
+            _notify_backward(tensors)
             _STATE.inside = True
             try:
                 return autograd_backward(tensors, *args, **kwargs)
@@ -265,10 +289,17 @@ def _patch_loss() -> None:
     call = torch.nn.Module.__call__
 
     def loss_call(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if _LIVE_NOW and not compiling():
-            LOSS_SITE["site"] = user_site(2)  # the user's line that called the loss module
-            for watcher in _live():
-                GUARD.run("loss module", watcher.on_loss_module, self, args, kwargs)
+        if _LIVE_NOW and "loss module" not in GUARD.off and not compiling():
+            try:
+                LOSS_SITE["site"] = user_site(2)  # the user's line that called the loss module
+                for ref in _LIVE_NOW:
+                    watcher = ref()
+                    if watcher is not None:
+                        watcher.on_loss_module(self, args, kwargs)
+            except DivergenceError:
+                raise
+            except Exception as exc:
+                GUARD.fault("loss module", exc)
         return call(self, *args, **kwargs)
 
     _Loss.__call__ = loss_call  # type: ignore[method-assign]
@@ -357,10 +388,12 @@ def _patch_scaler() -> None:
 
     @functools.wraps(scale)
     def scale_(self: Any, outputs: Any) -> Any:
+        global scaling
         out = scale(self, outputs)
         if _LIVE_NOW and isinstance(out, torch.Tensor) and out is not outputs:
             with contextlib.suppress(TypeError):
                 _SCALED[out] = self
+                scaling = True
         return out
 
     @functools.wraps(step)

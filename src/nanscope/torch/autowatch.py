@@ -245,6 +245,8 @@ def _narrow() -> None:
         return
     for watcher in watchers:
         watcher.hook_model()
+    if _MANUAL.off:  # (for good: an optimizer steps) its backward and loss hooks have no use
+        _hooks_module().unregister(_MANUAL)
     for handle in _MODULE_HANDLES:
         with contextlib.suppress(Exception):
             handle.remove()
@@ -347,7 +349,9 @@ _COLLECTOR = _Collector()
 def _step_pre(optimizer: Any, args: Any, kwargs: Any) -> Any:
     _MANUAL.optimizer_stepped = True
     _STATE.stepping = optimizer
-    watcher = _guard().run("autowatch step", _watcher_for, optimizer)
+    watcher = _WATCHERS.get(optimizer)
+    if watcher is None or watcher.model is None:  # (every step while it has no model yet)
+        watcher = _guard().run("autowatch step", _watcher_for, optimizer)
     _COLLECTOR.reset()
     if watcher is None:
         return None

@@ -44,8 +44,20 @@ MAX_NAMES = 32
 LEAN_SMALL = 4096
 #: ... when there are at least this many of them
 LEAN_FLAT_MIN = 8
+#: up to this many tensors, the lean check takes one norm call per tensor, each read at once
+#: (on CPU ~20% less than one ``_foreach_norm`` and its ``stack``); above it the fused call
+LEAN_EACH_MAX = 16
+
+_vector_norm = torch.linalg.vector_norm
 
 _HALF = (torch.float16, torch.bfloat16)
+
+
+def _norms(grads: list[Any]) -> list[float]:
+    """The 2-norm of each gradient, read on the host (CPU tensors of one dtype)."""
+    if len(grads) <= LEAN_EACH_MAX:
+        return [float(_vector_norm(g)) for g in grads]
+    return torch.stack(torch._foreach_norm(grads)).tolist()
 
 
 def param_names(model: Any) -> dict[int, str]:
@@ -174,15 +186,17 @@ class ParamMeasure:
             and all(dtype is None for _, dtype in self.groups)
             and all(params[i].device.type == "cpu" for i in self.dense)
         )  # fmt: skip
-        self._lean_groups = [idx for idx, _ in self.groups]
+        # the tensors of each dtype group, in the layout's order (the lean check's norms follow it)
+        self._lean_groups = [[params[i] for i in idx] for idx, _ in self.groups]
         # many small tensors (a model of many small layers): one norm call each costs more than
         # copying them into one buffer and taking one dot product; their per-tensor norms are
         # then left to the full updates
         small = [i for i in self.dense if params[i].numel() <= LEAN_SMALL]
-        self._lean_flat: tuple[list[int], list[int]] | None = None
+        self._lean_flat: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None
         if len(small) >= LEAN_FLAT_MIN:
             keep = set(small)
-            self._lean_flat = ([i for i in self.dense if i not in keep], small)
+            self._lean_flat = ([params[i] for i in self.dense if i not in keep],
+                               [params[i] for i in small])  # fmt: skip
 
     def _dtype_groups(self, indices: Iterable[int]) -> list[tuple[list[int], torch.dtype | None]]:
         by: dict[tuple[torch.dtype, str], list[int]] = {}
@@ -261,23 +275,21 @@ class ParamMeasure:
         model of many small tensors one norm call for the large ones and one dot product over
         the small ones copied into one buffer (no per-parameter norms then). None when a
         gradient is missing or sparse: :meth:`device_vector` then says which."""
-        params = self.params
         try:
             if self._lean_flat is not None:
                 large, small = self._lean_flat
                 g_sq = 0.0
                 if large:
-                    grads = [params[i].grad for i in large]
-                    large_norms = torch.stack(torch._foreach_norm(grads))  # type: ignore[arg-type]
-                    g_sq = float(torch.dot(large_norms, large_norms))
-                flat = _flatten_dense_tensors([params[i].grad for i in small])
+                    norms = _norms([p.grad for p in large])
+                    g_sq = sum(map(operator.mul, norms, norms))
+                flat = _flatten_dense_tensors([p.grad for p in small])
                 return g_sq + float(torch.dot(flat, flat)), None
-            out: list[float] = []
-            for idx in self._lean_groups:
-                norms = torch._foreach_norm([params[i].grad for i in idx])  # type: ignore[misc]
-                out.extend(torch.stack(norms).tolist())
+            groups = self._lean_groups
+            out = _norms([p.grad for p in groups[0]])
+            for group in groups[1:]:
+                out += _norms([p.grad for p in group])
         except (TypeError, RuntimeError, NotImplementedError):
-            return None
+            return None  # a missing gradient (None), a sparse one
         return sum(map(operator.mul, out, out)), out
 
     def weight_vector(self) -> tuple[torch.Tensor | None, dict[str, Any]]:

@@ -44,7 +44,8 @@ class RecordBuilder:
         self._groups_sig: list[tuple[int, int]] = []
         self._sampled_at = -1
         self._prev_loss: float | None = None
-        self._rises = 0  # rises of the loss in a row, up to the last record
+        #: how many times in a row the loss rose, up to the last record
+        self.rises = 0
         # per-param gradient norms of recent updates, for the per-name norms at a stop
         self._gnorms: deque[tuple[int, list[float], Any]] = deque(maxlen=64)
 
@@ -52,7 +53,18 @@ class RecordBuilder:
 
     def params_changed(self, optimizer: Any) -> bool:
         """Cheap per-update test: a param group added, or a group's list replaced or resized."""
-        return _group_signature(optimizer) != self._groups_sig
+        groups = optimizer.param_groups
+        sig = self._groups_sig
+        if len(groups) != len(sig):
+            return True
+        if len(sig) == 1:  # the common case, without the loop
+            params = groups[0]["params"]
+            return id(params) != sig[0][0] or len(params) != sig[0][1]
+        for group, (list_id, size) in zip(groups, sig):
+            params = group["params"]
+            if id(params) != list_id or len(params) != size:
+                return True
+        return False
 
     def measure_for(self, optimizer: Any, params: list[torch.Tensor]) -> ParamMeasure:
         """The measure of these parameters (made anew when they are not the measured ones)."""
@@ -189,11 +201,6 @@ class RecordBuilder:
         """The loss of the last record the sampling decision saw."""
         return self._prev_loss
 
-    @property
-    def rises(self) -> int:
-        """How many times in a row the loss rose, up to the last record."""
-        return self._rises
-
     def keep_norms(self, step: int, gnorms: list[float]) -> None:
         """Keep this update's per-parameter gradient norms (the per-name norms at a stop)."""
         self._gnorms.append((step, gnorms, None))
@@ -212,12 +219,18 @@ class RecordBuilder:
         loss = record.get("loss")
         prev, self._prev_loss = self._prev_loss, loss
         rising = loss is not None and prev is not None and loss > prev
-        self._rises = self._rises + 1 if rising else 0
-        if not (self._rises >= 2 or full or (step - 2) % self.every == 0):
+        self.rises = self.rises + 1 if rising else 0
+        if not (self.rises >= 2 or full or (step - 2) % self.every == 0):
             return prev
+        self.take_sample(step, record)
+        return prev
+
+    def take_sample(self, step: int, record: dict[str, Any]) -> None:
+        """Add the sampled update norm, cosines and sign flips to ``record`` (see
+        :meth:`sample_if_wanted`, which decides when)."""
         measure = self.measure
         if measure is None:
-            return prev
+            return
         if self._sampled_at != step - 1:
             measure.reset_history()
         self._sampled_at = step
@@ -225,7 +238,6 @@ class RecordBuilder:
         if stats is not None:
             layout = {"n": 0, "stats": True, "no_grads": True, "half": measure._half ^ 1}
             record.update(measure.record(stats.tolist(), layout))
-        return prev
 
     def _full_at_failure(
         self, record: dict[str, Any], slots: dict[str, Any], batch: Any, *, late: bool

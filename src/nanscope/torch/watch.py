@@ -213,6 +213,8 @@ class Watcher:
         self._draining = False
         self._stop_error: DivergenceError | None = None
         self._lean_grad: float | None = None  # the last lean check's gradient norm
+        self._lean_key: tuple[Any, ...] | None = None  # what _lean_setup last judged
+        self._lean_ok = False
         self._model_sites = _hooks.CallerSites()  # the user's line that calls the model
         self._training: bool | None = None  # the model's mode at the last forward
         monitor.pending.append(self.drain_batched)
@@ -305,6 +307,10 @@ class Watcher:
 
     # ------------------------------------------------------------------ hooks (guarded)
 
+    # The hooks below run on every update: each is written out (the guard's try inline, no
+    # helper between the hook and the work) because a Python call right after the step's
+    # kernels costs several times its warm time (docs/performance.md).
+
     def _forward_pre(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         if _hooks.compiling():
             # torch.compile traces this hook into the model's graph: only references, which the
@@ -313,14 +319,20 @@ class Watcher:
             window = self.window
             window.args, window.kwargs, window.rng = args, kwargs, None
             return
-        self.guard.run("forward pre", self.on_forward, args, kwargs)
+        if "forward pre" in self.guard.off:
+            return
+        try:
+            self.on_forward(args, kwargs)
+        except Exception as exc:
+            self.guard.fault("forward pre", exc)
 
     def _forward_post(self, module: Any, args: Any, output: Any) -> None:
         window = self.window
         window.output = output
-        if _hooks.compiling():
+        if not (window.want_output_grad or window.rng_probing) or _hooks.compiling():
             return
-        self.guard.run("output gradient", window.keep_output_grad, output)
+        if window.want_output_grad:
+            self.guard.run("output gradient", window.keep_output_grad, output)
         if window.rng_probing:
             self.guard.run("rng probe", window.probe_rng)
 
@@ -346,7 +358,7 @@ class Watcher:
         # a backward that cannot reach this optimizer's params is someone else's (GAN, 2 models)
         if "backward" in self.guard.off or not tensor.requires_grad:
             return
-        scaler = _hooks.scaled_by(tensor)
+        scaler = _hooks.scaled_by(tensor) if _hooks.scaling else None
         if scaler is not None:
             self.precision.scaler = scaler
         self.window.on_backward(tensor, site, scaler, self._inspect_live_graph)
@@ -384,14 +396,24 @@ class Watcher:
             if "closure" in kwargs:
                 return args, {**kwargs, "closure": result}
             return (args[0], result, *args[2:]), kwargs
-        self.guard.run("step", self.check)
+        try:
+            self.check()
+        except DivergenceError:
+            raise
+        except Exception as exc:
+            self.guard.fault("step", exc)
         return None
 
     def step_post(self, optimizer: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """The optimizer's step post-hook: the update was applied."""
-        _producer.LIVE.stop()
+        if _producer.LIVE.pushed:  # the first update's op watch (every later step: nothing)
+            _producer.LIVE.stop()
         self.precision.on_step()
         self._snapshot = None
+        window = self.window
+        if not (self._closure_losses or window.loss_args_live or window.output is not None
+                or window.last_loss is not None):  # fmt: skip
+            return  # a lean check dropped the graph already
         if self._closure_losses:  # every closure evaluation of this update, the first one first
             records = self.monitor.trace.records
             if records and records[-1].get("step") == self.step:
@@ -486,23 +508,24 @@ class Watcher:
             raise error
         self.step += 1
         step = self.step
-        measure = self.records.measure
-        if measure is None or self.records.params_changed(self.optimizer):
-            measure = self.records.measure_for(self.optimizer, self.params())
+        records = self.records
+        measure = records.measure
+        if measure is None or records.params_changed(self.optimizer):
+            measure = records.measure_for(self.optimizer, self.params())
             if measure.notes:
                 self._note(measure.notes)
-        window = self.window
         if (closure_loss is None and measure.lean and self._lean_applies(step)
                 and self._check_lean(step, measure)):  # fmt: skip
             return
+        window = self.window
         self.drain_batched()  # the records before this one first
         loss = window.loss(closure_loss, unscale_tensor(window.scaled_by))
         weight = measure.weight if measure.weight is not None else loss
         interval = self.deferred.interval(
             weight.device if isinstance(weight, torch.Tensor) else torch.device("cpu")
         )
-        vec, ctx, batch = self.records.pack(step, window, loss, self.precision.scale_tensor(),
-                                            interval=interval, lr=self._lr())  # fmt: skip
+        vec, ctx, batch = records.pack(step, window, loss, self.precision.scale_tensor(),
+                                       interval=interval, lr=self._lr())  # fmt: skip
         self.deferred.remember(step, window.args, window.kwargs, batch[1], interval)
         if interval <= 1 or vec is None:
             self._process(step, vec.tolist() if vec is not None else [], ctx, batch=batch)
@@ -517,19 +540,35 @@ class Watcher:
         scale; and nothing needs each record the moment it is made (the rollback policy, a
         sweep's observers, the cross-rank agreement, which runs its collectives per record)."""
         window = self.window
+        floats = window.loss_floats
         return (
-            self.deferred.sync_every in (None, 1)
-            and (step - 1) % self.records.every != 0
-            and bool(window.loss_floats) and len(window.loss_floats) == len(window.losses)
+            (step - 1) % self.records.every != 0
+            and bool(floats) and len(floats) == len(window.losses)
             and window.scaled_by is None and self.precision.scaler is None
-            and self.monitor.policy != "rollback"
             and not _observers
-            and type(self.monitor.detectors) is DetectorChain
+            and self._lean_setup()
         )  # fmt: skip
 
+    def _lean_setup(self) -> bool:
+        """What the lean check needs of the watcher's setup (it changes rarely: kept, and read
+        again when the monitor's detectors or policy change)."""
+        monitor = self.monitor
+        key = (monitor.detectors, monitor.policy)
+        if key != self._lean_key:
+            self._lean_key = key
+            self._lean_ok = (
+                self.deferred.sync_every in (None, 1) and monitor.policy != "rollback"
+                and type(monitor.detectors) is DetectorChain
+            )  # fmt: skip
+        return self._lean_ok
+
     def _check_lean(self, step: int, measure: Any) -> bool:
-        """Check a CPU update with one fused norm; False hands it to the full check (a
-        non-finite value, a missing gradient), which then measures everything at once."""
+        """Check a CPU update with one norm pass; False hands it to the full check (a
+        non-finite value, a missing gradient), which then measures everything at once.
+
+        It runs on every update, right after the backward (a cold cache): the record is made
+        here with as few calls as it takes, and judged later with the next ones
+        (:meth:`drain_batched`), unless a detector could fire on it now."""
         window = self.window
         floats = window.loss_floats
         loss = floats[0] if len(floats) == 1 else math.fsum(floats)
@@ -550,13 +589,16 @@ class Watcher:
             g_sq, gnorms = measured
             if not math.isfinite(g_sq):
                 return False
-        record: dict[str, Any] = {"step": step, "loss": loss, "nf_loss": 0}
-        lr = self._lr()
-        if lr is not None:
-            record["lr"] = lr
+        groups = self.optimizer.param_groups
+        lr = groups[0].get("lr") if groups else None
+        if type(lr) is not float:  # (a tensor, an int, a custom optimizer's odd value)
+            lr = self._lr()
         grad_norm = math.sqrt(g_sq)
-        record["grad_norm"] = grad_norm
-        record["nf_grads"] = 0
+        record: dict[str, Any] = (
+            {"step": step, "loss": loss, "nf_loss": 0, "lr": lr, "grad_norm": grad_norm,
+             "nf_grads": 0} if lr is not None
+            else {"step": step, "loss": loss, "nf_loss": 0, "grad_norm": grad_norm, "nf_grads": 0}
+        )  # fmt: skip
         records = self.records
         if gnorms is not None:
             records.keep_norms(step, gnorms)

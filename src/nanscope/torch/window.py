@@ -108,14 +108,19 @@ class StepWindow:
         self.args = args
         self.kwargs = kwargs
         self.output = output
-        self.keep_output_grad(output)
+        if output is not None:
+            self.keep_output_grad(output)
+        else:  # (what keep_output_grad starts with; the forward hook gives the output later)
+            self.output_grad = None
+            self._output_gen += 1
         self.rng = None
         self.rng_probing = False
-        self.index = _batch_index(args, kwargs)
+        # the DataLoader's rows, once nanscope.probes.rows is imported (it patches the loader)
+        self.index = _batch_index(args, kwargs) if "nanscope.probes.rows" in sys.modules else None
         if rng and (self.rng_used or probe) and self._on_cpu():
             self.rng = torch.get_rng_state()
             self.rng_probing = probe
-        self.autocast = autocast_dtype()
+        self.autocast = autocast_dtype() if _ANY_AUTOCAST is None or _ANY_AUTOCAST() else None
 
     def probe_rng(self) -> None:
         """At the end of a probed forward: did it draw from the CPU RNG?"""
@@ -172,7 +177,8 @@ class StepWindow:
         self.site = site
         output = self.output
         if output is not None and not self._loss_in_output:
-            self._loss_in_output = _holds(output, tensor)
+            self._loss_in_output = output is tensor if type(output) is torch.Tensor \
+                else _holds(output, tensor)  # fmt: skip
         if scaler is not None:
             self.scaled_by = scaler
         value = tensor.detach()
@@ -245,16 +251,18 @@ class StepWindow:
     def refs(self) -> tuple[Any, ...]:
         """What :func:`batch_of` needs to name this step's batch later: references to the
         forward's arguments and the target, not to the loss module's output (its graph)."""
-        return (self.args, self.kwargs, self.targets(), self.given, self.index)
+        loss_args = self.loss_args  # (the target alone: the output holds the graph)
+        target = loss_args[1] if len(loss_args) > 1 else None
+        return (self.args, self.kwargs, target, self.given, self.index)
 
     @staticmethod
     def batch_of(refs: tuple[Any, ...]) -> tuple[Any, Any, Any]:
         """``(inputs, targets, rows)`` of a step from its :meth:`refs`, as the check makes it."""
         window = StepWindow.__new__(StepWindow)
-        window.args, window.kwargs, targets, window.given, window.index = refs
-        window.loss_args = (None, targets)
+        window.args, window.kwargs, target, window.given, window.index = refs
+        window.loss_args = (None, target)
         inputs = window.inputs()
-        return inputs, targets, window.rows_of(inputs)
+        return inputs, window.targets(), window.rows_of(inputs)
 
     def rows_of(self, inputs: Any) -> Any:
         """The dataset rows of this batch, when they are known and fit its first dimension."""
