@@ -1,6 +1,7 @@
 """The user's lines a watcher keeps for each update: where the model, the loss module and
 ``backward()`` were called. The hooks read them from cached frame walks, so the tests move the
-calls between lines and functions and check that each update names its own lines."""
+calls between lines, functions of the user's and torch's own frames, and check that each update
+names its own lines."""
 
 from __future__ import annotations
 
@@ -39,16 +40,22 @@ def test_each_update_names_its_own_model_loss_and_backward_lines(tmp_path):
         watcher = nanscope.watch(model, opt, run_dir=tmp_path)
         for step in range(12):
             opt.zero_grad()
-            if step % 4 == 3:  # every fourth update goes through a helper and other calls
+            if step % 4 == 1:  # through a function of the user's, and other calls
                 out = _helper_forward(model, x)
                 loss = nn.functional.mse_loss(out, y) + 0.0 * loss_fn(out, y)  # OTHER-LOSS
                 torch.autograd.backward(loss)  # OTHER-BACKWARD
                 want = ("HELPER-MODEL", "OTHER-LOSS", "OTHER-BACKWARD")
-            else:
-                out = model(x)  # MODEL
+            elif step % 4 == 3:  # through torch's own frames: the user's line is below them
+                params = dict(model.named_parameters())
+                out = torch.func.functional_call(model, params, (x,))  # LIBRARY-MODEL
                 loss = loss_fn(out, y)  # LOSS
                 loss.backward()  # BACKWARD
-                want = ("MODEL", "LOSS", "BACKWARD")
+                want = ("LIBRARY-MODEL", "LOSS", "BACKWARD")
+            else:
+                out = model(x)  # MODEL
+                loss = loss_fn(out, y)  # LOSS-2
+                loss.backward()  # BACKWARD-2
+                want = ("MODEL", "LOSS-2", "BACKWARD-2")
             window = watcher.window
             seen.append(((window.model_site.line, window.loss_site.line, window.site.line),
                          tuple(_line_of(m) for m in want)))  # fmt: skip
