@@ -1,0 +1,135 @@
+"""Where a watched update's time goes: each hook's own time as a share of the plain step, in situ.
+
+    python bench/hook_cost.py [--rounds 40] [--block 32] [--workloads mlp512,lstm2]
+
+Whole-step ratios (``bench/overhead.py``) are what a user pays, but on a shared machine their
+rounds spread over 5-15 points, so a change of a point in nanscope's own code does not show.
+This script measures that code directly: one watcher per workload, the time spent inside each of
+its entry points (the model's forward pre- and post-hooks, the loss-module call, the backward
+notifier, the optimizer's step pre- and post-hooks, and within the step pre-hook the gradient
+norms and the batched judging) is summed over a block of updates, and divided by the time of a
+plain block run right after it with the watcher paused (its hook entries taken out of torch's
+hook dicts and the process-wide patches pointed at no watcher, so the same model, the same
+memory and the same watcher alternate). The median over rounds of that share is printed per
+part; the machine's drift divides out of it. Python right after the step's kernels runs in a
+cold cache, so these are the costs the loop pays, not a warm loop's.
+
+What it leaves out, and the whole-step ratio includes: torch's slower module call when a module
+has hooks, the patches' own wrappers, and what a hook's work changes for the step's kernels
+after it (the norm pass warms the cache for the optimizer; references kept move the allocator).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+from overhead import WORKLOADS  # type: ignore[import-not-found]
+
+import nanscope
+import torch
+from nanscope.torch import _hooks
+from nanscope.torch.measure import ParamMeasure
+
+
+def _timed(fn: Callable[..., Any], part: str, acc: dict[str, int]) -> Callable[..., Any]:
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter_ns()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            acc[part] = acc.get(part, 0) + time.perf_counter_ns() - start
+
+    return timed
+
+
+def run(name: str, rounds: int, block: int, warm: int) -> dict[str, float]:
+    torch.manual_seed(0)
+    model, loss_of = WORKLOADS[name]("cpu")
+    opt = torch.optim.Adam(model.parameters(), lr=1e-4)
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        loss_of().backward()
+        opt.step()
+
+    acc: dict[str, int] = {}
+    shares: dict[str, list[float]] = {}
+    norms = ParamMeasure.lean_norms
+    with tempfile.TemporaryDirectory() as run_dir, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        watcher = nanscope.watch(model, opt, policy="warn", run_dir=run_dir)
+        for hooks, part in ((model._forward_pre_hooks, "forward pre-hook"),
+                            (model._forward_hooks, "forward hook"),
+                            (opt._optimizer_step_pre_hooks, "step pre-hook"),
+                            (opt._optimizer_step_post_hooks, "step post-hook")):  # fmt: skip
+            for key in list(hooks):
+                hooks[key] = _timed(hooks[key], part, acc)
+        notify = _hooks._notify_backward
+        _hooks._notify_backward = _timed(notify, "backward", acc)
+        watcher.on_loss_module = _timed(watcher.on_loss_module, "loss module", acc)  # type: ignore[method-assign]
+        watcher.drain_batched = _timed(watcher.drain_batched, "  judging (batched)", acc)  # type: ignore[method-assign]
+        ParamMeasure.lean_norms = _timed(norms, "  gradient norms", acc)  # type: ignore[method-assign]
+        try:
+            for _ in range(warm):
+                step()
+            paused: list[Any] = []
+
+            def pause() -> None:
+                for handle in watcher._handles:
+                    hooks = handle.hooks_dict_ref()
+                    paused.append((hooks, handle.id, hooks.pop(handle.id)))
+                paused.append(_hooks._LIVE_NOW)
+                _hooks._LIVE_NOW = ()
+
+            def resume() -> None:
+                _hooks._LIVE_NOW = paused.pop()
+                for hooks, key, hook in paused:
+                    hooks[key] = hook
+                paused.clear()
+
+            for _ in range(rounds):
+                acc.clear()
+                for _ in range(block):
+                    step()
+                spent = dict(acc)
+                pause()
+                start = time.perf_counter_ns()
+                for _ in range(block):
+                    step()
+                plain = time.perf_counter_ns() - start
+                resume()
+                outer = sum(v for k, v in spent.items() if not k.startswith(" "))
+                shares.setdefault("all hooks", []).append(outer / plain)
+                for part, spent_ns in spent.items():
+                    shares.setdefault(part, []).append(spent_ns / plain)
+        finally:
+            _hooks._notify_backward = notify
+            ParamMeasure.lean_norms = norms  # type: ignore[method-assign]
+            watcher.close()
+    return {part: statistics.median(values) for part, values in shares.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=40)
+    parser.add_argument("--block", type=int, default=32, help="updates per block")
+    parser.add_argument("--warm", type=int, default=130, help="updates before the first block")
+    parser.add_argument("--workloads", default=",".join(WORKLOADS))
+    args = parser.parse_args()
+    print(f"nanscope hook time per update, as a share of the plain step (median of {args.rounds} "
+          f"rounds of {args.block} watched and {args.block} plain updates), torch "
+          f"{torch.__version__}, {torch.get_num_threads()} thread(s)")  # fmt: skip
+    for name in args.workloads.split(","):
+        shares = run(name, args.rounds, args.block, args.warm)
+        parts = sorted(shares.items(), key=lambda kv: (kv[0] != "all hooks", -kv[1]))
+        print(f"{name:12s} " + "  ".join(f"{part.strip()} {100 * v:.2f}%" for part, v in parts))
+
+
+if __name__ == "__main__":
+    main()
