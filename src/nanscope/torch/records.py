@@ -222,15 +222,9 @@ class RecordBuilder:
         self.rises = self.rises + 1 if rising else 0
         if not (self.rises >= 2 or full or (step - 2) % self.every == 0):
             return prev
-        self.take_sample(step, record)
-        return prev
-
-    def take_sample(self, step: int, record: dict[str, Any]) -> None:
-        """Add the sampled update norm, cosines and sign flips to ``record`` (see
-        :meth:`sample_if_wanted`, which decides when)."""
         measure = self.measure
         if measure is None:
-            return
+            return prev
         if self._sampled_at != step - 1:
             measure.reset_history()
         self._sampled_at = step
@@ -238,6 +232,7 @@ class RecordBuilder:
         if stats is not None:
             layout = {"n": 0, "stats": True, "no_grads": True, "half": measure._half ^ 1}
             record.update(measure.record(stats.tolist(), layout))
+        return prev
 
     def _full_at_failure(
         self, record: dict[str, Any], slots: dict[str, Any], batch: Any, *, late: bool

@@ -213,8 +213,6 @@ class Watcher:
         self._draining = False
         self._stop_error: DivergenceError | None = None
         self._lean_grad: float | None = None  # the last lean check's gradient norm
-        self._lean_key: tuple[Any, ...] | None = None  # what _lean_setup last judged
-        self._lean_ok = False
         self._model_sites = _hooks.CallerSites()  # the user's line that calls the model
         self._training: bool | None = None  # the model's mode at the last forward
         monitor.pending.append(self.drain_batched)
@@ -542,25 +540,14 @@ class Watcher:
         window = self.window
         floats = window.loss_floats
         return (
-            (step - 1) % self.records.every != 0
+            self.deferred.sync_every in (None, 1)
+            and (step - 1) % self.records.every != 0
             and bool(floats) and len(floats) == len(window.losses)
             and window.scaled_by is None and self.precision.scaler is None
+            and self.monitor.policy != "rollback"
             and not _observers
-            and self._lean_setup()
+            and type(self.monitor.detectors) is DetectorChain
         )  # fmt: skip
-
-    def _lean_setup(self) -> bool:
-        """What the lean check needs of the watcher's setup (it changes rarely: kept, and read
-        again when the monitor's detectors or policy change)."""
-        monitor = self.monitor
-        key = (monitor.detectors, monitor.policy)
-        if key != self._lean_key:
-            self._lean_key = key
-            self._lean_ok = (
-                self.deferred.sync_every in (None, 1) and monitor.policy != "rollback"
-                and type(monitor.detectors) is DetectorChain
-            )  # fmt: skip
-        return self._lean_ok
 
     def _check_lean(self, step: int, measure: Any) -> bool:
         """Check a CPU update with one norm pass; False hands it to the full check (a
@@ -593,12 +580,12 @@ class Watcher:
         lr = groups[0].get("lr") if groups else None
         if type(lr) is not float:  # (a tensor, an int, a custom optimizer's odd value)
             lr = self._lr()
+        record: dict[str, Any] = {"step": step, "loss": loss, "nf_loss": 0}
+        if lr is not None:
+            record["lr"] = lr
         grad_norm = math.sqrt(g_sq)
-        record: dict[str, Any] = (
-            {"step": step, "loss": loss, "nf_loss": 0, "lr": lr, "grad_norm": grad_norm,
-             "nf_grads": 0} if lr is not None
-            else {"step": step, "loss": loss, "nf_loss": 0, "grad_norm": grad_norm, "nf_grads": 0}
-        )  # fmt: skip
+        record["grad_norm"] = grad_norm
+        record["nf_grads"] = 0
         records = self.records
         if gnorms is not None:
             records.keep_norms(step, gnorms)
