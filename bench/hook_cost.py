@@ -11,8 +11,10 @@ norms and the batched judging) is summed over a block of updates, and divided by
 plain block run right after it with the watcher paused (its hook entries taken out of torch's
 hook dicts and the process-wide patches pointed at no watcher, so the same model, the same
 memory and the same watcher alternate). The median over rounds of that share is printed per
-part; the machine's drift divides out of it. Python right after the step's kernels runs in a
-cold cache, so these are the costs the loop pays, not a warm loop's.
+part; most of the machine's drift divides out of it (runs minutes apart agree within ~0.2
+point; over hours the share moves with how busy the machine is, so compare two versions of the
+code in alternating runs). Python right after the step's kernels runs in a cold cache, so these
+are the costs the loop pays, not a warm loop's.
 
 What it leaves out, and the whole-step ratio includes: torch's slower module call when a module
 has hooks, the patches' own wrappers, and what a hook's work changes for the step's kernels
