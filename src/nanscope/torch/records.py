@@ -57,9 +57,6 @@ class RecordBuilder:
         sig = self._groups_sig
         if len(groups) != len(sig):
             return True
-        if len(sig) == 1:  # the common case, without the loop
-            params = groups[0]["params"]
-            return id(params) != sig[0][0] or len(params) != sig[0][1]
         for group, (list_id, size) in zip(groups, sig):
             params = group["params"]
             if id(params) != list_id or len(params) != size:

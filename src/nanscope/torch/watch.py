@@ -356,7 +356,7 @@ class Watcher:
         # a backward that cannot reach this optimizer's params is someone else's (GAN, 2 models)
         if "backward" in self.guard.off or not tensor.requires_grad:
             return
-        scaler = _hooks.scaled_by(tensor) if _hooks.scaling else None
+        scaler = _hooks.scaled_by(tensor)
         if scaler is not None:
             self.precision.scaler = scaler
         self.window.on_backward(tensor, site, scaler, self._inspect_live_graph)
@@ -576,10 +576,7 @@ class Watcher:
             g_sq, gnorms = measured
             if not math.isfinite(g_sq):
                 return False
-        groups = self.optimizer.param_groups
-        lr = groups[0].get("lr") if groups else None
-        if type(lr) is not float:  # (a tensor, an int, a custom optimizer's odd value)
-            lr = self._lr()
+        lr = self._lr()
         record: dict[str, Any] = {"step": step, "loss": loss, "nf_loss": 0}
         if lr is not None:
             record["lr"] = lr
@@ -760,6 +757,8 @@ class Watcher:
             lr = self.optimizer.param_groups[0].get("lr")
         except (AttributeError, IndexError):
             return None
+        if type(lr) is float:  # the common case first: it is read on every update
+            return lr
         if isinstance(lr, torch.Tensor):
             return float(lr.detach().cpu())
         return float(lr) if isinstance(lr, (int, float)) else None

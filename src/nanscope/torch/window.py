@@ -115,12 +115,11 @@ class StepWindow:
             self._output_gen += 1
         self.rng = None
         self.rng_probing = False
-        # the DataLoader's rows, once nanscope.probes.rows is imported (it patches the loader)
-        self.index = _batch_index(args, kwargs) if "nanscope.probes.rows" in sys.modules else None
+        self.index = _batch_index(args, kwargs)
         if rng and (self.rng_used or probe) and self._on_cpu():
             self.rng = torch.get_rng_state()
             self.rng_probing = probe
-        self.autocast = autocast_dtype() if _ANY_AUTOCAST is None or _ANY_AUTOCAST() else None
+        self.autocast = autocast_dtype()
 
     def probe_rng(self) -> None:
         """At the end of a probed forward: did it draw from the CPU RNG?"""
@@ -344,13 +343,9 @@ def _cuda_available() -> bool:
 _ANY_AUTOCAST = getattr(torch._C, "_is_any_autocast_enabled", None)
 
 
-def _any_autocast() -> bool:
-    return True if _ANY_AUTOCAST is None else bool(_ANY_AUTOCAST())
-
-
 def autocast_dtype() -> Any:
     """The autocast dtype active now (CPU, then CUDA), or None."""
-    if not _any_autocast():
+    if _ANY_AUTOCAST is not None and not _ANY_AUTOCAST():  # (one C call: it runs every forward)
         return None
     if torch.is_autocast_enabled("cpu"):
         return torch.get_autocast_dtype("cpu")
