@@ -19,6 +19,8 @@ are the costs the loop pays, not a warm loop's.
 What it leaves out, and the whole-step ratio includes: torch's slower module call when a module
 has hooks, the patches' own wrappers, and what a hook's work changes for the step's kernels
 after it (the norm pass warms the cache for the optimizer; references kept move the allocator).
+The allocator is pinned first, as in ``overhead.py`` (see ``_alloc.py``; ``--malloc default``
+leaves it as it comes).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
+from _alloc import pin_allocator  # type: ignore[import-not-found]
 from overhead import WORKLOADS  # type: ignore[import-not-found]
 
 import nanscope
@@ -123,10 +126,12 @@ def main() -> None:
     parser.add_argument("--block", type=int, default=32, help="updates per block")
     parser.add_argument("--warm", type=int, default=130, help="updates before the first block")
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
+    parser.add_argument("--malloc", choices=("pinned", "default"), default="pinned")
     args = parser.parse_args()
+    allocator = pin_allocator() if args.malloc == "pinned" else "allocator as it comes"
     print(f"nanscope hook time per update, as a share of the plain step (median of {args.rounds} "
           f"rounds of {args.block} watched and {args.block} plain updates), torch "
-          f"{torch.__version__}, {torch.get_num_threads()} thread(s)")  # fmt: skip
+          f"{torch.__version__}, {torch.get_num_threads()} thread(s); {allocator}")  # fmt: skip
     for name in args.workloads.split(","):
         shares = run(name, args.rounds, args.block, args.warm)
         parts = sorted(shares.items(), key=lambda kv: (kv[0] != "all hooks", -kv[1]))

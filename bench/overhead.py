@@ -19,6 +19,11 @@ What is timed is the steady state a long run pays: each new watcher first runs `
 updates, past the first ``FLUSH_LINES`` records (written and judged one at a time, so a short run
 is whole on disk), and a block is ``FULL_EVERY`` updates, so it holds exactly one of the full
 updates (weight norms, per-layer norms, the batch's range) with the lean ones between them.
+
+The allocator is pinned first (:mod:`_alloc`: glibc otherwise faults every large tensor in again
+on every update, which moved the arms' ratios by up to 5% on the development machine); the
+minor page faults per update of the plain and watched arms are printed beside the ratios.
+``--malloc default`` runs under the allocator as it comes.
 """
 
 from __future__ import annotations
@@ -31,6 +36,8 @@ import time
 import warnings
 from collections.abc import Callable
 from typing import Any
+
+from _alloc import minor_faults, pin_allocator  # type: ignore[import-not-found]
 
 import nanscope
 import torch
@@ -151,19 +158,27 @@ WORKLOADS = {"mlp512": _mlp, "mlp512-minibatch": _mlp_minibatch, "lstm2": _lstm,
              "transformer": _transformer, "chartf": _chartf}  # fmt: skip
 
 
-def _block(step: Callable[[], None], steps: int, device: str) -> float:
+_FAULTS: dict[str, int] = {}
+
+
+def _block(step: Callable[[], None], steps: int, device: str, arm: str = "") -> float:
     if device == "cuda":
         torch.cuda.synchronize()
+    faults = minor_faults()
     start = time.perf_counter()
     for _ in range(steps):
         step()
     if device == "cuda":
         torch.cuda.synchronize()
-    return time.perf_counter() - start
+    took = time.perf_counter() - start
+    if arm:
+        _FAULTS[arm] = _FAULTS.get(arm, 0) + minor_faults() - faults
+    return took
 
 
 def run(name: str, device: str, steps: int, rounds: int, warm: int) -> dict[str, float]:
     torch.manual_seed(0)
+    _FAULTS.clear()
     model, loss_of = WORKLOADS[name](device)
     opt = torch.optim.Adam(model.parameters(), lr=1e-4)
 
@@ -179,11 +194,12 @@ def run(name: str, device: str, steps: int, rounds: int, warm: int) -> dict[str,
     params = [p for group in opt.param_groups for p in group["params"]]
 
     def floor_check(optimizer: Any, args: Any, kwargs: Any) -> None:
-        # what no NaN check can skip: one norm pass over the gradients, read on the host (a norm
-        # call per tensor up to 16 of them, the cheapest form on CPU; one fused call above that)
+        # what no NaN check can skip: one pass over the gradients, read on the host (a dot
+        # product per tensor up to 16 of them, the cheapest form on CPU; one fused norm call
+        # above that)
         grads = [p.grad for p in params if p.grad is not None]
         if len(grads) <= 16:
-            [float(torch.linalg.vector_norm(g)) for g in grads]
+            [float(torch.dot(g.reshape(-1), g.reshape(-1))) for g in grads]
         else:
             torch.stack(torch._foreach_norm(grads)).tolist()
 
@@ -202,13 +218,13 @@ def run(name: str, device: str, steps: int, rounds: int, warm: int) -> dict[str,
                                          "anomaly": []}  # fmt: skip
         nanscope.monitor.set_defaults(policy="warn", root=run_dir)
         for _ in range(rounds):
-            times["plain"].append(_block(step, steps, device))
+            times["plain"].append(_block(step, steps, device, "plain"))
             handle = opt.register_step_pre_hook(floor_check)
             times["floor"].append(_block(floor_step, steps, device))
             handle.remove()
             watcher = nanscope.watch(model, opt, policy="warn", run_dir=run_dir)
             _block(step, warm, device)  # the start of a run (see the module's doc)
-            times["watched"].append(_block(step, steps, device))
+            times["watched"].append(_block(step, steps, device, "watched"))
             watcher.close()
             autowatch.enable()
             _block(step, warm + 1, device)  # the first step finds the optimizer and the model
@@ -228,7 +244,9 @@ def run(name: str, device: str, steps: int, rounds: int, warm: int) -> dict[str,
     quartiles = statistics.quantiles(ratios("watched"), n=4) if rounds > 1 else [math.nan] * 3
     return {"step_ms": 1e3 * plain / steps, "floor": ratio("floor"), "watched": ratio("watched"),
             "run": ratio("run"), "anomaly": ratio("anomaly"),
-            "watched_q1": quartiles[0], "watched_q3": quartiles[2]}  # fmt: skip
+            "watched_q1": quartiles[0], "watched_q3": quartiles[2],
+            "faults_plain": _FAULTS.get("plain", 0) / (rounds * steps),
+            "faults_watched": _FAULTS.get("watched", 0) / (rounds * steps)}  # fmt: skip
 
 
 def _child(name: str, mode: str, steps: int) -> None:
@@ -287,6 +305,8 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=7, help="interleaved rounds (median)")
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory runs")
+    parser.add_argument("--malloc", choices=("pinned", "default"), default="pinned",
+                        help="pin glibc's allocator first (see bench/_alloc.py) or not")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -295,11 +315,14 @@ def main() -> int:
         return 0
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device here")
+    allocator = pin_allocator() if args.malloc == "pinned" else "allocator as it comes"
     print(f"nanscope overhead, device={args.device}, torch {torch.__version__}, "
-          f"{args.steps} updates x {args.rounds} interleaved rounds, each watcher timed "
-          f"after {args.warm} updates")  # fmt: skip
+          f"{torch.get_num_threads()} thread(s), {args.steps} updates x {args.rounds} "
+          f"interleaved rounds, each watcher timed after {args.warm} updates; "
+          f"{allocator}")  # fmt: skip
     print(f"{'workload':<16} {'plain ms/upd':>12} {'floor/plain':>12} {'watched/plain':>14} "
-          f"{'run/plain':>10} {'anomaly/plain':>14} {'watched q1-q3':>14}")  # fmt: skip
+          f"{'run/plain':>10} {'anomaly/plain':>14} {'watched q1-q3':>14} "
+          f"{'faults/upd plain, watched':>26}")  # fmt: skip
     worst = 0.0
     floors: list[float] = []
     for name in args.workloads.split(","):
@@ -308,7 +331,8 @@ def main() -> int:
         print(f"{name:<16} {result['step_ms']:>12.2f} {result['floor']:>12.3f} "
               f"{result['watched']:>14.3f} {result['run']:>10.3f} "
               f"{result['anomaly']:>14.3f} "
-              f"{result['watched_q1']:>8.3f}-{result['watched_q3']:.3f}")  # fmt: skip
+              f"{result['watched_q1']:>8.3f}-{result['watched_q3']:.3f} "
+              f"{result['faults_plain']:>17.0f}, {result['faults_watched']:.0f}")  # fmt: skip
         floors.append(result["floor"])
     print(f"worst watched/plain or run/plain: {worst:.3f} (target <= 1.03); the floor, the loss "
           f"read and one norm pass over the gradients per update: {max(floors):.3f} at worst; "

@@ -21,6 +21,7 @@ device, without a gradient, complex (norms only, no sample), sparse gradients (n
 
 from __future__ import annotations
 
+import itertools
 import math
 import operator
 from collections.abc import Iterable, Mapping
@@ -44,20 +45,29 @@ MAX_NAMES = 32
 LEAN_SMALL = 4096
 #: ... when there are at least this many of them
 LEAN_FLAT_MIN = 8
-#: up to this many tensors, the lean check takes one norm call per tensor, each read at once
-#: (on CPU ~20% less than one ``_foreach_norm`` and its ``stack``); above it the fused call
+#: up to this many tensors, the lean check takes one dot product per tensor, each read at once
+#: (on CPU ~35% less than one ``_foreach_norm`` and its ``stack``, ~20% less than a
+#: ``vector_norm`` each); above it the fused call
 LEAN_EACH_MAX = 16
 
-_vector_norm = torch.linalg.vector_norm
+_dot = torch.dot
+#: the argument of ``reshape`` that flattens, repeated for ``map``
+_FLAT = itertools.repeat((-1,))
 
 _HALF = (torch.float16, torch.bfloat16)
 
 
-def _norms(grads: list[Any]) -> list[float]:
-    """The 2-norm of each gradient, read on the host (CPU tensors of one dtype)."""
+def _squares(grads: list[Any]) -> list[float]:
+    """The squared 2-norm of each gradient, read on the host (CPU tensors of one dtype).
+
+    A BLAS dot of the flat gradient with itself: as exact as ``vector_norm`` (both sum in the
+    tensor's dtype; an overflow is inf in both, and the full check then counts what is finite),
+    and the cheapest call that reads every element. ``reshape`` copies only a non-contiguous
+    gradient."""
     if len(grads) <= LEAN_EACH_MAX:
-        return [float(_vector_norm(g)) for g in grads]
-    return torch.stack(torch._foreach_norm(grads)).tolist()
+        return [float(_dot(flat, flat)) for flat in map(torch.Tensor.reshape, grads, _FLAT)]
+    norms = torch.stack(torch._foreach_norm(grads)).tolist()
+    return list(map(operator.mul, norms, norms))
 
 
 def param_names(model: Any) -> dict[int, str]:
@@ -278,19 +288,16 @@ class ParamMeasure:
         try:
             if self._lean_flat is not None:
                 large, small = self._lean_flat
-                g_sq = 0.0
-                if large:
-                    norms = _norms([p.grad for p in large])
-                    g_sq = sum(map(operator.mul, norms, norms))
+                g_sq = sum(_squares([p.grad for p in large])) if large else 0.0
                 flat = _flatten_dense_tensors([p.grad for p in small])
-                return g_sq + float(torch.dot(flat, flat)), None
+                return g_sq + float(_dot(flat, flat)), None
             groups = self._lean_groups
-            out = _norms([p.grad for p in groups[0]])
+            squares = _squares([p.grad for p in groups[0]])
             for group in groups[1:]:
-                out += _norms([p.grad for p in group])
+                squares += _squares([p.grad for p in group])
         except (TypeError, RuntimeError, NotImplementedError):
             return None  # a missing gradient (None), a sparse one
-        return sum(map(operator.mul, out, out)), out
+        return sum(squares), list(map(math.sqrt, squares))
 
     def weight_vector(self) -> tuple[torch.Tensor | None, dict[str, Any]]:
         """The weight norms alone (layout as :meth:`device_vector`'s, without gradients)."""
