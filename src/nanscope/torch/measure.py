@@ -177,6 +177,14 @@ class ParamMeasure:
                 # row is which; ``record`` reads the layout's parity)
                 self._buf = torch.zeros(6, sum(sizes), dtype=torch.float32, device=dev)
                 self._zl = torch.zeros(nb, BLOCK, dtype=torch.float32, device=dev)
+                # the views each sample writes through and reads, made once (each is a call):
+                # every row whole, and split into its blocks and its small tensors
+                self._rows = list(self._buf)
+                self._parts = [(row[: self._nlarge].view(-1, BLOCK), row[self._nlarge :])
+                               for row in self._rows]  # fmt: skip
+                self._buf_t = self._buf.t()
+                self._gram = torch.empty(6, 6, dtype=torch.float32, device=dev)
+                self._gram_flat = self._gram.view(-1)
             else:
                 self.notes.append("parameters on several devices: update cosine off")
                 self._views = self._lviews = self._sviews = []
@@ -351,7 +359,9 @@ class ParamMeasure:
         if not self._take_sample(grads):
             return None
         assert self._buf is not None and self.weight is not None
-        return torch.mm(self._buf * self.weight, self._buf.t()).reshape(-1)
+        # into a buffer of its own, read (tolist, or a cat's copy) before the next sample
+        torch.mm(self._buf * self.weight, self._buf_t, out=self._gram)
+        return self._gram_flat
 
     def _take_sample(self, grads: list[torch.Tensor | None]) -> bool:
         """Copy this update's [w, g, sign w] into the sample buffer; True when the previous
@@ -374,10 +384,10 @@ class ParamMeasure:
             if g is None or g.is_sparse or g.shape != params[i].shape:
                 gsmall.append(torch.zeros(params[i].numel(), device=buf.device))
             else:
-                gsmall.append(g.reshape(-1))
-        self._fill(buf[r], self._lviews, self._sviews)
-        self._fill(buf[r + 1], glarge, gsmall)
-        torch.sign(buf[r], out=buf[r + 2])
+                gsmall.append(g if g.ndim == 1 else g.reshape(-1))  # a bias is flat already
+        self._fill(self._parts[r], self._lviews, self._sviews)
+        self._fill(self._parts[r + 1], glarge, gsmall)
+        torch.sign(self._rows[r], out=self._rows[r + 2])
         self._half ^= 1
         self.count += 1
         if not self._have_prev:
@@ -386,14 +396,17 @@ class ParamMeasure:
         return True
 
     def _fill(
-        self, row: torch.Tensor, large: list[torch.Tensor], small: list[torch.Tensor]
+        self,
+        parts: tuple[torch.Tensor, torch.Tensor],
+        large: list[torch.Tensor],
+        small: list[torch.Tensor],
     ) -> None:
-        """Copy the blocks and the small tensors into one row of the sample buffer."""
-        n = self._nlarge
-        for views, out in ((large, row[:n].view(-1, BLOCK)), (small, row[n:])):
+        """Copy the blocks and the small tensors into one row of the sample buffer (its two
+        parts, :attr:`_parts`)."""
+        for views, out in zip((large, small), parts):
             if not views:
                 continue
-            if all(v.dtype == torch.float32 for v in views):
+            if self._f32 or all(v.dtype == torch.float32 for v in views):
                 torch.cat(views, out=out)
             else:
                 out.copy_(torch.cat([v.float() for v in views]))
