@@ -20,6 +20,12 @@ updates, past the first ``FLUSH_LINES`` records (written and judged one at a tim
 is whole on disk), and a block is ``FULL_EVERY`` updates, so it holds exactly one of the full
 updates (weight norms, per-layer norms, the batch's range) with the lean ones between them.
 
+On a small shared VM the step of a multi-threaded torch is bimodal: on the 2-vCPU development
+machine the character-level transformer's plain step took 7.3 ms or 10.3-11 ms, switching within
+a process as the second vCPU was free or not, and every switch between two arms moves their
+ratio. ``--threads 1`` takes that away (9.0-9.3 ms, stable); the default is torch's own choice,
+what a user runs.
+
 The allocator is pinned first (:mod:`_alloc`: glibc otherwise faults every large tensor in again
 on every update, which moved the arms' ratios by up to 5% on the development machine); the
 minor page faults per update of the plain and watched arms are printed beside the ratios.
@@ -307,6 +313,8 @@ def main() -> int:
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory runs")
     parser.add_argument("--malloc", choices=("pinned", "default"), default="pinned",
                         help="pin glibc's allocator first (see bench/_alloc.py) or not")
+    parser.add_argument("--threads", type=int, default=0,
+                        help="torch's intra-op threads (default: torch's own choice)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -316,6 +324,8 @@ def main() -> int:
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device here")
     allocator = pin_allocator() if args.malloc == "pinned" else "allocator as it comes"
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
     print(f"nanscope overhead, device={args.device}, torch {torch.__version__}, "
           f"{torch.get_num_threads()} thread(s), {args.steps} updates x {args.rounds} "
           f"interleaved rounds, each watcher timed after {args.warm} updates; "
