@@ -127,6 +127,51 @@ def test_a_nan_in_a_lean_run_stops_before_the_step_with_the_batch_observed(tmp_p
     assert watcher.monitor.diagnosis.cause == "nonfinite_input"
 
 
+class _Gated(nn.Module):
+    """Many small layers, then a per-feature gate parametrised as ``sqrt(|g|)``: a gate pruned
+    to exactly 0 gives a NaN gradient in that one element (``0 * inf`` in the backward of abs and
+    sqrt) while the loss stays finite."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(*[m for _ in range(6) for m in (nn.Linear(6, 6), nn.Tanh())])
+        self.gate = nn.Parameter(torch.ones(6))
+        self.head = nn.Linear(6, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.body(x) * self.gate.abs().sqrt())
+
+
+def test_a_nan_in_one_small_gradient_stops_the_stacked_lean_check(tmp_path):
+    """A model of many small layers has its small gradients stacked in a few buffers by the lean
+    check: a NaN in one element of one of them still stops the update before its step."""
+    torch.manual_seed(0)
+    model = _Gated()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    watcher = nanscope.watch(model, opt, run_dir=tmp_path)
+    x, y = torch.randn(64, 6), torch.randn(64, 1)
+    with pytest.raises(nanscope.DivergenceError):
+        for step in range(1, 40):
+            if step == 21:
+                with torch.no_grad():
+                    model.gate[3] = 0.0  # magnitude pruning of one gate
+            opt.zero_grad()
+            loss = nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            before = {k: v.clone() for k, v in model.state_dict().items()}
+            opt.step()
+    _, stacks = watcher.records.measure._lean_flat  # the stacked path was the one in use
+    assert any(model.gate is p for stacked, _, _ in stacks for p in stacked)
+    assert math.isfinite(float(loss)) and int(torch.isnan(model.gate.grad).sum()) == 1
+    for name, value in model.state_dict().items():
+        assert torch.equal(value, before[name]), name  # the NaN never reached the weights
+    records = watcher.monitor.trace.records
+    assert [r["step"] for r in records] == list(range(1, 22))
+    assert records[-1]["nf_grads"] == 1 and records[-1]["nf_loss"] == 0
+    assert all(r["nf_grads"] == 0 for r in records[:-1])
+    watcher.close()
+
+
 def test_a_stop_found_while_the_trace_is_read_is_raised_at_the_next_step(monkeypatch):
     """A read must not raise out of user code; the next optimizer step does (before it runs)."""
     from nanscope.detectors import Alarm
