@@ -81,6 +81,14 @@ def _num(value: Any) -> float | None:
     return None
 
 
+def _log_of(value: Any) -> float | None:
+    """The log of a finite positive number, else None."""
+    if type(value) is float:  # the common case, first: finite and positive in one test
+        return math.log(value) if 0.0 < value < math.inf else None
+    number = _num(value)
+    return math.log(number) if number is not None and number > 0 else None
+
+
 class NonFinite:
     """First non-finite loss, gradient or weight."""
 
@@ -533,9 +541,7 @@ class Spikes:
         # lowest value (each update moves it toward the new value), so a value no more than the
         # factor above the lower of the two cannot be a jump. Written flat: it runs on every
         # update.
-        loss, grad = _num(record.get("loss")), _num(record.get("grad_norm"))
-        log_loss = math.log(loss) if loss is not None and loss > 0 else None
-        log_grad = math.log(grad) if grad is not None and grad > 0 else None
+        log_loss, log_grad = _log_of(record.get("loss")), _log_of(record.get("grad_norm"))
         waiting = self._waiting
         low = self._waiting_low
         if low is None:  # step() took records out: the lowest of those left, again
@@ -572,25 +578,25 @@ class Spikes:
 
     def step(self, record: dict[str, Any]) -> Alarm | None:
         waiting = self._waiting
-        for k, item in enumerate(waiting):  # records are stepped in the order they waited
-            if item[0] is record:
-                for _ in range(k + 1):
-                    waiting.popleft()
-                self._waiting_low = None if waiting else [math.inf, math.inf]
-                logs = item[1]  # quiet() took their logs already
-                break
+        if waiting and waiting[0][0] is record:  # the common case: the oldest waiting record
+            log_loss, log_grad = waiting.popleft()[1]  # quiet() took its logs already
+            self._waiting_low = None if waiting else [math.inf, math.inf]
         else:
-            loss, grad = _num(record.get("loss")), _num(record.get("grad_norm"))
-            logs = (
-                math.log(loss) if loss is not None and loss > 0 else None,
-                math.log(grad) if grad is not None and grad > 0 else None,
-            )
-        log_loss, log_grad = logs
+            for k, item in enumerate(waiting):  # records are stepped in the order they waited
+                if item[0] is record:
+                    for _ in range(k + 1):
+                        waiting.popleft()
+                    self._waiting_low = None if waiting else [math.inf, math.inf]
+                    log_loss, log_grad = item[1]
+                    break
+            else:
+                log_loss = _log_of(record.get("loss"))
+                log_grad = _log_of(record.get("grad_norm"))
         loss_spike = log_loss is not None and self._loss.is_jump(
-            log_loss, self.LOSS_FACTOR, self.WARMUP
+            log_loss, self._log_loss_factor, self.WARMUP
         )
         grad_jump = log_grad is not None and self._grad.is_jump(
-            log_grad, self.GRAD_FACTOR, self.WARMUP
+            log_grad, self._log_grad_factor, self.WARMUP
         )
         if loss_spike or grad_jump:
             events = record.setdefault("events", [])
@@ -611,7 +617,9 @@ class _LogHistory:
         self.dev = 0.0
         self.count = 0
 
-    def is_jump(self, value: float, factor: float, warmup: int) -> bool:
+    def is_jump(self, value: float, log_factor: float, warmup: int) -> bool:
+        """Whether ``value`` is more than ``log_factor`` (and six deviations) above the moving
+        mean as it was; the averages move to it either way."""
         count, mean = self.count, self.mean
         self.count = count + 1
         if count == 0:
@@ -624,7 +632,7 @@ class _LogHistory:
         self.dev = dev + self.ALPHA * (abs(excess) - dev)
         return (
             count >= warmup
-            and excess > math.log(factor)
+            and excess > log_factor
             and excess > 6.0 * (dev if dev > 1e-12 else 1e-12)
         )
 
