@@ -211,7 +211,7 @@ class ParamMeasure:
         # norms are then left to the full updates
         small = [i for i in self.dense if params[i].numel() <= LEAN_SMALL and params[i].dim()]
         self._lean_flat: tuple[list[torch.Tensor], list[_Stack]] | None = None
-        if len(small) >= LEAN_FLAT_MIN:
+        if self.lean and len(small) >= LEAN_FLAT_MIN:  # (buffers only where the check runs)
             keep = set(small)
             self._lean_flat = ([params[i] for i in self.dense if i not in keep],
                                _stacks([params[i] for i in small]))  # fmt: skip
