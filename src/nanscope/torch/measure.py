@@ -58,12 +58,12 @@ _HALF = (torch.float16, torch.bfloat16)
 
 
 def _squares(grads: list[Any]) -> list[float]:
-    """The squared 2-norm of each gradient, read on the host (CPU tensors of one dtype).
+    """The squared 2-norm of each gradient, read on the host (CPU tensors).
 
-    A BLAS dot of the flat gradient with itself: as exact as ``vector_norm`` (both sum in the
-    tensor's dtype; an overflow is inf in both, and the full check then counts what is finite),
-    and the cheapest call that reads every element. ``reshape`` copies only a non-contiguous
-    gradient."""
+    A BLAS dot of the flat gradient with itself, the cheapest call that reads every element: it
+    sums in the tensor's dtype like ``vector_norm`` and measured closer to a float64 sum; an
+    overflow is inf in both, and the full check then counts what is finite. ``reshape`` copies
+    only a non-contiguous gradient."""
     if len(grads) <= LEAN_EACH_MAX:
         return [float(_dot(flat, flat)) for flat in map(torch.Tensor.reshape, grads, _FLAT)]
     norms = torch.stack(torch._foreach_norm(grads)).tolist()
