@@ -160,7 +160,7 @@ def test_a_nan_in_one_small_gradient_stops_the_stacked_lean_check(tmp_path):
             loss.backward()
             before = {k: v.clone() for k, v in model.state_dict().items()}
             opt.step()
-    _, stacks = watcher.records.measure._lean_flat  # the stacked path was the one in use
+    _, stacks = watcher.records.measure._lean_stacked  # the stacked path was the one in use
     assert any(model.gate is p for stacked, _, _ in stacks for p in stacked)
     assert math.isfinite(float(loss)) and int(torch.isnan(model.gate.grad).sum()) == 1
     for name, value in model.state_dict().items():

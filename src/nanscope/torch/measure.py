@@ -210,10 +210,10 @@ class ParamMeasure:
         # copying them into a few buffers and taking a dot product of each; their per-tensor
         # norms are then left to the full updates
         small = [i for i in self.dense if params[i].numel() <= LEAN_SMALL and params[i].dim()]
-        self._lean_flat: tuple[list[torch.Tensor], list[_Stack]] | None = None
+        self._lean_stacked: tuple[list[torch.Tensor], list[_Stack]] | None = None
         if self.lean and len(small) >= LEAN_FLAT_MIN:  # (buffers only where the check runs)
             keep = set(small)
-            self._lean_flat = ([params[i] for i in self.dense if i not in keep],
+            self._lean_stacked = ([params[i] for i in self.dense if i not in keep],
                                _stacks([params[i] for i in small]))  # fmt: skip
 
     def _dtype_groups(self, indices: Iterable[int]) -> list[tuple[list[int], torch.dtype | None]]:
@@ -294,8 +294,8 @@ class ParamMeasure:
         small ones (:func:`_stacks`; no per-parameter norms then). None when a
         gradient is missing or sparse: :meth:`device_vector` then says which."""
         try:
-            if self._lean_flat is not None:
-                large, stacks = self._lean_flat
+            if self._lean_stacked is not None:
+                large, stacks = self._lean_stacked
                 g_sq = sum(_squares([p.grad for p in large])) if large else 0.0
                 for stacked, out, flat in stacks:
                     torch.cat([p.grad for p in stacked], out=out)  # type: ignore[misc]
