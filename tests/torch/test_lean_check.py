@@ -280,3 +280,45 @@ def test_a_forward_without_randomness_skips_the_rng_copy_and_still_locates(tmp_p
     assert (found["located"]["op"], found["located"]["module"]) == ("linear", "0")
     assert found["rows"][0]["batch_row"] == 5
     watcher.close()
+
+
+def _warmup_past_stability(lean, tmp_path):
+    """Full-batch least squares on correlated features, SGD whose warm-up takes the step past
+    2 / the largest curvature (to 3 / it): the loss falls, then grows geometrically while it
+    oscillates, by less than the jump that is judged at once on its own (a rise to 4x). Returns
+    the update the stop came at, the weights then, and the watcher."""
+    torch.manual_seed(3)
+    gen = torch.Generator().manual_seed(4)
+    x = torch.randn(512, 8, generator=gen) @ torch.randn(8, 8, generator=gen)
+    y = x @ torch.randn(8, 1, generator=gen) + 0.1 * torch.randn(512, 1, generator=gen)
+    model = nn.Linear(8, 1)
+    curvature = float(torch.linalg.eigvalsh(2 * x.T @ x / len(x)).max())
+    opt = torch.optim.SGD(model.parameters(), lr=3.0 / curvature)
+    schedule = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: min(1.0, (k + 1) / 60))
+    watcher = nanscope.watch(model, opt, policy="raise", run_dir=tmp_path)
+    if not lean:
+        watcher._lean_applies = lambda step: False  # type: ignore[method-assign]
+    loss_fn = nn.MSELoss()
+    for step in range(1, 200):
+        opt.zero_grad()
+        loss_fn(model(x), y).backward()
+        try:
+            opt.step()
+        except nanscope.DivergenceError:
+            return step, [p.detach().clone() for p in model.parameters()], watcher
+        schedule.step()
+    raise AssertionError("the fit never stopped")
+
+
+def test_a_climb_stops_the_lean_check_at_the_update_the_full_check_stops(tmp_path):
+    """The climb is judged out of turn: the divergence detector stops the very update it would
+    stop update by update, before its step, with the records before it all judged."""
+    lean_step, lean_weights, lean = _warmup_past_stability(True, tmp_path / "lean")
+    full_step, full_weights, full = _warmup_past_stability(False, tmp_path / "full")
+    assert lean.monitor.alarm.kind == full.monitor.alarm.kind == "diverging"
+    assert lean_step == full_step and lean_step % 64 != 1  # a lean update, not a full one
+    assert lean.monitor.alarm.step == lean_step
+    assert all(torch.equal(a, b) for a, b in zip(lean_weights, full_weights))
+    assert [r["step"] for r in lean.monitor.trace.records] == list(range(1, lean_step + 1))
+    lean.close()
+    full.close()

@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from nanscope.detectors import Alarm
+from nanscope.detectors import Alarm, Divergence
 from nanscope.errors import DivergenceError, UsageError
 from nanscope.monitor import DetectorChain, Monitor
 from nanscope.monitor import observers as _observers
@@ -65,13 +65,18 @@ from nanscope.torch.records import FULL_EVERY, RecordBuilder, step_extra
 from nanscope.torch.rollback import ROLLBACK_LIMIT, ROLLBACK_LR_FACTOR, LastGood
 from nanscope.torch.window import StepWindow
 
-__all__ = ["BATCH_RECORDS", "BATCH_SECONDS", "FULL_EVERY", "ROLLBACK_LIMIT", "ROLLBACK_LR_FACTOR",
-           "SCALE_FLOOR", "SKIP_LIMIT", "Watcher", "watch"]  # fmt: skip
+__all__ = ["BATCH_RECORDS", "BATCH_SECONDS", "CLIMB_RISES", "FULL_EVERY", "ROLLBACK_LIMIT",
+           "ROLLBACK_LR_FACTOR", "SCALE_FLOOR", "SKIP_LIMIT", "Watcher", "watch"]  # fmt: skip
 
 #: finite records shown to the detectors together, at most this many ...
 BATCH_RECORDS = 16
 #: ... or once the oldest waited this long (a slow fit is judged update by update)
 BATCH_SECONDS = 0.25
+#: a climb is judged at once from this many rises in a row on: the divergence detector decides
+#: from the fourth, the ascent detector from the fifth; one of margin for an update the watcher's
+#: count does not see (a step the loss scaler skipped). A noisy loss rises three times in a row
+#: about half as often as twice, and each judgment out of turn is a cold one.
+CLIMB_RISES = Divergence.RISES - 1
 
 
 def watch(
@@ -589,9 +594,9 @@ class Watcher:
         prev_grad = self._lean_grad
         self._lean_grad = grad_norm
         prev_loss = records.sample_if_wanted(step, record, full=False)
-        # judged now, not with the batch: a climb (the divergence and ascent detectors decide
-        # from its fourth rise on) and a jump of the loss or the gradient (a spike's batch rows)
-        urgent = records.rises >= 2 or (
+        # judged now, not with the batch: a climb (:data:`CLIMB_RISES`) and a jump of the loss
+        # or the gradient (a spike's batch rows)
+        urgent = records.rises >= CLIMB_RISES or (
             prev_loss is not None and loss - prev_loss > 3.0 * abs(prev_loss)
         ) or (prev_grad is not None and grad_norm > 10.0 * prev_grad)
         if clip is not None or len(floats) > 1:
