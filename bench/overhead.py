@@ -304,6 +304,11 @@ def memory(name: str, steps: int) -> dict[str, float]:
             "watched_mb": (watched - plain) / 1024, "run_mb": (run - plain) / 1024}  # fmt: skip
 
 
+def added(result: dict[str, float], arm: str) -> float:
+    """What ``arm`` adds to an update, in microseconds (its median ratio times the plain step)."""
+    return (result[arm] - 1.0) * result["step_ms"] * 1e3
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
@@ -335,21 +340,24 @@ def main() -> int:
           f"{allocator}")  # fmt: skip
     print(f"{'workload':<16} {'plain ms/upd':>12} {'floor/plain':>12} {'watched/plain':>14} "
           f"{'run/plain':>10} {'anomaly/plain':>14} {'watched q1-q3':>14} "
-          f"{'faults/upd plain, watched':>26}")  # fmt: skip
+          f"{'faults/upd plain, watched':>26} {'+us/upd watched, over floor':>28}")  # fmt: skip
     worst = 0.0
     floors: list[float] = []
     for name in args.workloads.split(","):
         result = run(name, args.device, args.steps, args.rounds, args.warm)
         worst = max(worst, result["watched"], result["run"])
+        own = added(result, "watched") - added(result, "floor")
         print(f"{name:<16} {result['step_ms']:>12.2f} {result['floor']:>12.3f} "
               f"{result['watched']:>14.3f} {result['run']:>10.3f} "
               f"{result['anomaly']:>14.3f} "
               f"{result['watched_q1']:>8.3f}-{result['watched_q3']:.3f} "
-              f"{result['faults_plain']:>17.0f}, {result['faults_watched']:.0f}")  # fmt: skip
+              f"{result['faults_plain']:>17.0f}, {result['faults_watched']:.0f} "
+              f"{added(result, 'watched'):>19.0f}, {own:.0f}")  # fmt: skip
         floors.append(result["floor"])
     print(f"worst watched/plain or run/plain: {worst:.3f} (target <= 1.03); the floor, the loss "
           f"read and one norm pass over the gradients per update: {max(floors):.3f} at worst; "
-          f"q1-q3: the middle half of the rounds' watched/plain")  # fmt: skip
+          f"q1-q3: the middle half of the rounds' watched/plain; +us/upd: the time watching adds "
+          f"to an update, and the part of it above the floor (nanscope's own)")  # fmt: skip
     if args.no_memory or args.device != "cpu":
         return 0
     print(f"\npeak RSS, each in its own process, {args.steps} updates (median of 2)")
