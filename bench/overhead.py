@@ -5,12 +5,15 @@
 For each workload (3-layer MLP 512 wide, batch 128, Adam; the same MLP on a fresh minibatch each
 update, whose noisy loss takes the sample of the update's direction on a climb of two rises, as a
 real fit's does; 2-layer LSTM; small TransformerEncoder; a character-level transformer of 12 small
-blocks, ~100 module calls per forward) it times blocks of ``--steps`` training updates,
+blocks, ~100 module calls per forward; ``gpt``, a GPT-style trainer's whole loop: AdamW with two
+parameter groups, warm-up and cosine schedule, two micro-batches accumulated, the loss an
+expression on the logits, ``clip_grad_norm_``) it times blocks of ``--steps`` training updates,
 alternating plain / floor / watched / run / detect_anomaly (ABCDEABCDE...), so drift in the
 machine's speed hits all five alike, and prints the median ratio of each to plain. "floor" is what
 no NaN check can skip, timed the same way: the loss read once and one pass over the gradients read
 before each step (a step pre-hook), in the cheapest form measured (the lean check's own norm
-pass). "watched" is ``nanscope.watch(model, optimizer)``; "run" is what ``nanscope run`` does to
+pass; a loop that clips has made that pass already, and its total is read instead). "watched"
+is ``nanscope.watch(model, optimizer)``; "run" is what ``nanscope run`` does to
 an unchanged script (the global hooks of ``nanscope.torch.autowatch``, which find the optimizer at
 its first step and the model at its first forward). Target: watched / plain and run / plain
 <= 1.03 at default settings.
@@ -165,6 +168,127 @@ WORKLOADS = {"mlp512": _mlp, "mlp512-minibatch": _mlp_minibatch, "lstm2": _lstm,
              "transformer": _transformer, "chartf": _chartf}  # fmt: skip
 
 
+class _GPTBlock(nn.Module):
+    """Pre-norm causal self-attention and a 4x GELU MLP, each added back to the stream."""
+
+    def __init__(self, width: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.ln1 = nn.LayerNorm(width)
+        self.attn = nn.Linear(width, 3 * width)
+        self.attn_out = nn.Linear(width, width)
+        self.ln2 = nn.LayerNorm(width)
+        self.mlp = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(),
+                                 nn.Linear(4 * width, width))  # fmt: skip
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, w = x.shape
+        q, k, v = self.attn(self.ln1(x)).split(w, dim=2)
+        q, k, v = (z.view(b, t, self.heads, w // self.heads).transpose(1, 2) for z in (q, k, v))
+        y = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.attn_out(y.transpose(1, 2).reshape(b, t, w))
+        return x + self.mlp(self.ln2(x))
+
+
+class _GPT(nn.Module):
+    def __init__(self, vocab: int = 65, context: int = 64, width: int = 64, layers: int = 4,
+                 heads: int = 4) -> None:  # fmt: skip
+        super().__init__()
+        self.tokens = nn.Embedding(vocab, width)
+        self.positions = nn.Embedding(context, width)
+        self.blocks = nn.ModuleList(_GPTBlock(width, heads) for _ in range(layers))
+        self.ln = nn.LayerNorm(width)
+        self.head = nn.Linear(width, vocab, bias=False)
+        self.head.weight = self.tokens.weight  # tied, as GPT trainers do
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        pos = torch.arange(idx.shape[1], device=idx.device)
+        x = self.tokens(idx) + self.positions(pos)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.ln(x))
+
+
+class _Loop:
+    """One workload's model, optimizer and update: ``step()`` the plain update, ``step(True)``
+    the same update plus what no NaN check can skip of it (see :func:`run`); ``clips``: the
+    update calls ``clip_grad_norm_``, whose total norm is then the pass over the gradients."""
+
+    def __init__(self, model: nn.Module, opt: Any, step: Callable[[bool], None],
+                 clips: bool = False) -> None:  # fmt: skip
+        self.model, self.opt, self.step, self.clips = model, opt, step, clips
+
+
+def _gpt(device: str) -> _Loop:
+    """A GPT-style trainer's loop, the shape of the common open-source ones: a character-level
+    model (4 blocks, tied embedding), AdamW with decayed and undecayed parameter groups, a
+    warm-up then cosine schedule, two micro-batches accumulated per update, the loss written as
+    an expression on the logits, ``clip_grad_norm_(1.0)``, ``zero_grad`` after the step."""
+    torch.manual_seed(0)
+    model = _GPT().to(device)
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    rest = [p for p in model.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
+                             {"params": rest, "weight_decay": 0.0}],
+                            lr=1e-3, betas=(0.9, 0.95))  # fmt: skip
+
+    def lr_at(k: int) -> float:  # 20 updates of warm-up, then a cosine to a tenth over 4,000
+        if k < 20:
+            return (k + 1) / 20
+        return 0.1 + 0.45 * (1 + math.cos(math.pi * min(k, 4000) / 4000))
+
+    schedule = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
+    gen = torch.Generator().manual_seed(2)
+    text = torch.randint(0, 65, (1 << 15,), generator=gen)
+    starts = torch.randint(0, len(text) - 65, (1 << 14, 8), generator=gen)
+    at = [0]
+    micro = 2
+
+    def step(floor: bool = False) -> None:
+        for _ in range(micro):
+            rows = starts[at[0] % len(starts)]
+            at[0] += 1
+            idx = torch.stack([text[r : r + 64] for r in rows.tolist()]).to(device)
+            target = torch.stack([text[r + 1 : r + 65] for r in rows.tolist()]).to(device)
+            logits = model(idx)
+            loss = nn.functional.cross_entropy(logits.view(-1, logits.shape[-1]), target.view(-1))
+            (loss / micro).backward()
+            if floor:
+                float(loss.detach())  # the loss, read once per micro-batch
+        total = nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        if floor:
+            float(total)  # the clip's total norm: the pass over the gradients, read
+        opt.step()
+        schedule.step()
+        opt.zero_grad(set_to_none=True)
+
+    return _Loop(model, opt, step, clips=True)
+
+
+def _simple(name: str, device: str) -> _Loop:
+    """A workload of :data:`WORKLOADS` in the plain loop: Adam, ``zero_grad``, backward, step."""
+    torch.manual_seed(0)
+    model, loss_of = WORKLOADS[name](device)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-4)
+
+    def step(floor: bool = False) -> None:
+        opt.zero_grad(set_to_none=True)
+        loss = loss_of()
+        loss.backward()
+        if floor:
+            float(loss.detach())  # and the loss, read once
+        opt.step()
+
+    return _Loop(model, opt, step)
+
+#: whole training loops, not only a loss: each makes its own optimizer and update
+LOOPS: dict[str, Callable[[str], _Loop]] = {"gpt": _gpt}
+
+
+def loop(name: str, device: str) -> _Loop:
+    return LOOPS[name](device) if name in LOOPS else _simple(name, device)
+
+
 _FAULTS: dict[str, int] = {}
 
 
@@ -184,15 +308,12 @@ def _block(step: Callable[[], None], steps: int, device: str, arm: str = "") -> 
 
 
 def run(name: str, device: str, steps: int, rounds: int, warm: int) -> dict[str, float]:
-    torch.manual_seed(0)
     _FAULTS.clear()
-    model, loss_of = WORKLOADS[name](device)
-    opt = torch.optim.Adam(model.parameters(), lr=1e-4)
+    work = loop(name, device)
+    model, opt = work.model, work.opt
 
     def step() -> None:
-        opt.zero_grad(set_to_none=True)
-        loss_of().backward()
-        opt.step()
+        work.step(False)
 
     def anomaly_step() -> None:
         with torch.autograd.detect_anomaly(check_nan=True):
@@ -213,11 +334,7 @@ def run(name: str, device: str, steps: int, rounds: int, warm: int) -> dict[str,
             torch.stack(torch._foreach_norm(grads)).tolist()
 
     def floor_step() -> None:
-        opt.zero_grad(set_to_none=True)
-        loss = loss_of()
-        loss.backward()
-        float(loss.detach())  # and the loss, read once
-        opt.step()
+        work.step(True)
 
     with tempfile.TemporaryDirectory() as run_dir, warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -228,9 +345,11 @@ def run(name: str, device: str, steps: int, rounds: int, warm: int) -> dict[str,
         nanscope.monitor.set_defaults(policy="warn", root=run_dir)
         for _ in range(rounds):
             times["plain"].append(_block(step, steps, device, "plain"))
-            handle = opt.register_step_pre_hook(floor_check)
+            # (a loop that clips made its pass over the gradients already: its total is read)
+            handle = None if work.clips else opt.register_step_pre_hook(floor_check)
             times["floor"].append(_block(floor_step, steps, device))
-            handle.remove()
+            if handle is not None:
+                handle.remove()
             watcher = nanscope.watch(model, opt, policy="warn", run_dir=run_dir)
             _block(step, warm, device)  # the start of a run (see the module's doc)
             times["watched"].append(_block(step, steps, device, "watched"))
@@ -263,9 +382,8 @@ def _child(name: str, mode: str, steps: int) -> None:
     import json
     import resource
 
-    torch.manual_seed(0)
-    model, loss_of = WORKLOADS[name]("cpu")
-    opt = torch.optim.Adam(model.parameters(), lr=1e-4)
+    work = loop(name, "cpu")
+    model, opt = work.model, work.opt
     with tempfile.TemporaryDirectory() as run_dir, warnings.catch_warnings():
         warnings.simplefilter("ignore")
         nanscope.monitor.set_defaults(policy="warn", root=run_dir)
@@ -273,9 +391,7 @@ def _child(name: str, mode: str, steps: int) -> None:
         if mode == "run":
             autowatch.enable()
         for _ in range(steps):
-            opt.zero_grad(set_to_none=True)
-            loss_of().backward()
-            opt.step()
+            work.step(False)
         if watcher is not None:
             watcher.close()
         if mode == "run":
@@ -317,7 +433,7 @@ def main() -> int:
     parser.add_argument("--warm", type=int, default=FLUSH_LINES + 2,
                         help="updates each new watcher runs before it is timed")  # fmt: skip
     parser.add_argument("--rounds", type=int, default=7, help="interleaved rounds (median)")
-    parser.add_argument("--workloads", default=",".join(WORKLOADS))
+    parser.add_argument("--workloads", default=",".join([*WORKLOADS, *LOOPS]))
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory runs")
     parser.add_argument("--malloc", choices=("pinned", "default"), default="pinned",
                         help="pin glibc's allocator first (see bench/_alloc.py) or not")

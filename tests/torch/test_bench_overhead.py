@@ -1,0 +1,56 @@
+"""``bench/overhead.py`` runs (CI never times it: the machines are shared), and its GPT-style loop
+is the loop it claims to be: micro-batches accumulated, the clip's total read by the lean check."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import nanscope
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+
+
+@pytest.fixture
+def overhead(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCH))
+    import overhead as module  # type: ignore[import-not-found]
+
+    return module
+
+
+def test_the_overhead_bench_prints_a_row_per_workload():
+    out = subprocess.run(
+        [sys.executable, str(BENCH / "overhead.py"), "--steps", "2", "--rounds", "1", "--warm",
+         "1", "--no-memory", "--threads", "1"],
+        capture_output=True, text=True, timeout=300, check=True,
+    ).stdout  # fmt: skip
+    rows = {line.split()[0]: line.split() for line in out.splitlines() if line[:1].isalpha()}
+    for name in ("mlp512", "mlp512-minibatch", "lstm2", "transformer", "chartf", "gpt"):
+        plain_ms, floor, watched, run = (float(v) for v in rows[name][1:5])
+        assert plain_ms > 0 and all(math.isfinite(r) and r > 0 for r in (floor, watched, run))
+    assert "worst watched/plain or run/plain" in out
+
+
+def test_the_gpt_loop_accumulates_clips_and_takes_the_lean_check(overhead, tmp_path):
+    work = overhead.loop("gpt", "cpu")
+    assert work.clips and len(work.opt.param_groups) == 2
+    watcher = nanscope.watch(work.model, work.opt, policy="raise", run_dir=tmp_path)
+    lean = []
+    check_lean = watcher._check_lean
+    watcher._check_lean = lambda step, measure: lean.append(check_lean(step, measure)) or lean[-1]
+    for _ in range(6):
+        work.step(False)
+    records = watcher.monitor.trace.records
+    assert [r["step"] for r in records] == [1, 2, 3, 4, 5, 6]
+    assert lean == [True] * 5  # update 1 is a full one; the others, lean
+    for record in records:
+        assert record["extra"]["micro_batches"] == 2
+        assert record["extra"]["grad_norm_source"] == "pre_clip"
+        assert record["lr"] == pytest.approx(1e-3 * record["step"] / 20)  # the warm-up
+    assert records[-1]["loss"] < records[0]["loss"]
+    watcher.close()
