@@ -34,7 +34,7 @@ from collections.abc import Callable
 from typing import Any
 
 from _alloc import pin_allocator  # type: ignore[import-not-found]
-from overhead import WORKLOADS  # type: ignore[import-not-found]
+from overhead import LOOPS, WORKLOADS, loop  # type: ignore[import-not-found]
 
 import nanscope
 import torch
@@ -54,14 +54,11 @@ def _timed(fn: Callable[..., Any], part: str, acc: dict[str, int]) -> Callable[.
 
 
 def run(name: str, rounds: int, block: int, warm: int) -> dict[str, float]:
-    torch.manual_seed(0)
-    model, loss_of = WORKLOADS[name]("cpu")
-    opt = torch.optim.Adam(model.parameters(), lr=1e-4)
+    work = loop(name, "cpu")
+    model, opt = work.model, work.opt
 
     def step() -> None:
-        opt.zero_grad(set_to_none=True)
-        loss_of().backward()
-        opt.step()
+        work.step(False)
 
     acc: dict[str, int] = {}
     shares: dict[str, list[float]] = {}
@@ -78,6 +75,7 @@ def run(name: str, rounds: int, block: int, warm: int) -> dict[str, float]:
         notify = _hooks._notify_backward
         _hooks._notify_backward = _timed(notify, "backward", acc)
         watcher.on_loss_module = _timed(watcher.on_loss_module, "loss module", acc)  # type: ignore[method-assign]
+        watcher.on_clip = _timed(watcher.on_clip, "clip", acc)  # type: ignore[method-assign]
         watcher.drain_batched = _timed(watcher.drain_batched, "  judging (batched)", acc)  # type: ignore[method-assign]
         ParamMeasure.lean_norms = _timed(norms, "  gradient norms", acc)  # type: ignore[method-assign]
         try:
@@ -125,7 +123,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=40)
     parser.add_argument("--block", type=int, default=32, help="updates per block")
     parser.add_argument("--warm", type=int, default=130, help="updates before the first block")
-    parser.add_argument("--workloads", default=",".join(WORKLOADS))
+    parser.add_argument("--workloads", default=",".join([*WORKLOADS, *LOOPS]))
     parser.add_argument("--malloc", choices=("pinned", "default"), default="pinned")
     args = parser.parse_args()
     allocator = pin_allocator() if args.malloc == "pinned" else "allocator as it comes"
