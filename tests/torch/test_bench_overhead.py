@@ -1,5 +1,6 @@
-"""``bench/overhead.py`` runs (CI never times it: the machines are shared), and its GPT-style loop
-is the loop it claims to be: micro-batches accumulated, the clip's total read by the lean check."""
+"""``bench/overhead.py`` and ``bench/hook_cost.py`` run (CI never times them: the machines are
+shared), and the GPT-style loop is the loop it claims to be: micro-batches accumulated, the clip's
+total read by the lean check."""
 
 from __future__ import annotations
 
@@ -34,6 +35,19 @@ def test_the_overhead_bench_prints_a_row_per_workload():
         plain_ms, floor, watched, run = (float(v) for v in rows[name][1:5])
         assert plain_ms > 0 and all(math.isfinite(r) and r > 0 for r in (floor, watched, run))
     assert "worst watched/plain or run/plain" in out
+
+
+def test_the_hook_cost_bench_times_each_entry_point_of_the_gpt_loop():
+    out = subprocess.run(
+        [sys.executable, str(BENCH / "hook_cost.py"), "--workloads", "gpt,mlp512", "--rounds", "1",
+         "--block", "2", "--warm", "2"],
+        capture_output=True, text=True, timeout=300, check=True,
+    ).stdout  # fmt: skip
+    rows = {line.split()[0]: line for line in out.splitlines() if line.startswith(("gpt", "mlp"))}
+    for part in ("all hooks", "step pre-hook", "backward", "forward pre-hook", "clip"):
+        assert part in rows["gpt"], part
+    assert "gradient norms" not in rows["gpt"]  # the clip's total is the pass over the gradients
+    assert "gradient norms" in rows["mlp512"] and "clip" not in rows["mlp512"]
 
 
 def test_the_gpt_loop_accumulates_clips_and_takes_the_lean_check(overhead, tmp_path):
