@@ -35,6 +35,7 @@ def test_the_overhead_bench_prints_a_row_per_workload():
         plain_ms, floor, watched, run = (float(v) for v in rows[name][1:5])
         assert plain_ms > 0 and all(math.isfinite(r) and r > 0 for r in (floor, watched, run))
     assert "worst watched/plain or run/plain" in out
+    assert "watched <= 1.03: one round: no spread: mlp512, " in out  # one round: no verdict
 
 
 def test_the_hook_cost_bench_times_each_entry_point_of_the_gpt_loop():
@@ -68,3 +69,14 @@ def test_the_gpt_loop_accumulates_clips_and_takes_the_lean_check(overhead, tmp_p
         assert record["lr"] == pytest.approx(1e-3 * record["step"] / 20)  # the warm-up
     assert records[-1]["loss"] < records[0]["loss"]
     watcher.close()
+
+
+def test_the_verdict_reads_the_rounds_spread_not_the_median(overhead):
+    def result(q1, median, q3):
+        return {"watched_q1": q1, "watched": median, "watched_q3": q3}
+
+    assert overhead.verdict(result(1.01, 1.02, 1.03)) == "met"
+    assert overhead.verdict(result(1.031, 1.04, 1.05)) == "not met"
+    # a median under the target with a spread across it is no evidence (nor one over it)
+    assert overhead.verdict(result(1.00, 1.02, 1.06)) == overhead.verdict(
+        result(1.00, 1.05, 1.06)) == "the target inside the rounds' middle half"  # fmt: skip
