@@ -248,10 +248,10 @@ def _gpt(device: str) -> _Loop:
 
     def step(floor: bool = False) -> None:
         for _ in range(micro):
-            rows = starts[at[0] % len(starts)]
+            rows = starts[at[0] % len(starts)].tolist()
             at[0] += 1
-            idx = torch.stack([text[r : r + 64] for r in rows.tolist()]).to(device)
-            target = torch.stack([text[r + 1 : r + 65] for r in rows.tolist()]).to(device)
+            idx = torch.stack([text[r : r + 64] for r in rows]).to(device)
+            target = torch.stack([text[r + 1 : r + 65] for r in rows]).to(device)
             logits = model(idx)
             loss = nn.functional.cross_entropy(logits.view(-1, logits.shape[-1]), target.view(-1))
             (loss / micro).backward()
@@ -283,11 +283,13 @@ def _simple(name: str, device: str) -> _Loop:
 
     return _Loop(model, opt, step)
 
+
 #: whole training loops, not only a loss: each makes its own optimizer and update
 LOOPS: dict[str, Callable[[str], _Loop]] = {"gpt": _gpt}
 
 
 def loop(name: str, device: str) -> _Loop:
+    """The workload ``name`` (of :data:`WORKLOADS` or :data:`LOOPS`), made on ``device``."""
     return LOOPS[name](device) if name in LOOPS else _simple(name, device)
 
 
