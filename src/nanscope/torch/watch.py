@@ -73,9 +73,9 @@ BATCH_RECORDS = 16
 #: ... or once the oldest waited this long (a slow fit is judged update by update)
 BATCH_SECONDS = 0.25
 #: a climb is judged at once from this many rises in a row on: the divergence detector decides
-#: from the fourth, the ascent detector from the fifth; one of margin for an update the watcher's
-#: count does not see (a step the loss scaler skipped). A noisy loss rises three times in a row
-#: about half as often as twice, and each judgment out of turn is a cold one.
+#: from the fourth, the ascent detector from the fifth; one before, as a margin (the watcher
+#: counts the rises of its own records, the detectors those they are shown). A noisy loss rises
+#: three times in a row about half as often as twice, and each judgment out of turn is a cold one.
 CLIMB_RISES = Divergence.RISES - 1
 
 
