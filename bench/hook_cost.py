@@ -7,13 +7,18 @@ rounds spread over 5-15 points, so a change of a point in nanscope's own code do
 This script measures that code directly: one watcher per workload, the time spent inside each of
 its entry points (the model's forward pre- and post-hooks, the loss-module call, the backward
 notifier, the optimizer's step pre- and post-hooks, and within the step pre-hook the gradient
-norms and the batched judging) is summed over a block of updates, and divided by the time of a
-plain block run right after it with the watcher paused (its hook entries taken out of torch's
-hook dicts and the process-wide patches pointed at no watcher, so the same model, the same
-memory and the same watcher alternate). The median over rounds of that share is printed per
-part; most of the machine's drift divides out of it (runs minutes apart agree within ~0.2
-point; over hours the share moves with how busy the machine is, so compare two versions of the
-code in alternating runs). Python right after the step's kernels runs in a cold cache, so these
+norms, the batched judging, the full updates' measures and the lean updates' direction samples)
+is summed over a block of updates, and divided by the time of a plain block run right after it
+with the watcher paused (its hook entries taken out of torch's hook dicts and the process-wide
+patches pointed at no watcher, so the same model, the same memory and the same watcher
+alternate). The median over rounds of that share is printed per part; most of the machine's
+drift divides out of it (runs minutes apart agree within ~0.2 point; over hours the share moves
+with how busy the machine is, so compare two versions of the code in alternating runs). The
+full updates (every ``every``-th, 64 by default) and the samples after them fall in some blocks
+and not others: those two parts are their total over all rounds' plain time, what they cost
+spread over every update. A direction sample is taken on the lean updates of a climb (from the
+second rise in a row) too, so a noisy loss pays more of them than a falling one.
+Python right after the step's kernels runs in a cold cache, so these
 are the costs the loop pays, not a warm loop's.
 
 What it leaves out, and the whole-step ratio includes: torch's slower module call when a module
@@ -62,6 +67,8 @@ def run(name: str, rounds: int, block: int, warm: int) -> dict[str, float]:
 
     acc: dict[str, int] = {}
     shares: dict[str, list[float]] = {}
+    totals: dict[str, int] = {}
+    plain_total = 0
     norms = ParamMeasure.lean_norms
     with tempfile.TemporaryDirectory() as run_dir, warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -78,6 +85,16 @@ def run(name: str, rounds: int, block: int, warm: int) -> dict[str, float]:
         watcher.on_clip = _timed(watcher.on_clip, "clip", acc)  # type: ignore[method-assign]
         watcher.drain_batched = _timed(watcher.drain_batched, "  judging (batched)", acc)  # type: ignore[method-assign]
         ParamMeasure.lean_norms = _timed(norms, "  gradient norms", acc)  # type: ignore[method-assign]
+        # the scheduled work inside the step pre-hook: the full measures of every `every`-th
+        # update (and of an update the lean check hands over), and the direction samples of the
+        # lean updates (a climb's, and the one after a full update), with the rise count
+        records = watcher.records
+        full = f"  full updates (every {records.every})"
+        records.pack = _timed(records.pack, full, acc)  # type: ignore[method-assign]
+        watcher._process = _timed(watcher._process, full, acc)  # type: ignore[method-assign]
+        records.sample_if_wanted = _timed(  # type: ignore[method-assign]
+            records.sample_if_wanted, "  direction samples", acc
+        )
         try:
             for _ in range(warm):
                 step()
@@ -109,13 +126,18 @@ def run(name: str, rounds: int, block: int, warm: int) -> dict[str, float]:
                 resume()
                 outer = sum(v for k, v in spent.items() if not k.startswith(" "))
                 shares.setdefault("all hooks", []).append(outer / plain)
+                plain_total += plain
                 for part, spent_ns in spent.items():
                     shares.setdefault(part, []).append(spent_ns / plain)
+                    totals[part] = totals.get(part, 0) + spent_ns
         finally:
             _hooks._notify_backward = notify
             ParamMeasure.lean_norms = norms  # type: ignore[method-assign]
             watcher.close()
-    return {part: statistics.median(values) for part, values in shares.items()}
+    # a block holds one full update or none (and so the samples after it): the scheduled parts
+    # are shares of the totals, the others medians of the rounds' shares
+    return {part: totals[part] / plain_total if part in (full, "  direction samples")
+            else statistics.median(values) for part, values in shares.items()}  # fmt: skip
 
 
 def main() -> None:

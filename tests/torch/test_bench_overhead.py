@@ -5,6 +5,7 @@ total read by the lean check."""
 from __future__ import annotations
 
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -41,7 +42,7 @@ def test_the_overhead_bench_prints_a_row_per_workload():
 def test_the_hook_cost_bench_times_each_entry_point_of_the_gpt_loop():
     out = subprocess.run(
         [sys.executable, str(BENCH / "hook_cost.py"), "--workloads", "gpt,mlp512", "--rounds", "1",
-         "--block", "2", "--warm", "2"],
+         "--block", "3", "--warm", "63"],
         capture_output=True, text=True, timeout=300, check=True,
     ).stdout  # fmt: skip
     rows = {line.split()[0]: line for line in out.splitlines() if line.startswith(("gpt", "mlp"))}
@@ -49,6 +50,12 @@ def test_the_hook_cost_bench_times_each_entry_point_of_the_gpt_loop():
         assert part in rows["gpt"], part
     assert "gradient norms" not in rows["gpt"]  # the clip's total is the pass over the gradients
     assert "gradient norms" in rows["mlp512"] and "clip" not in rows["mlp512"]
+    # the block holds updates 64-66: the full update 65 and the sample of update 66 after it
+    parts = rows["mlp512"].split(None, 1)[1]
+    shares = dict(re.findall(r"([a-z][a-z (),0-9-]*?) (\d+\.\d+)%", parts))
+    assert float(shares["full updates (every 64)"]) > 0
+    assert float(shares["direction samples"]) > 0
+    assert float(shares["step pre-hook"]) >= float(shares["full updates (every 64)"])
 
 
 def test_the_gpt_loop_accumulates_clips_and_takes_the_lean_check(overhead, tmp_path):
