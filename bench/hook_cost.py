@@ -21,9 +21,13 @@ second rise in a row) too, so a noisy loss pays more of them than a falling one.
 Python right after the step's kernels runs in a cold cache, so these
 are the costs the loop pays, not a warm loop's.
 
-What it leaves out, and the whole-step ratio includes: torch's slower module call when a module
-has hooks, the patches' own wrappers, and what a hook's work changes for the step's kernels
-after it (the norm pass warms the cache for the optimizer; references kept move the allocator).
+What the hooks' own time leaves out, and the whole-step ratio includes: torch's slower module
+call when a module has hooks, the patches' own wrappers, and what a hook's work changes for the
+step's code after it (the user's Python and kernels run after nanscope's in a colder cache; the
+norm pass warms the cache for the optimizer). "beyond the hooks" is all of that together: the
+watched block's time less its hooks' time and the plain block's, as a share of the plain block
+(the timers here add ~3 us an update to it). It is the difference of two noisy block times: its
+median over many rounds is what to read.
 The allocator is pinned first, as in ``overhead.py`` (see ``_alloc.py``; ``--malloc default``
 leaves it as it comes).
 """
@@ -113,19 +117,27 @@ def run(name: str, rounds: int, block: int, warm: int) -> dict[str, float]:
                     hooks[key] = hook
                 paused.clear()
 
-            for _ in range(rounds):
-                acc.clear()
-                for _ in range(block):
-                    step()
-                spent = dict(acc)
-                pause()
-                start = time.perf_counter_ns()
-                for _ in range(block):
-                    step()
-                plain = time.perf_counter_ns() - start
-                resume()
+            for r in range(rounds):
+                # a watched and a plain block, which first alternating (the machine drifts)
+                for arm in ("watched", "plain") if r % 2 == 0 else ("plain", "watched"):
+                    if arm == "plain":
+                        pause()
+                    acc.clear()
+                    start = time.perf_counter_ns()
+                    for _ in range(block):
+                        step()
+                    elapsed = time.perf_counter_ns() - start
+                    if arm == "watched":
+                        watched, spent = elapsed, dict(acc)
+                    else:
+                        plain = elapsed
+                        resume()
                 outer = sum(v for k, v in spent.items() if not k.startswith(" "))
                 shares.setdefault("all hooks", []).append(outer / plain)
+                # what watching adds outside the hooks' own time: torch's module call with hooks,
+                # the patches' wrappers, the timers here (~3 us an update), and the user's code
+                # running after nanscope's
+                shares.setdefault("beyond the hooks", []).append((watched - outer - plain) / plain)
                 plain_total += plain
                 for part, spent_ns in spent.items():
                     shares.setdefault(part, []).append(spent_ns / plain)

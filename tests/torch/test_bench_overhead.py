@@ -50,6 +50,7 @@ def test_the_hook_cost_bench_times_each_entry_point_of_the_gpt_loop():
         assert part in rows["gpt"], part
     assert "gradient norms" not in rows["gpt"]  # the clip's total is the pass over the gradients
     assert "gradient norms" in rows["mlp512"] and "clip" not in rows["mlp512"]
+    assert "beyond the hooks" in rows["mlp512"]  # the whole watched block, less hooks and plain
     # the block holds updates 64-66: the full update 65 and the sample of update 66 after it
     parts = rows["mlp512"].split(None, 1)[1]
     shares = dict(re.findall(r"([a-z][a-z (),0-9-]*?) (\d+\.\d+)%", parts))
