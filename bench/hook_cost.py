@@ -17,9 +17,9 @@ with how busy the machine is, so compare two versions of the code in alternating
 full updates (every ``every``-th, 64 by default) and the samples after them fall in some blocks
 and not others: those two parts are their total over all rounds' plain time, what they cost
 spread over every update. A direction sample is taken on the lean updates of a climb (from the
-second rise in a row) too, so a noisy loss pays more of them than a falling one.
-Python right after the step's kernels runs in a cold cache, so these
-are the costs the loop pays, not a warm loop's.
+second rise in a row) too, so a noisy loss pays more of them than a falling one. Python right
+after the step's kernels runs in a cold cache, so these are the costs the loop pays, not a warm
+loop's.
 
 What the hooks' own time leaves out, and the whole-step ratio includes: torch's slower module
 call when a module has hooks, the patches' own wrappers, and what a hook's work changes for the
