@@ -214,7 +214,7 @@ class ParamMeasure:
         if self.lean and len(small) >= LEAN_FLAT_MIN:  # (buffers only where the check runs)
             keep = set(small)
             self._lean_stacked = ([params[i] for i in self.dense if i not in keep],
-                               _stacks([params[i] for i in small]))  # fmt: skip
+                                  _stacks([params[i] for i in small]))  # fmt: skip
 
     def _dtype_groups(self, indices: Iterable[int]) -> list[tuple[list[int], torch.dtype | None]]:
         by: dict[tuple[torch.dtype, str], list[int]] = {}
