@@ -24,6 +24,11 @@ that falls is fine; a gradient norm of 400 can be normal.
   alone; its updates point downhill, so it would be called a step size.) Values at the float
   noise floor of the run's own starting loss (below ``NOISE_FLOOR`` times it) are never a
   departure, and never a divergence either.
+* :class:`Explosion` fires when the loss leaves everything it reached before by orders of
+  magnitude in one update (``JUMP``, 1000x its largest earlier loss) and the next update is still
+  more than :data:`nanscope.outcome.FAR` times above where the run started: one step threw the
+  weights out (an unscaled feature under SGD, an lr far too large), whatever the optimizer, and a
+  loss that will come back down (a single extreme batch, a spike the fit absorbs) is left alone.
 * :class:`Ascent` fires when ``ASCENT_RISES`` consecutive updates raise the loss while the applied
   update points along the gradient (cosine > 0.5): the update's sign is flipped.
 * :class:`Spikes` never stops a run; it tags updates whose loss or gradient norm jumps far above
@@ -40,6 +45,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from nanscope.outcome import FAR
+
 __all__ = [
     "NOISE_FLOOR",
     "Alarm",
@@ -47,6 +54,7 @@ __all__ = [
     "Departure",
     "Detector",
     "Divergence",
+    "Explosion",
     "NonFinite",
     "Spikes",
     "default_detectors",
@@ -62,7 +70,7 @@ NOISE_FLOOR = 1e-6
 class Alarm:
     """Why a detector asks to stop: ``kind`` is machine-readable, ``text`` is for people."""
 
-    kind: str  # "nonfinite" | "diverging" | "ascending"
+    kind: str  # "nonfinite" | "diverging" | "ascending" (an explosion is "diverging")
     step: int
     text: str
     data: dict[str, Any] = field(default_factory=dict)
@@ -90,10 +98,13 @@ def _log_of(value: Any) -> float | None:
 
 
 class NonFinite:
-    """First non-finite loss, gradient or weight."""
+    """First non-finite loss, gradient or weight; a gradient whose norm lies past the range of
+    its own dtype (``grad_past_range``: every element finite, but any step with it overflows)
+    counts as a non-finite gradient."""
 
     def quiet(self, record: dict[str, Any], rises: int, behind: int) -> bool:
-        if record.get("nf_loss") or record.get("nf_grads") or record.get("nf_params"):
+        if (record.get("nf_loss") or record.get("nf_grads") or record.get("nf_params")
+                or record.get("grad_past_range")):  # fmt: skip
             return False
         loss = record.get("loss")
         if type(loss) is float:  # the common case, inline: it runs on every update
@@ -105,7 +116,7 @@ class NonFinite:
         what = []
         if record.get("nf_loss", 0) or (loss is not None and not _finite(loss)):
             what.append("loss")
-        if record.get("nf_grads", 0):
+        if record.get("nf_grads", 0) or record.get("grad_past_range"):
             what.append("grad")
         if record.get("nf_params", 0):
             what.append("weight")
@@ -471,6 +482,60 @@ def _growth(losses: list[float]) -> float:
     return (losses[-1] - losses[-2]) / d0 if d0 > 0 else math.inf
 
 
+class Explosion:
+    """The loss jumped out of its whole history by orders of magnitude and stayed far above its
+    start: a step that threw the weights out, under any optimizer (see the module docstring).
+
+    It keeps three floats: the first loss, the largest loss before the last one, and a pending
+    jump (the update, from, to). A jump is ``JUMP`` times the largest earlier loss in one update;
+    it fires on the next update if that loss is still more than ``FAR`` times the start. Positive
+    losses only (a jump ratio means nothing across zero)."""
+
+    JUMP = 1e3
+
+    def __init__(self) -> None:
+        self._start: float | None = None
+        self._max: float | None = None
+        self._jump: tuple[int, float, float] | None = None  # (step, from, to)
+
+    def quiet(self, record: dict[str, Any], rises: int, behind: int) -> bool:
+        # it fires only on a loss far above the start (a jump is one too): below that, never
+        loss = record.get("loss")
+        start = self._start
+        if start is None or start <= 0 or type(loss) is not float:
+            return start is not None and start <= 0
+        return loss <= FAR * start
+
+    def step(self, record: dict[str, Any]) -> Alarm | None:
+        loss = _num(record.get("loss"))
+        if loss is None:
+            self._jump = None
+            return None
+        if self._start is None:
+            self._start = loss
+        start = self._start
+        if start <= 0:
+            return None
+        jump, self._jump = self._jump, None
+        if jump is not None and loss > FAR * start:
+            step = int(record["step"])
+            at, before, after = jump
+            return Alarm(
+                "diverging",
+                step,
+                f"the loss jumped {after / before:.3g}x in one update ({before:.4g} -> "
+                f"{after:.4g} at update {at}) and stayed far above where it started "
+                f"({start:.4g}): {loss:.4g} at update {step}",
+                {"shape": "explosion", "jump_step": at, "jump_from": before, "jump_to": after,
+                 "start": start, "now": loss},
+            )  # fmt: skip
+        top = self._max
+        if top is not None and top > 0 and loss > self.JUMP * top and loss > FAR * start:
+            self._jump = (int(record["step"]), top, loss)
+        self._max = loss if top is None or loss > top else top
+        return None
+
+
 class Ascent:
     """The loss rises while every applied update points along the gradient."""
 
@@ -665,7 +730,7 @@ def stuck_at_zero(losses: Any) -> tuple[int, int] | None:
 
 def default_detectors() -> list[Any]:
     """The detectors a Monitor runs, cheapest first."""
-    return [NonFinite(), Spikes(), Ascent(), Divergence(), Departure()]
+    return [NonFinite(), Spikes(), Ascent(), Divergence(), Departure(), Explosion()]
 
 
 # ---------------------------------------------------------------------- the extension point

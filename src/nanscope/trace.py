@@ -26,6 +26,8 @@ flip_frac          float   fraction of weights whose sign flipped since the last
 nf_loss            int     count of non-finite values in the loss
 nf_grads           int     ... in the gradients
 nf_params          int     ... in the parameters
+grad_past_range    bool    the gradient's elements are finite but its norm lies past the
+                           range of its dtype (float32: 3.4e38): any step with it overflows
 nf_inputs          int     ... in the input batch
 nf_targets         int     ... in the targets
 input_absmax       float   max |x| over the input batch
@@ -116,7 +118,7 @@ NUMERIC_KEYS: frozenset[str] = frozenset(
 RECORD_KEYS: frozenset[str] = NUMERIC_KEYS | frozenset(
     {
         "step", "epoch", "grad_norms", "nf_loss", "nf_grads", "nf_params", "nf_inputs",
-        "nf_targets", "input_scale_column", "rows", "events", "extra",
+        "nf_targets", "input_scale_column", "rows", "events", "extra", "grad_past_range",
     }
 )  # fmt: skip
 
@@ -304,6 +306,8 @@ class Trace:
             grad = self.column("grad_norm")
             guess = self.present("grad_norm") & ~self.present("nf_grads") & ~np.isfinite(grad)
             counts = np.maximum(counts, guess.astype(float))
+            # finite elements whose norm lies past their dtype's range: any step overflows
+            counts = np.maximum(counts, self.present("grad_past_range").astype(float))
         return counts
 
 

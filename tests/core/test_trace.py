@@ -137,7 +137,7 @@ def test_the_record_keys_are_the_documented_table():
 
     doc = trace_module.__doc__ or ""
     table = doc.split("=================  ======", 2)[2].split("=================  ======")[0]
-    documented = {m.group(1) for m in re.finditer(r"^(\w+)\s+(?:int|float|dict|list)\s", table,
+    documented = {m.group(1) for m in re.finditer(r"^(\w+)\s+(?:int|float|dict|list|bool)\s", table,
                                                    re.M)}  # fmt: skip
     assert documented == set(RECORD_KEYS)
     assert NUMERIC_KEYS <= RECORD_KEYS

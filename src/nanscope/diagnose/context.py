@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from nanscope.outcome import Outcome, judge
 from nanscope.trace import Trace
 
 __all__ = ["Context", "Rise"]
@@ -108,9 +109,10 @@ class Context:
             return dict(alarm)
         if self.evidence.get("replayed") is False:
             return None
-        from nanscope.detectors import Ascent, Departure, Divergence
+        from nanscope.detectors import Ascent, Departure, Divergence, Explosion
 
-        detectors: list[Ascent | Divergence | Departure] = [Ascent(), Divergence(), Departure()]
+        detectors: list[Ascent | Divergence | Departure | Explosion] = [
+            Ascent(), Divergence(), Departure(), Explosion()]
         for record in self.records:
             loss = record.get("loss")
             if loss is None or not math.isfinite(loss):
@@ -146,6 +148,11 @@ class Context:
         return int(self.steps[index])
 
     # ------------------------------------------------------------------ shapes of the curve
+
+    @cached_property
+    def outcome(self) -> Outcome:
+        """How the loss ended (:func:`nanscope.outcome.judge`), over the updates that carry one."""
+        return judge(self.loss[self.trace.present("loss")].tolist())
 
     @cached_property
     def finite_loss(self) -> np.ndarray:

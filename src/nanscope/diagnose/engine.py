@@ -28,6 +28,7 @@ from nanscope.diagnose.context import Context
 from nanscope.diagnose.diagnosis import Diagnosis, Evidence, Finding
 from nanscope.diagnose.rules import load_rules
 from nanscope.formatting import number as num
+from nanscope.outcome import Outcome
 from nanscope.trace import Trace
 
 __all__ = ["diagnose", "interruption", "run_rules"]
@@ -95,20 +96,27 @@ def diagnose(trace: Trace | Any, evidence: Mapping[str, Any] | None = None) -> D
     if ctx.fail is None and not trace.has("loss"):
         return _no_loss(ctx, stopped, run)
     findings = run_rules(ctx)
+    outcome = ctx.outcome
     if ctx.fail is not None:
         verdict = "nonfinite"
     elif ctx.stop is not None:
         verdict = "diverging"
+    elif outcome.kind == "blown":
+        verdict = "diverging"  # it was not stopped, but it ended far above where it began
     elif findings and findings[0].confidence >= SUSPECT:
         verdict = "suspect"
     elif stopped is not None:
         return _interrupted(ctx, findings, stopped, run)
+    elif outcome.kind == "returned":
+        verdict = "suspect"  # it survived an explosion, or stepped up by design: not healthy
     else:
         verdict = "healthy"
     if verdict == "healthy" and _zeros(ctx) is not None:
         verdict = "suspect"  # a loss stuck at exactly 0.0 is not a converged one
     summary = _summary(ctx)
     notes = _notes(ctx, stopped)
+    if verdict == "suspect" and outcome.kind == "returned":
+        notes.insert(0, _outcome_evidence(outcome))
     if verdict == "healthy":
         confidence = 1.0 - (findings[0].confidence if findings else 0.0) / 2
         if trace.meta.get("truncated"):
@@ -128,6 +136,8 @@ def diagnose(trace: Trace | Any, evidence: Mapping[str, Any] | None = None) -> D
             summary=summary,
         )
     top = findings[0] if findings and findings[0].confidence >= CONFIDENT else None
+    if outcome.kind == "blown" and ctx.fail is None and ctx.stop is None:
+        notes.insert(0, _outcome_evidence(outcome))
     if top is None:
         return _unknown(ctx, verdict, findings, summary, run, notes)
     alternatives: dict[str, float] = {}
@@ -171,6 +181,14 @@ def diagnose(trace: Trace | Any, evidence: Mapping[str, Any] | None = None) -> D
         confirmation=_confirmation(ctx),
         extra=_extra(ctx),
     )
+
+
+def _outcome_evidence(outcome: Outcome) -> Evidence:
+    """The engine's word on how the loss ended, when that is what makes the run not healthy."""
+    data = {"outcome": outcome.kind, "start": outcome.start, "end": outcome.end,
+            "peak": outcome.peak, "end_ratio": outcome.end_ratio,
+            "peak_ratio": outcome.peak_ratio}  # fmt: skip
+    return Evidence("engine", outcome.text(), data)
 
 
 def _break_step(ctx: Context) -> int | None:

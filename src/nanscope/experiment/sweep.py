@@ -14,7 +14,10 @@ loss may be 1e-6 or 1e9):
   alarm fired, if earlier).
 * ``descended``  finite throughout, no sustained growth, and the median of the last quarter of the
   curve is at least ``FLAT`` (1 %) below the median of the first quarter, with three quarters of
-  the last quarter below that first median: it *descends steadily*, beyond its noise.
+  the last quarter below that first median: it *descends steadily*, beyond its noise; and the
+  curve is good by :func:`nanscope.outcome.judge` (it ended not far above where it started, with
+  no excursion of orders of magnitude on the way), the same judgement as a healthy verdict. A
+  curve that ended far above its start is ``diverged`` whatever its quarters say.
 * ``ascended``   the same medians, the other way round: a steady rise (a sign error at small steps).
 * ``flat``       neither.
 * ``error``      the fit raised an exception (not a non-finite failure) before it could be judged.
@@ -36,6 +39,7 @@ from typing import Any
 from nanscope.errors import DivergenceError, UsageError
 from nanscope.formatting import lr as format_lr
 from nanscope.monitor import Monitor
+from nanscope.outcome import judge
 
 __all__ = [
     "OUTCOMES",
@@ -151,7 +155,14 @@ def classify(
         return "diverged", grew
     if not points:
         return "flat", None
-    return _trend([v for _, v in points]), None
+    ended = judge(v for _, v in points)
+    if ended.kind == "blown":
+        # whatever path it took (one jump, then a slow fall): it ended far above where it began
+        return "diverged", points[ended.index or 0][0]
+    trend = _trend([v for _, v in points])
+    if trend == "descended" and not ended.good:
+        return "flat", None  # it came back down from an explosion: not a step size that worked
+    return trend, None
 
 
 def _fmt(value: float) -> str:

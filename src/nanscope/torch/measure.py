@@ -441,6 +441,13 @@ class ParamMeasure:
                     for k in present:
                         if not math.isfinite(gnorms[k]):
                             nf_grads += self._count_nonfinite_grad(order[k])
+                    if not nf_grads:
+                        # every element finite, only the float32 sum of squares overflowed: the
+                        # true norm, which may itself lie past the float32 range
+                        idx = [order[k] for k in present]
+                        out["grad_norm"] = norm = self._exact_norm(idx, grads=True)
+                        if norm > self._range_of(idx):
+                            out["grad_past_range"] = True
                 out["nf_grads"] = nf_grads
                 if layout.get("names"):
                     names = self.grad_norms(gnorms, present)
@@ -458,6 +465,8 @@ class ParamMeasure:
                     if not math.isfinite(v):
                         nf_params += self._count_nonfinite_param(order[k])
             out["weight_norm"] = math.sqrt(w_sq) if not math.isnan(w_sq) else math.nan
+            if not math.isfinite(w_sq) and not nf_params:
+                out["weight_norm"] = self._exact_norm(range(n), grads=False)
             out["nf_params"] = nf_params
         if layout.get("stats"):
             G = values[pos : pos + 36]
@@ -498,6 +507,37 @@ class ParamMeasure:
         if len(per) < 2:
             return {}
         return {k: math.sqrt(v) for k, v in per.items()}
+
+    def _exact_norm(self, indices: Iterable[int], *, grads: bool) -> float:
+        """The 2-norm of these gradients (or weights) in float64, scaled by their largest
+        magnitude so that no square overflows: the true size of finite values whose float32
+        sum of squares was inf (rare: only then is it called)."""
+        parts: list[torch.Tensor] = []
+        for i in indices:
+            t = self.params[i].grad if grads else self.params[i]
+            if t is None:
+                continue
+            t = t.detach()
+            if t.is_sparse:
+                t = t.coalesce().values()
+            if t.is_floating_point():
+                parts.append(t.reshape(-1))
+        if not parts:
+            return math.nan
+        top = max(float(torch.linalg.vector_norm(p, ord=math.inf)) for p in parts)
+        if not math.isfinite(top) or top == 0:
+            return top
+        total = math.fsum(float(torch.sum((p.double() / top) ** 2)) for p in parts)
+        return top * math.sqrt(total)
+
+    def _range_of(self, indices: Iterable[int]) -> float:
+        """The largest finite value of the widest floating dtype among these parameters."""
+        top = 0.0
+        for i in indices:
+            p = self.params[i]
+            if p.is_floating_point():
+                top = max(top, float(torch.finfo(p.dtype).max))
+        return top or math.inf
 
     def _count_nonfinite_grad(self, i: int) -> int:
         g = self.params[i].grad
@@ -562,3 +602,21 @@ def batch_stats(tensor: Any) -> torch.Tensor | None:
         return None
     lo, hi = torch.aminmax(tensor.detach())
     return torch.stack([lo, hi])
+
+
+def column_scale(tensor: Any) -> tuple[float, int] | None:
+    """``(ratio, column)`` for a table-shaped floating batch (rows x columns, at least two): the
+    largest column's max |x| over the median column's, and which column that is. None for any
+    other batch (images, sequences, token ids). Read once, on the first batch: a column in raw
+    units (prices in the thousands beside standardised ones) sets the curvature along its
+    weights, and so the largest step the fit survives."""
+    if not isinstance(tensor, torch.Tensor) or tensor.dim() != 2 or tensor.shape[1] < 2:
+        return None
+    if not tensor.is_floating_point() or tensor.shape[0] < 1:
+        return None
+    col_max = torch.amax(tensor.detach().abs(), dim=0).double().cpu()
+    positive = col_max[torch.isfinite(col_max) & (col_max > 0)]
+    if positive.numel() < 2:
+        return None
+    ratio = float(positive.max() / positive.median())
+    return ratio, int(torch.argmax(torch.where(torch.isfinite(col_max), col_max, 0.0)))

@@ -21,7 +21,7 @@ from collections import deque
 from typing import Any
 
 import torch
-from nanscope.torch.measure import ParamMeasure, batch_stats
+from nanscope.torch.measure import ParamMeasure, batch_stats, column_scale
 from nanscope.torch.window import StepWindow
 
 __all__ = ["FULL_EVERY", "RecordBuilder", "count_nonfinite", "step_extra"]
@@ -44,6 +44,9 @@ class RecordBuilder:
         self._groups_sig: list[tuple[int, int]] = []
         self._sampled_at = -1
         self._prev_loss: float | None = None
+        #: the first finite loss a record carried: where the run started
+        self.first_loss: float | None = None
+        self._scales_seen = False
         #: how many times in a row the loss rose, up to the last record
         self.rises = 0
         # per-param gradient norms of recent updates, for the per-name norms at a stop
@@ -157,7 +160,8 @@ class RecordBuilder:
             n = int(ctx["layout"].get("n", 0))
             if n and "grad_norms" not in record:
                 self._gnorms.append((step, measured[:n], ctx["layout"].get("has")))
-        bad = bool(record.get("nf_loss") or record.get("nf_grads"))
+        bad = bool(record.get("nf_loss") or record.get("nf_grads")
+                   or record.get("grad_past_range"))  # fmt: skip
         if not late and not bad and "measure" in slots and not ctx["layout"].get("stats"):
             self.sample_if_wanted(step, record, full=ctx["full"])
         if bad and not ctx["full"]:
@@ -174,6 +178,11 @@ class RecordBuilder:
                 else:
                     record[f"nf_{source}"] = 0
                     record[f"{prefix}_absmax"] = absmax
+                    if source == "inputs" and not self._scales_seen:
+                        self._scales_seen = True  # the first batch's columns, once
+                        scales = column_scale(batch[0])
+                        if scales is not None:
+                            record["input_scale_ratio"], record["input_scale_column"] = scales
         pre = values[slots["clip"][0]] if "clip" in slots else None
         step_extra(record, extra, pre_clip=pre, micro=ctx["micro"])
         scale = None
@@ -214,6 +223,8 @@ class RecordBuilder:
         cosines need the previous update's sample: they appear from the third rise in a row on.
         """
         loss = record.get("loss")
+        if self.first_loss is None and type(loss) is float and loss - loss == 0.0:
+            self.first_loss = loss  # where the run started (finite)
         prev, self._prev_loss = self._prev_loss, loss
         rising = loss is not None and prev is not None and loss > prev
         self.rises = self.rises + 1 if rising else 0

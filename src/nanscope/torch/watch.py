@@ -55,6 +55,7 @@ from nanscope.detectors import Alarm, Divergence
 from nanscope.errors import DivergenceError, UsageError
 from nanscope.monitor import DetectorChain, Monitor
 from nanscope.monitor import observers as _observers
+from nanscope.outcome import FAR
 from nanscope.probes import producer as _producer
 from nanscope.probes.failure import CallSite, TorchFailure
 from nanscope.torch import _hooks, distributed, sharded
@@ -596,9 +597,11 @@ class Watcher:
         prev_loss = records.sample_if_wanted(step, record, full=False)
         # judged now, not with the batch: a climb (:data:`CLIMB_RISES`) and a jump of the loss
         # or the gradient (a spike's batch rows)
+        first = records.first_loss
         urgent = records.rises >= CLIMB_RISES or (
             prev_loss is not None and loss - prev_loss > 3.0 * abs(prev_loss)
-        ) or (prev_grad is not None and grad_norm > 10.0 * prev_grad)
+        ) or (prev_grad is not None and grad_norm > 10.0 * prev_grad) or (
+            first is not None and first > 0 and loss > FAR * first)  # fmt: skip
         if clip is not None or len(floats) > 1:
             extra: dict[str, Any] = {}
             step_extra(record, extra, pre_clip=clip, micro=len(floats))

@@ -51,6 +51,7 @@ from nanscope.detectors import NOISE_FLOOR, Departure
 from nanscope.diagnose.context import Context
 from nanscope.diagnose.diagnosis import Evidence, Finding
 from nanscope.diagnose.rules._common import num, row_text, tenfold_action
+from nanscope.outcome import FAR
 
 CODE = "D001"
 CAUSE = "step_size_too_large"
@@ -71,7 +72,134 @@ def check(ctx: Context) -> Finding | None:
     finding = _growth(ctx)
     if finding is None:
         finding = _departure(ctx)
+    if finding is None:
+        finding = _explosion(ctx)
     return finding
+
+
+#: a loss that multiplies by this much in one update was thrown, not grown
+EXPLOSION_JUMP = 100.0
+
+
+def explosion(ctx: Context) -> tuple[int, float] | None:
+    """``(index, factor)`` of the one-update jump the run never came back from, or None.
+
+    The jump: the loss multiplied by ``EXPLOSION_JUMP`` or more in one update after update 1 (or
+    went from finite to non-finite right after a step that moved the weights by more than their
+    own norm), and from then on the run either broke (non-finite, or stopped) or stayed more than
+    ``FAR`` times above where it started."""
+    loss = ctx.loss
+    end = min(ctx.end + 1, ctx.n) if ctx.fail is not None else ctx.end
+    outcome = ctx.outcome
+    broke = ctx.fail is not None or ctx.stop is not None or outcome.kind == "blown"
+    if not broke or end < 2:
+        return None
+    start = float(loss[0]) if math.isfinite(loss[0]) else math.nan
+    if not start > 0:
+        return None
+    for i in range(1, end):
+        a, b = float(loss[i - 1]), float(loss[i])
+        if not (math.isfinite(a) and a > 0):
+            continue
+        if math.isfinite(b):
+            if b < EXPLOSION_JUMP * a:
+                continue
+        else:
+            # a NaN after a long descent says nothing of the step; one after a step that moved
+            # the weights by more than their own norm does
+            moved = _step_size_at(ctx, i)
+            if moved is None or moved < 1:
+                continue
+        after = loss[i:end]
+        finite_after = after[np.isfinite(after)]
+        stayed = not finite_after.size or float(np.min(finite_after)) > FAR * start
+        if stayed:
+            return i, (b / a if math.isfinite(b) else math.inf)
+    return None
+
+
+def _explosion(ctx: Context) -> Finding | None:
+    found = explosion(ctx)
+    if found is None:
+        return None
+    i, factor = found
+    unit = "epoch" if ctx.granularity == "epoch" else "update"
+    before, after = float(ctx.loss[i - 1]), float(ctx.loss[i])
+    evidence = [
+        Evidence(
+            CODE,
+            f"the loss jumped {num(factor)}x in one {unit} ({num(before)} -> {num(after)} at "
+            f"{unit} {ctx.step_at(i)}) and never came back near where it started "
+            f"({num(float(ctx.loss[0]))})",
+            {"shape": "explosion", "jump": factor, "jump_from": before, "jump_to": after,
+             "jump_step": ctx.step_at(i)},
+        )
+    ]  # fmt: skip
+    confidence = 0.5
+    moved = _step_size_at(ctx, i)
+    if moved is not None:
+        evidence.append(
+            Evidence(
+                CODE,
+                f"the step into it moved the weights by {num(moved)}x their own norm"
+                + (": one step replaced the model rather than nudged it" if moved >= 1 else ""),
+                {"update_to_weight": moved},
+            )
+        )
+        if moved >= 1:
+            confidence += 0.2
+    alternatives: list[tuple[str, float]] = []
+    if ctx.rows_near(i, ("extreme",), back=1):
+        confidence = min(confidence, 0.4)  # an extreme row in that batch: the row may be it
+        alternatives.append(("extreme_batch", 0.55))
+    contributing = _contributing(ctx)
+    actions = _step_actions(ctx, contributing)
+    return Finding(
+        rule=CODE,
+        cause=CAUSE,
+        confidence=confidence,
+        evidence=evidence,
+        actions=actions,
+        step=ctx.step_at(i),
+        contributing=contributing,
+        alternatives=alternatives,
+    )
+
+
+def _step_size_at(ctx: Context, index: int) -> float | None:
+    """||update|| / ||weights|| of the step that led into update ``index`` (the update norm is
+    recorded on the update after the step; the weight norm carried from its last measurement)."""
+    un = ctx.trace.column("update_norm")
+    wn = ctx.trace.column("weight_norm")
+    for j in (index, index - 1):
+        if 0 <= j < ctx.n and math.isfinite(un[j]):
+            known = wn[: j + 1][np.isfinite(wn[: j + 1])]
+            if known.size and known[-1] > 0:
+                return float(un[j] / known[-1])
+    return None
+
+
+def _step_actions(ctx: Context, contributing: list[Evidence]) -> list[str]:
+    """What to do about a step too large, the unscaled column first when there is one."""
+    actions: list[str] = []
+    for item in contributing:
+        if item.data.get("kind") == "unscaled_column":
+            actions.append(
+                f"Standardise input column {item.data['column']} (subtract its mean, divide by its "
+                "std): its scale dwarfs the other columns, so a step size that suits them is "
+                "far too long along its weights."
+            )
+    actions.append(_cut_action(ctx))
+    for item in contributing:
+        if item.data.get("kind") == "extreme_row":
+            actions.append(
+                "Check whether the outlier row dominates the gradient; squared error weights a "
+                "large residual quadratically."
+            )
+    if not _clips(ctx):
+        actions.append("If the loss is still fragile after the cut, clip the gradient norm.")
+    actions.append("Record the learning rate that worked so the next run starts from it.")
+    return actions
 
 
 def _growth(ctx: Context) -> Finding | None:
@@ -161,22 +289,15 @@ def _growth(ctx: Context) -> Finding | None:
                 {},
             )
         )
+    alternatives: list[tuple[str, float]] = [] if oscillating else [("update_sign_error", 0.25)]
+    biggest = _largest_jump(ctx, rise)
+    if biggest is not None and ctx.rows_near(biggest, ("extreme",), back=1):
+        # the climb's largest rise came with an extreme row in its batch: that row may have
+        # thrown the weights, not the step size (the replay without it decides)
+        confidence = min(confidence, 0.5)
+        alternatives.append(("extreme_batch", 0.6))
     contributing = _contributing(ctx)
-    actions = [tenfold_action(ctx.lr_now)]
-    for item in contributing:
-        if item.data.get("kind") == "unscaled_column":
-            actions.append(
-                f"Standardise input column {item.data['column']} (subtract its mean, divide by its "
-                "std): its scale dwarfs the other columns and forces a tiny step size."
-            )
-        elif item.data.get("kind") == "extreme_row":
-            actions.append(
-                "Check whether the outlier row dominates the gradient; squared error weights a "
-                "large residual quadratically."
-            )
-    if not _clips(ctx):
-        actions.append("If the loss is still fragile after the cut, clip the gradient norm.")
-    actions.append("Record the learning rate that worked so the next run starts from it.")
+    actions = _step_actions(ctx, contributing)
     step_index = (
         ctx.fail if ctx.fail is not None else (ctx.stop if ctx.stop is not None else rise.end)
     )
@@ -188,8 +309,17 @@ def _growth(ctx: Context) -> Finding | None:
         actions=actions,
         step=ctx.step_at(step_index),
         contributing=contributing,
-        alternatives=[] if oscillating else [("update_sign_error", 0.25)],
+        alternatives=alternatives,
     )
+
+
+def _largest_jump(ctx: Context, rise: Any) -> int | None:
+    """Index of the rise's largest single rise by ratio (positive losses), or None."""
+    lo, hi = rise.start, rise.end
+    window = ctx.loss[lo : hi + 1]
+    if window.size < 2 or not np.all(np.isfinite(window)) or window.min() <= 0:
+        return None
+    return lo + 1 + int(np.argmax(window[1:] / window[:-1]))
 
 
 def departure(ctx: Context) -> dict[str, Any] | None:

@@ -51,8 +51,10 @@ SPIKE = 10.0
 
 
 def _departed(ctx: Context) -> bool:
+    """Stopped on a jump: a departure's plateau or an explosion (not a sustained climb)."""
     alarm = ctx.alarm or {}
-    return ctx.fail is None and ctx.stop is not None and alarm.get("shape") == "departure"
+    return ctx.fail is None and ctx.stop is not None and alarm.get("shape") in (
+        "departure", "explosion")
 
 
 def _spike_index(ctx: Context) -> int | None:
@@ -60,7 +62,8 @@ def _spike_index(ctx: Context) -> int | None:
         return ctx.fail
     if _departed(ctx):
         # stopped on a plateau after a jump: the jump is the spike
-        step = (ctx.alarm or {}).get("jump_to_step")
+        alarm = ctx.alarm or {}
+        step = alarm.get("jump_to_step", alarm.get("jump_step"))
         hits = np.flatnonzero(ctx.steps == int(step)) if step is not None else np.array([])
         if hits.size:
             return int(hits[0])
