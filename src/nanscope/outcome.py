@@ -29,7 +29,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-__all__ = ["EXCURSION", "FAR", "KINDS", "Outcome", "ended_far_above", "judge"]
+__all__ = ["EXCURSION", "FAR", "KINDS", "UNSCALED_RATIO", "Outcome", "ended_far_above", "judge"]
 
 #: a loss that ends more than this many times above where it started is never healthy: an order
 #: of magnitude is far outside what minibatch noise, a harder curriculum step or a GAN's
@@ -42,6 +42,10 @@ END_SHARE = 0.1
 END_MAX = 10
 
 KINDS = ("ok", "blown", "returned", "nonfinite", "empty")
+
+#: an input column whose max |x| is this many times the median column's is in raw units: it sets
+#: the curvature along its weights, and so the largest step the fit survives
+UNSCALED_RATIO = 100.0
 
 
 @dataclass(frozen=True)

@@ -19,16 +19,18 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
 from nanscope.detectors import stuck_at_zero
 from nanscope.diagnose.context import Context
+from nanscope.diagnose.decide import UNCONFIRMED, Decision, decide, first_actions
 from nanscope.diagnose.diagnosis import Diagnosis, Evidence, Finding
 from nanscope.diagnose.rules import load_rules
 from nanscope.formatting import number as num
-from nanscope.outcome import Outcome
+from nanscope.outcome import FAR, Outcome
 from nanscope.trace import Trace
 
 __all__ = ["diagnose", "interruption", "run_rules"]
@@ -135,9 +137,13 @@ def diagnose(trace: Trace | Any, evidence: Mapping[str, Any] | None = None) -> D
             granularity=ctx.granularity,
             summary=summary,
         )
-    top = findings[0] if findings and findings[0].confidence >= CONFIDENT else None
     if outcome.kind == "blown" and ctx.fail is None and ctx.stop is None:
         notes.insert(0, _outcome_evidence(outcome))
+    findings, decided = _decided(ctx, findings)
+    if decided.unknown and not (findings and findings[0].confidence >= CONFIDENT):
+        notes.extend(Evidence("replay", text, {}) for text in decided.evidence)
+        return _unknown(ctx, verdict, findings, summary, run, notes, decided.tried)
+    top = findings[0] if findings and findings[0].confidence >= CONFIDENT else None
     if top is None:
         return _unknown(ctx, verdict, findings, summary, run, notes)
     alternatives: dict[str, float] = {}
@@ -183,6 +189,62 @@ def diagnose(trace: Trace | Any, evidence: Mapping[str, Any] | None = None) -> D
     )
 
 
+def _decided(ctx: Context, findings: list[Finding]) -> tuple[list[Finding], Decision]:
+    """The findings as the window replays left them (:mod:`nanscope.diagnose.decide`): the cause
+    an intervention confirmed on top, the causes a replay contradicted gone, the rest capped
+    when a replay was tried and could not decide."""
+    rows = [r for r in ctx.rows if r.get("why") in ("nonfinite", "nan", "inf")]
+    decision = decide(
+        _confirmation(ctx),
+        [(f.cause, f.confidence) for f in findings],
+        rows_nonfinite=bool(rows),
+        gradient_grew=_gradient_grew(ctx),
+    )
+    if decision.cap is not None:
+        note = Evidence("replay", f"not confirmed by a replay: {decision.note}", {})
+        return [replace(f, confidence=min(f.confidence, decision.cap),
+                        evidence=[*f.evidence, note]) for f in findings], decision  # fmt: skip
+    kept = [f for f in findings if f.cause not in decision.contradicted]
+    if decision.cause is None:
+        if decision.tried:
+            # the control reproduced the failure; what no intervention removed stays a guess
+            note = Evidence("replay", "no replayed intervention removed the failure (tried: "
+                            + ", ".join(decision.tried) + ")", {})  # fmt: skip
+            kept = [replace(f, confidence=min(f.confidence, UNCONFIRMED),
+                            evidence=[*f.evidence, note]) for f in kept]  # fmt: skip
+        return kept, decision
+    evidence = [Evidence("replay", text, {"decided": decision.cause})
+                for text in decision.evidence]  # fmt: skip
+    if decision.note:
+        evidence.append(Evidence("replay", decision.note, {}))
+    match = next((f for f in kept if f.cause == decision.cause), None)
+    if match is not None:
+        top = replace(match, confidence=max(match.confidence, decision.confidence),
+                      evidence=[*evidence, *match.evidence])  # fmt: skip
+        rest = [f for f in kept if f is not match]
+    else:
+        top = Finding(rule="replay", cause=decision.cause, confidence=decision.confidence,
+                      evidence=evidence, actions=first_actions(decision.cause, ctx),
+                      step=_break_step(ctx))  # fmt: skip
+        rest = kept
+    return [top, *rest], decision
+
+
+def _gradient_grew(ctx: Context) -> bool:
+    """The gradient norm grew by two orders of magnitude or more while the loss stayed within
+    ``FAR`` of where it was: the gradient exploded before the loss followed."""
+    grad = ctx.trace.column("grad_norm")[: ctx.end + 1]
+    loss = ctx.loss[: ctx.end + 1]
+    ok = np.isfinite(grad) & (grad > 0) & np.isfinite(loss)
+    if int(ok.sum()) < 4:
+        return False
+    g, l_ = grad[ok], loss[ok]
+    half = max(1, g.size // 2)
+    base_g, base_l = float(np.median(g[:half])), float(np.median(l_[:half]))
+    peak = int(np.argmax(g))
+    return g[peak] >= 100 * base_g and (base_l <= 0 or l_[peak] <= FAR * base_l)
+
+
 def _outcome_evidence(outcome: Outcome) -> Evidence:
     """The engine's word on how the loss ended, when that is what makes the run not healthy."""
     data = {"outcome": outcome.kind, "start": outcome.start, "end": outcome.end,
@@ -206,8 +268,12 @@ def _unknown(
     summary: dict[str, Any],
     run: dict[str, Any],
     notes: list[Evidence],
+    tried: list[str] | None = None,
 ) -> Diagnosis:
     seen = []
+    if tried:
+        seen.append("the failing window was replayed from a snapshot and reproduced the failure, "
+                    "but none of the interventions removed it (" + ", ".join(tried) + ")")
     if ctx.first_nonfinite:
         fn = ctx.first_nonfinite
         seen.append(f"the first non-finite {fn['what']} appeared at update {fn['step']}")

@@ -34,7 +34,7 @@ from nanscope.errors import DivergenceError
 from nanscope.probes.failure import CallSite
 
 __all__ = ["GUARD", "REPORT", "CallerSites", "Guard", "compiling", "install", "live_watchers",
-           "user_site"]  # fmt: skip
+           "standing_aside", "user_site"]  # fmt: skip
 
 
 class Guard(FaultGuard):
@@ -149,6 +149,64 @@ class CallerSites:
             f = f.f_back
             limit -= 1
         return None
+
+
+def _ours(hook: Any) -> bool:
+    """A hook nanscope registered (a function or bound method of a nanscope module)."""
+    fn = getattr(hook, "__func__", hook)
+    fn = getattr(fn, "func", fn)  # functools.partial
+    return str(getattr(fn, "__module__", "") or "").startswith("nanscope.")
+
+
+@contextlib.contextmanager
+def standing_aside() -> Any:
+    """While nanscope replays a window itself: none of its hooks and patches see anything.
+
+    nanscope's entries are taken out of torch's global forward and optimizer hook tables and out
+    of the live watchers' models and optimizers (the user's own hooks stay: a weight
+    parametrisation is part of the model), the patches see no live watcher, and everything is put
+    back as it was. Nothing is paid on the hot path for this: it happens only around a replay."""
+    global _LIVE_NOW
+    from torch.nn.modules import module as module_mod
+    from torch.optim import optimizer as optim_mod
+
+    tables: list[dict[Any, Any]] = []
+    for name in ("_global_forward_pre_hooks", "_global_forward_hooks"):
+        table = getattr(module_mod, name, None)
+        if isinstance(table, dict):
+            tables.append(table)
+    for name in ("_global_optimizer_pre_hooks", "_global_optimizer_post_hooks"):
+        table = getattr(optim_mod, name, None)
+        if isinstance(table, dict):
+            tables.append(table)
+    for watcher in _live():
+        for owner in (getattr(watcher, "model", None), getattr(watcher, "optimizer", None)):
+            for name in ("_forward_pre_hooks", "_forward_hooks", "_optimizer_step_pre_hooks",
+                         "_optimizer_step_post_hooks"):  # fmt: skip
+                table = getattr(owner, name, None) if owner is not None else None
+                if isinstance(table, dict):
+                    tables.append(table)
+    removed: list[tuple[dict[Any, Any], list[tuple[Any, Any]], list[Any]]] = []
+    for table in tables:
+        order = list(table.keys())
+        ours = [(key, hook) for key, hook in table.items() if _ours(hook)]
+        if ours:
+            for key, _ in ours:
+                del table[key]
+            removed.append((table, ours, order))
+    live, _LIVE_NOW = _LIVE_NOW, ()
+    try:
+        yield
+    finally:
+        _LIVE_NOW = live
+        for table, ours, order in removed:
+            for key, hook in ours:
+                table[key] = hook
+            # in the order they were registered (an OrderedDict keeps insertion order)
+            items = sorted(table.items(), key=lambda kv: order.index(kv[0])
+                           if kv[0] in order else len(order))  # fmt: skip
+            table.clear()
+            table.update(items)
 
 
 def live_watchers() -> list[Any]:

@@ -55,11 +55,12 @@ from nanscope.detectors import Alarm, Divergence
 from nanscope.errors import DivergenceError, UsageError
 from nanscope.monitor import DetectorChain, Monitor
 from nanscope.monitor import observers as _observers
-from nanscope.outcome import FAR
+from nanscope.outcome import FAR, UNSCALED_RATIO
 from nanscope.probes import producer as _producer
 from nanscope.probes.failure import CallSite, TorchFailure
 from nanscope.torch import _hooks, distributed, sharded
 from nanscope.torch.deferred import DeferredReads
+from nanscope.torch.history import History
 from nanscope.torch.measure import param_names
 from nanscope.torch.precision import SCALE_FLOOR, SKIP_LIMIT, Precision, unscale_tensor
 from nanscope.torch.records import FULL_EVERY, RecordBuilder, step_extra
@@ -203,6 +204,9 @@ class Watcher:
         self.deferred = DeferredReads(sync_every)
         self.precision = Precision()
         self.last_good = LastGood(monitor)
+        #: snapshots and recent update inputs for the decisive experiment (probes/replay.py)
+        self.history = History(model, optimizer)
+        self._replayed = False
         self._handles: list[Any] = []
         self._extra: dict[str, Any] = {}
         self._in_closure = 0
@@ -256,6 +260,7 @@ class Watcher:
             return
         self.model = model
         self.model_hooked = False
+        self.history.bind(model)
         self.records.rename(param_names(model))
         if hook:
             self.hook_model()
@@ -348,6 +353,7 @@ class Watcher:
         probe = self.step % self.records.every == 0 or training is not self._training
         self._training = training
         self.window.on_forward(args, kwargs, output, rng=self.failure is None, probe=probe)
+        self.history.on_forward(args, kwargs)
         try:
             # the user's line that called the model (None when called late, not from a forward)
             self.window.model_site = self._model_sites.get(2, skip_from="_bind")
@@ -512,6 +518,11 @@ class Watcher:
             raise error
         self.step += 1
         step = self.step
+        if self.history.off is None and not self._in_closure:
+            try:
+                self.history.on_check(step, 1)
+            except Exception as exc:  # the replay is lost, never the run
+                self.history.off = f"the history of updates failed ({type(exc).__name__}: {exc})"
         records = self.records
         measure = records.measure
         if measure is None or records.params_changed(self.optimizer):
@@ -724,16 +735,46 @@ class Watcher:
         if self.guard.faults or _hooks.GUARD.faults:
             torch_ev["hook_faults"] = {**_hooks.GUARD.faults, **self.guard.faults}
         evidence["torch"] = torch_ev
-        if alarm.data.get("shape") == "departure":
-            return evidence  # a finite plateau: no op produced a non-finite value to replay for
-        try:
-            from nanscope.probes.locate import locate
-        except ImportError:
-            return evidence
-        found = locate(failure)
-        if found:
-            evidence.update(found)
+        self._for_replay(failure, monitor, alarm)
+        if alarm.data.get("shape") not in ("departure", "explosion"):
+            # (a finite plateau or jump: no op produced a non-finite value to locate)
+            try:
+                from nanscope.probes.locate import locate
+            except ImportError:
+                return evidence
+            found = locate(failure)
+            if found:
+                evidence.update(found)
+        if not self._replayed:
+            self._replayed = True  # one decisive experiment per watcher
+            from nanscope.probes.replay import experiments
+
+            entries = experiments(failure, evidence)
+            if entries:
+                evidence["confirmation"] = [*(evidence.get("confirmation") or []), *entries]
         return evidence
+
+    def _for_replay(self, failure: TorchFailure, monitor: Monitor, alarm: Alarm) -> None:
+        """What the replay needs besides the failure: the history, the recorded losses and
+        gradient norms, where the trouble began, the unscaled column."""
+        from nanscope.probes.replay import onset_of
+
+        records = monitor.trace.records[-4096:]
+        losses = [(int(r["step"]), float(r["loss"])) for r in records
+                  if isinstance(r.get("loss"), (int, float))]  # fmt: skip
+        failure.extra["history"] = self.history
+        failure.extra["losses"] = losses
+        failure.extra["grad_norms"] = [(int(r["step"]), float(r["grad_norm"])) for r in records
+                                       if isinstance(r.get("grad_norm"), (int, float))]
+        failure.extra["onset"] = onset_of(losses, dict(alarm.data), int(failure.step or 1))
+        rows = [{"step": r.get("step"), **row} for r in records[-64:] for row in
+                r.get("rows") or [] if isinstance(row, dict)]  # fmt: skip
+        failure.extra["rows"] = rows
+        for record in records[:8]:
+            ratio = record.get("input_scale_ratio")
+            if isinstance(ratio, (int, float)) and ratio >= UNSCALED_RATIO:
+                failure.extra["unscaled_column"] = record.get("input_scale_column")
+                break
 
     def _make_failure(self, alarm: Alarm) -> TorchFailure:
         step = int(self._failing.get("step") or alarm.step)

@@ -51,13 +51,12 @@ from nanscope.detectors import NOISE_FLOOR, Departure
 from nanscope.diagnose.context import Context
 from nanscope.diagnose.diagnosis import Evidence, Finding
 from nanscope.diagnose.rules._common import num, row_text, tenfold_action
-from nanscope.outcome import FAR
+from nanscope.outcome import FAR, UNSCALED_RATIO
 
 CODE = "D001"
 CAUSE = "step_size_too_large"
 TITLE = "Step size too large"
 
-UNSCALED_RATIO = 100.0
 #: a row this far out is worth naming next to a too-large step (heavy tails reach ~20 routinely)
 OUTLIER_Z = 50.0
 

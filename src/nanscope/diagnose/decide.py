@@ -1,0 +1,203 @@
+"""The cause, decided by the decisive experiment: which intervention removed the failure.
+
+The rules read the trace and give priors: a cause that fits the shape of the curve, with the
+evidence for it. When the failing window could be replayed (:mod:`nanscope.probes.replay`), its
+``confirmation`` entries say what each intervention did, and this module turns them into the
+answer:
+
+* an intervention that **removes** the failure names its cause: the suspect rows left out
+  (``without_rows``: ``nonfinite_input`` when the rows held NaN/inf, else ``extreme_batch``),
+  float32 instead of half precision (``fp16_overflow``), an epsilon at the producing op or in the
+  optimizer (``log_of_zero`` for a log, else ``zero_division``), the unscaled columns
+  standardised or a smaller learning rate (``step_size_too_large``), the gradient norm clipped
+  (``exploding_gradients``), a standard initialisation (``bad_initialization``);
+* where several remove it, the one that changes least of the fit wins, in the seed's triage
+  order: the data, the precision, the op, the step; clipping and a smaller step both curing it is
+  ``exploding_gradients`` only when a tenth of the learning rate alone did not, or when the
+  gradient norm grew by orders of magnitude while the loss barely moved;
+* a cause whose intervention ran and did **not** remove the failure is contradicted: it is not
+  reported, whatever its rule said;
+* when the control reproduced the failure and nothing removed it, the answer is ``unknown``, with
+  what was tried.
+
+A replay that could not run, or did not reproduce the failure, decides nothing: the rules' answer
+stands, its confidence capped at ``UNCONFIRMED`` and the reason in the evidence.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["CONFIRMED", "TESTS", "UNCONFIRMED", "Decision", "decide", "first_actions",
+           "lr_that_worked"]
+
+#: the confidence of a cause an intervention confirmed
+CONFIRMED = 0.95
+#: the most a rule's answer may claim when a replay was tried and could not decide
+UNCONFIRMED = 0.7
+
+#: causes a bad row can carry: leaving the rows out removes each of them
+_ROW_BORNE = ("nonfinite_input", "extreme_batch", "log_of_zero", "zero_division", "fp16_overflow")
+
+#: the interventions that test each cause (an entry's ``change``)
+TESTS: dict[str, tuple[str, ...]] = {
+    "step_size_too_large": ("lr_x0.1", "lr_x0.01", "lr_x0.001", "standardised"),
+    "nonfinite_input": ("without_rows",),
+    "extreme_batch": ("without_rows",),
+    "fp16_overflow": ("float32",),
+    "log_of_zero": ("eps",),
+    "zero_division": ("eps", "optimizer_eps"),
+    "exploding_gradients": ("clipped",),
+    "bad_initialization": ("standard_init",),
+}
+
+
+@dataclass
+class Decision:
+    """What the replays decided: ``cause`` (None: they decided nothing), how sure, which causes
+    they contradicted, and the evidence in words."""
+
+    cause: str | None = None
+    confidence: float = 0.0
+    contradicted: set[str] = field(default_factory=set)
+    evidence: list[str] = field(default_factory=list)
+    tried: list[str] = field(default_factory=list)
+    unknown: bool = False  # the control reproduced the failure and nothing removed it
+    cap: float | None = None  # a replay was tried and could not decide: cap the rules' answer
+    note: str | None = None
+
+
+def decide(entries: Sequence[Mapping[str, Any]], priors: Sequence[tuple[str, float]] = (),
+           *, rows_nonfinite: bool = False, gradient_grew: bool = False) -> Decision:  # fmt: skip
+    """Decide from the window replays among ``entries`` (the ``confirmation`` list).
+
+    priors: the rules' ``(cause, confidence)``, most confident first (they break ties between
+    interventions that both cure the failure). rows_nonfinite: the suspect rows hold NaN/inf.
+    gradient_grew: the gradient norm grew by orders of magnitude while the loss barely moved."""
+    window = [e for e in entries if e.get("scope") == "window"]
+    decision = Decision()
+    if not window:
+        return decision
+    control = next((e for e in window if e.get("change") == "control"), None)
+    if control is None:
+        not_run = next((e for e in window if not e.get("ran")), None)
+        decision.cap = UNCONFIRMED
+        decision.note = str(not_run.get("text")) if not_run else "no replay could run"
+        return decision
+    if not control.get("reproduced"):
+        decision.cap = UNCONFIRMED
+        decision.note = str(control.get("text") or "the replay did not reproduce the failure")
+        return decision
+    ran = [e for e in window if e.get("ran") and e.get("change") != "control"]
+    fixed = {str(e["change"]) for e in ran if e.get("fixed")}
+    failed = {str(e["change"]) for e in ran if not e.get("fixed")}
+    # the failing update alone rerun in float32, or without its suspect rows, and finite: the
+    # same evidence for the precision and the rows (the window cannot rerun a loop's own
+    # preprocessing, whose output it feeds the model as it was)
+    for e in entries:
+        if e.get("scope") != "window" and e.get("change") in ("float32", "without_rows") and (
+                e.get("finite") is True):  # fmt: skip
+            fixed.add(str(e["change"]))
+            failed.discard(str(e["change"]))
+            ran.append(e)
+    decision.tried = [str(e["change"]) for e in ran]
+    for tested, tests in TESTS.items():
+        relevant = [t for t in tests if t in fixed or t in failed]
+        if relevant and not any(t in fixed for t in relevant):
+            decision.contradicted.add(tested)
+    prior = dict(priors)
+    lr_fixed = sorted((c for c in fixed if c.startswith("lr_x")), key=lambda c: -float(c[4:]))
+    cause: str | None = None
+    if "without_rows" in fixed:
+        # the rows broke it; how they did is the rules' word when they saw the op that made
+        # their NaN (a log of a zero count in the loop, an overflow in half precision)
+        borne = [(c, p) for c, p in priors if c in _ROW_BORNE and p >= 0.5]
+        cause = borne[0][0] if borne else ("nonfinite_input" if rows_nonfinite
+                                           else "extreme_batch")  # fmt: skip
+    elif "float32" in fixed:
+        cause = "fp16_overflow"
+    elif "optimizer_eps" in fixed:
+        cause = "zero_division"
+    elif "eps" in fixed and not (lr_fixed and prior.get("step_size_too_large", 0.0) >= 0.5):
+        # an epsilon that cures it while a smaller step does too, after a growth phase the rules
+        # saw: the op only met what the oversized steps made
+        op_cause = "log_of_zero" if prior.get("log_of_zero", 0.0) >= prior.get(
+            "zero_division", 0.0) else "zero_division"
+        cause = _eps_cause(entries) or op_cause
+    elif "standardised" in fixed:
+        cause = "step_size_too_large"
+    elif lr_fixed and "clipped" in fixed and ("lr_x0.1" not in fixed or gradient_grew):
+        cause = "exploding_gradients"
+    elif lr_fixed:
+        cause = "step_size_too_large"
+    elif "clipped" in fixed:
+        cause = "exploding_gradients"
+    elif "standard_init" in fixed:
+        cause = "bad_initialization"
+    elif "eps" in fixed:
+        cause = _eps_cause(entries) or "zero_division"
+    if cause is not None:
+        decision.cause = cause
+        decision.confidence = CONFIRMED
+        decision.contradicted.discard(cause)
+        for e in ran:
+            if e.get("fixed") or str(e.get("change")) in TESTS.get(cause, ()):
+                decision.evidence.append(str(e.get("text")))
+        if lr_fixed and cause == "step_size_too_large":
+            decision.note = f"the largest learning rate factor that removed it: {lr_fixed[0][4:]}"
+        return decision
+    decision.unknown = not fixed
+    decision.evidence = [str(e.get("text")) for e in ran]
+    return decision
+
+
+def _eps_cause(entries: Sequence[Mapping[str, Any]]) -> str | None:
+    """``log_of_zero`` when the epsilon went to a log, ``zero_division`` for a division-like op."""
+    for e in entries:
+        if e.get("change") == "eps" and e.get("scope") == "window":
+            op = str(e.get("op") or "").split(".")[0]
+            return "log_of_zero" if op in ("log", "log2", "log10", "log1p", "xlogy") else (
+                "zero_division")
+    return None
+
+
+#: what to do first, by cause, when the replay decided a cause no rule had proposed
+_ACTIONS = {
+    "step_size_too_large": "Cut the learning rate tenfold and rerun (the replay showed a smaller "
+                           "step removes the failure).",
+    "nonfinite_input": "Drop or impute the rows that hold NaN/inf, and check the data pipeline "
+                       "that made them (`nanscope scan DATA`).",
+    "extreme_batch": "Inspect or drop the extreme rows the replay left out, and clip the gradient "
+                     "norm so one row cannot dominate an update.",
+    "log_of_zero": "Compute the loss from logits in its stable form (log_softmax, "
+                   "BCEWithLogitsLoss) or clamp the probabilities into [eps, 1 - eps].",
+    "zero_division": "Add an epsilon to the denominator (or the optimizer's eps), or mask the "
+                     "entries that are exactly zero.",
+    "fp16_overflow": "Run that op in float32 or bf16, and use a dynamic loss scaler.",
+    "exploding_gradients": "Clip the gradient norm (torch.nn.utils.clip_grad_norm_(params, 1.0)); "
+                           "check recurrent weights and activations.",
+    "bad_initialization": "Use the framework's default (or a standard) initialiser for the "
+                          "layers the script initialises itself.",
+}  # fmt: skip
+
+
+def first_actions(cause: str, ctx: Any = None) -> list[str]:
+    """What to do, for a cause the replay decided without a rule's finding of its own."""
+    action = _ACTIONS.get(cause)
+    return [action] if action else []
+
+
+def lr_that_worked(entries: Sequence[Mapping[str, Any]], lr: float | None) -> float | None:
+    """The largest learning rate a window replay showed to remove the failure, or None."""
+    if lr is None or not math.isfinite(lr):
+        return None
+    best = None
+    for e in entries:
+        change = str(e.get("change") or "")
+        if e.get("scope") == "window" and e.get("fixed") and change.startswith("lr_x"):
+            factor = float(change[4:])
+            best = factor if best is None else max(best, factor)
+    return lr * best if best is not None else None

@@ -1,0 +1,408 @@
+"""The training step as the user wrote it, cut out of their loop so that it can be replayed.
+
+The decisive experiment reruns the last updates of a fit from a snapshot, with one thing changed
+(:mod:`nanscope.probes.replay`). What an update computes is the user's code: the loop body that
+calls the model, builds the loss, calls ``backward()`` and ``optimizer.step()``. This module reads
+that code (the file and the line of the ``step()`` call, from the frame that made it) and keeps the
+statements an update needs, in order, as one compiled block:
+
+* the essential statements: ``backward()``, ``zero_grad()``, ``clip_grad_norm_`` /
+  ``clip_grad_value_``, the ``step()`` call itself, calls of the user's own functions (they may
+  do any of those), and the ``with`` / ``if`` / ``for`` blocks around them;
+* the assignments those read, transitively (``out = model(x)``, ``loss = crit(out, y)``);
+* nothing after the ``step()`` call, and nothing the update does not need: prints, logging,
+  metrics, ``scheduler.step()`` (the replay sets each update's recorded learning rate itself).
+
+The names the kept block reads but does not make are of three kinds. The loop's own variables
+(``for xb, yb in loader``), the parameters of a function that is the unit (``def train_step(x,
+y)``), and the names a statement with a side effect binds (``xb, yb = next(it)``,
+``X, Y = get_batch()``) change every update: they are *captured*, their values kept at each
+update's check, and a kept statement that only rebinds them is skipped in the replay (the kept
+value already went through it). Every other name is read from the frame when the replay runs:
+the model, the optimizer, the loss module, data tensors made before the loop.
+
+Nothing here is trusted blindly: the replay first reruns the window unchanged (the control), and
+only when that reproduces the recorded losses and the failure is any experiment believed.
+"""
+
+from __future__ import annotations
+
+import ast
+import linecache
+from dataclasses import dataclass, field
+from types import CodeType
+
+__all__ = ["Plan", "plan_for"]
+
+#: calls whose statement is part of an update wherever it stands
+_TRAINING_METHODS = ("backward", "zero_grad", "step")
+_TRAINING_FUNCTIONS = ("clip_grad_norm_", "clip_grad_value_", "clip_grad_norm", "backward")
+#: calls that only report or store: a statement made of one is never replayed
+_REPORTING = ("print", "log", "info", "debug", "warning", "write", "add_scalar", "add_scalars",
+              "append", "extend", "save", "set_postfix", "set_description", "update", "flush",
+              "item", "tolist", "numpy", "add_histogram", "log_metrics", "log_dict", "savefig",
+              "plot", "close", "record", "put", "send")  # fmt: skip
+#: calls that draw a new batch or random numbers: what they bind is captured, not recomputed
+_DRAWING = ("next", "get_batch", "sample", "randint", "randperm", "choice", "shuffle",
+            "permutation")  # fmt: skip
+
+
+@dataclass
+class Plan:
+    """What :func:`plan_for` found.
+
+    code: the kept statements, compiled (None when the step cannot be cut out: ``reason`` says
+    why); captured: the names whose values are kept at every update; skipped: the kept
+    statements' lines that only rebind captured names (left out of ``code``); lines: the lines of
+    the statements in ``code``; optimizer: the name the ``step()`` call was made on."""
+
+    file: str
+    line: int
+    unit: str = "loop"
+    code: CodeType | None = None
+    captured: tuple[str, ...] = ()
+    lines: list[int] = field(default_factory=list)
+    skipped: list[int] = field(default_factory=list)
+    optimizer: str | None = None
+    reason: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.code is not None
+
+
+def plan_for(file: str, function: str, line: int) -> Plan:
+    """The plan of the update whose ``optimizer.step()`` call is at ``file:line`` in ``function``
+    (``"<module>"`` for a script's top level). Never raises: a plan that cannot be made says why."""
+    plan = Plan(file, line)
+    try:
+        source = "".join(linecache.getlines(file))
+        if not source:
+            plan.reason = f"the source of {file} cannot be read"
+            return plan
+        tree = ast.parse(source, filename=file)
+        _make(plan, tree, function)
+    except (SyntaxError, ValueError, RecursionError) as exc:
+        plan.code = None
+        plan.reason = f"the training step could not be read ({type(exc).__name__})"
+    return plan
+
+
+# ------------------------------------------------------------------------------ the unit
+
+
+def _scope(tree: ast.Module, function: str, line: int) -> ast.AST | None:
+    """The function named ``function`` that holds ``line`` (innermost), or the module."""
+    if function == "<module>":
+        return tree
+    best: ast.AST | None = None
+    for node in ast.walk(tree):
+        if (isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == function
+                and node.lineno <= line <= (node.end_lineno or node.lineno)
+                and (best is None or node.lineno >= getattr(best, "lineno", 0))):  # fmt: skip
+            best = node
+    return best
+
+
+def _holds(node: ast.AST, line: int) -> bool:
+    return getattr(node, "lineno", 0) <= line <= (getattr(node, "end_lineno", 0) or 0)
+
+
+def _innermost_loop(body: list[ast.stmt], line: int) -> ast.For | ast.While | None:
+    """The innermost ``for`` / ``while`` of this scope (not of a nested function) whose body
+    holds ``line``."""
+    found: ast.For | ast.While | None = None
+    stack = list(body)
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            continue
+        if not _holds(node, line):
+            continue
+        if isinstance(node, (ast.For, ast.While)) and any(_holds(s, line) for s in node.body):
+            found = node
+            stack = list(node.body)
+            continue
+        stack.extend(c for c in ast.iter_child_nodes(node) if isinstance(c, ast.stmt))
+    return found
+
+
+def _make(plan: Plan, tree: ast.Module, function: str) -> None:
+    scope = _scope(tree, function, plan.line)
+    if scope is None:
+        plan.reason = f"no function {function} around line {plan.line} of {plan.file}"
+        return
+    scope_body: list[ast.stmt] = getattr(scope, "body", [])
+    loop = _innermost_loop(scope_body, plan.line)
+    captured: list[str] = []
+    if loop is not None:
+        body = loop.body
+        if isinstance(loop, ast.For):
+            captured.extend(_names(loop.target))
+        plan.unit = "loop"
+    elif isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        body = scope.body
+        args = scope.args
+        for a in (*args.posonlyargs, *args.args, *args.kwonlyargs):
+            captured.append(a.arg)
+        for extra in (args.vararg, args.kwarg):
+            if extra is not None:
+                captured.append(extra.arg)
+        plan.unit = "function"
+    else:
+        plan.reason = "the step() call is in no loop and no function: nothing repeats"
+        return
+    step_stmt = _statement_at(body, plan.line)
+    if step_stmt is None:
+        plan.reason = f"no statement at line {plan.line}"
+        return
+    top = next(s for s in body if _holds(s, plan.line))
+    if isinstance(top, ast.If) and plan.unit == "loop":
+        plan.reason = ("the step() call is conditional inside the loop (gradient accumulation "
+                       "over loop iterations): one iteration is not one update")  # fmt: skip
+        return
+    plan.optimizer = _step_receiver(step_stmt)
+    upto = body[: body.index(top) + 1]
+    kept = _keep(upto, plan.line, set(captured))
+    if not kept or not any(_essential(s) for s in ast.walk(ast.Module(body=kept, type_ignores=[]))
+                           if isinstance(s, ast.stmt)):  # fmt: skip
+        plan.reason = "no backward() or step() call was found in the training step"
+        return
+    # names bound by a statement that draws (next(it), get_batch()): captured, not recomputed
+    for stmt in _walk_statements(kept):
+        if isinstance(stmt, ast.Assign) and _draws(stmt.value):
+            for target in stmt.targets:
+                captured.extend(n for n in _names(target) if n not in captured)
+    final: list[ast.stmt] = []
+    _drop_rebinds(kept, set(captured), final, plan.skipped)
+    plan.captured = tuple(dict.fromkeys(captured))
+    module = ast.Module(body=final, type_ignores=[])
+    ast.fix_missing_locations(module)
+    plan.lines = sorted({s.lineno for s in _walk_statements(final)})
+    plan.code = compile(module, plan.file, "exec")
+
+
+def _statement_at(body: list[ast.stmt], line: int) -> ast.stmt | None:
+    for stmt in _walk_statements(body):
+        if stmt.lineno <= line <= (stmt.end_lineno or stmt.lineno) and not _compound(stmt):
+            return stmt
+    return None
+
+
+def _compound(stmt: ast.stmt) -> bool:
+    return isinstance(stmt, (ast.With, ast.AsyncWith, ast.If, ast.For, ast.AsyncFor, ast.While,
+                             ast.Try))  # fmt: skip
+
+
+def _walk_statements(body: list[ast.stmt]) -> list[ast.stmt]:
+    out: list[ast.stmt] = []
+    for stmt in body:
+        out.append(stmt)
+        for name in ("body", "orelse", "finalbody", "handlers"):
+            inner = getattr(stmt, name, None)
+            if isinstance(inner, list):
+                out.extend(_walk_statements([s for s in inner if isinstance(s, ast.stmt)]))
+            if name == "handlers" and isinstance(inner, list):
+                for handler in inner:
+                    out.extend(_walk_statements(handler.body))
+    return out
+
+
+def _step_receiver(stmt: ast.stmt) -> str | None:
+    for node in ast.walk(stmt):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "step"):  # fmt: skip
+            if node.args and isinstance(node.args[0], ast.Name):
+                return node.args[0].id  # scaler.step(opt)
+            return _dotted(node.func.value)
+    return None
+
+
+# ------------------------------------------------------------------------------ what to keep
+
+
+def _names(target: ast.AST) -> list[str]:
+    return [n.id for n in ast.walk(target) if isinstance(n, ast.Name)]
+
+
+def _dotted(node: ast.AST) -> str | None:
+    parts: list[str] = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if isinstance(node, ast.Name):
+        parts.append(node.id)
+        return ".".join(reversed(parts))
+    return None
+
+
+def _call_name(node: ast.AST) -> str | None:
+    if isinstance(node, ast.Call):
+        func = node.func
+        if isinstance(func, ast.Attribute):
+            return func.attr
+        if isinstance(func, ast.Name):
+            return func.id
+    return None
+
+
+def _essential(stmt: ast.stmt) -> bool:
+    """A statement an update needs whatever it binds: a training call, or a bare call of the
+    user's own function (it may run the backward itself)."""
+    if _compound(stmt):
+        return False
+    for node in ast.walk(stmt):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        if isinstance(func, ast.Attribute) and func.attr in _TRAINING_METHODS:
+            if func.attr == "step" and not _is_optimizer_step(func):
+                continue
+            return True
+        if isinstance(func, ast.Attribute) and func.attr in _TRAINING_FUNCTIONS:
+            return True
+        if isinstance(func, ast.Name) and func.id in _TRAINING_FUNCTIONS:
+            return True
+    if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call):
+        func = stmt.value.func
+        if isinstance(func, ast.Name) and func.id not in _REPORTING and func.id not in (
+            "len", "range", "sleep", "assert_"
+        ):
+            return True  # the user's own function: it may do the backward and the step
+    return False
+
+
+def _is_optimizer_step(func: ast.Attribute) -> bool:
+    """``opt.step()`` or ``scaler.step(opt)``, not ``scheduler.step()`` / ``pbar.step()``."""
+    name = (_dotted(func.value) or "").lower()
+    return not any(word in name for word in ("sched", "lr_", "pbar", "bar", "progress", "timer",
+                                              "writer", "profiler", "swa"))  # fmt: skip
+
+
+def _draws(value: ast.expr) -> bool:
+    for node in ast.walk(value):
+        name = _call_name(node)
+        if name is not None and (name in _DRAWING or name.startswith("get_batch")):
+            return True
+    return False
+
+
+def _reads(node: ast.AST) -> set[str]:
+    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx,
+                                                                                     ast.Load)}
+
+
+def _binds(stmt: ast.stmt) -> set[str]:
+    if isinstance(stmt, ast.Assign):
+        return {n for t in stmt.targets for n in _names(t)}
+    if isinstance(stmt, (ast.AugAssign, ast.AnnAssign)):
+        return set(_names(stmt.target))
+    if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return {stmt.name}  # a closure for LBFGS
+    return set()
+
+
+def _reporting(stmt: ast.stmt) -> bool:
+    """An expression statement that only reports or stores (a print, ``losses.append``)."""
+    if not isinstance(stmt, ast.Expr):
+        return False
+    name = _call_name(stmt.value)
+    return name is None or name in _REPORTING or name.startswith(("log", "print", "save"))
+
+
+def _keep(body: list[ast.stmt], step_line: int, captured: set[str]) -> list[ast.stmt]:
+    """The statements of ``body`` an update needs, up to the step() call (see the module doc)."""
+    needed: set[str] = set()
+    kept: list[ast.stmt] = []
+    for stmt in reversed(body):
+        if stmt.lineno > step_line:
+            continue
+        inner = _inner(stmt, step_line, captured, needed)
+        if inner is not None:
+            kept.append(inner)
+            needed |= _reads(_header(inner))
+            for s in _walk_statements(_children(inner)):
+                needed |= _reads(s) if not _compound(s) else _reads(_header(s))
+            continue
+        if _compound(stmt):
+            continue
+        if _essential(stmt):
+            kept.append(stmt)
+            needed |= _reads(stmt)
+            continue
+        if _reporting(stmt):
+            continue
+        binds = _binds(stmt)
+        if binds & needed:
+            kept.append(stmt)
+            if isinstance(stmt, ast.Assign):
+                needed -= binds
+            needed |= _reads(stmt)
+    kept.reverse()
+    return kept
+
+
+def _header(stmt: ast.stmt) -> ast.AST:
+    """What a compound statement evaluates itself (its test, its items, its iterable)."""
+    if isinstance(stmt, (ast.With, ast.AsyncWith)):
+        return ast.Tuple(elts=[i.context_expr for i in stmt.items], ctx=ast.Load())
+    if isinstance(stmt, (ast.If, ast.While)):
+        return stmt.test
+    if isinstance(stmt, (ast.For, ast.AsyncFor)):
+        return stmt.iter
+    return ast.Tuple(elts=[], ctx=ast.Load())
+
+
+def _children(stmt: ast.stmt) -> list[ast.stmt]:
+    out: list[ast.stmt] = []
+    for name in ("body", "orelse", "finalbody"):
+        inner = getattr(stmt, name, None)
+        if isinstance(inner, list):
+            out.extend(s for s in inner if isinstance(s, ast.stmt))
+    return out
+
+
+def _inner(stmt: ast.stmt, step_line: int, captured: set[str],
+           needed: set[str]) -> ast.stmt | None:  # fmt: skip
+    """A compound statement with its body cut down to what an update needs, or None when
+    nothing in it is needed."""
+    if not _compound(stmt) or isinstance(stmt, ast.While):
+        return None
+    if isinstance(stmt, ast.Try):
+        body = _keep(stmt.body, step_line, captured)
+        if not body:
+            return None
+        return ast.copy_location(ast.Try(body=body, handlers=stmt.handlers, orelse=[],
+                                         finalbody=[]), stmt)  # fmt: skip
+    body = _keep(getattr(stmt, "body", []), step_line, captured)
+    loop_binds = _names(stmt.target) if isinstance(stmt, (ast.For, ast.AsyncFor)) else []
+    useful = any(_essential(s) for s in _walk_statements(body)) or any(
+        _binds(s) & needed for s in _walk_statements(body))
+    if not body or not useful:
+        return None
+    new = ast.copy_location(type(stmt)(**{f: getattr(stmt, f) for f in stmt._fields}), stmt)
+    new.body = body  # type: ignore[attr-defined]
+    if isinstance(stmt, ast.If):
+        new.orelse = _keep(stmt.orelse, step_line, captured)  # type: ignore[attr-defined]
+    elif hasattr(new, "orelse"):
+        new.orelse = []  # type: ignore[attr-defined]
+    del loop_binds
+    return new
+
+
+def _drop_rebinds(body: list[ast.stmt], captured: set[str], out: list[ast.stmt],
+                  skipped: list[int]) -> None:  # fmt: skip
+    """Copy ``body`` into ``out`` without the plain assignments that only bind captured names
+    (their kept values already went through them) or that draw a new batch."""
+    for stmt in body:
+        if isinstance(stmt, ast.Assign) and (_binds(stmt) <= captured or _draws(stmt.value)):
+            skipped.append(stmt.lineno)
+            continue
+        if _compound(stmt):
+            for name in ("body", "orelse", "finalbody"):
+                inner = getattr(stmt, name, None)
+                if isinstance(inner, list) and inner:
+                    new_inner: list[ast.stmt] = []
+                    _drop_rebinds(inner, captured, new_inner, skipped)
+                    setattr(stmt, name, new_inner or [ast.Pass()])
+        out.append(stmt)

@@ -1,0 +1,605 @@
+"""The decisive experiment, in process: the failing window rerun from a snapshot, one change each.
+
+When a detector stops a PyTorch fit, the adapter kept (:mod:`nanscope.torch.history`) snapshots
+of the weights and optimizer state, the inputs of each recent update and the user's training step
+cut out of their loop (:mod:`nanscope.probes.loopslice`). :func:`experiments` then
+
+1. picks the latest snapshot taken before the trouble began (the jump, the climb, or at least one
+   update before the failure) and the updates from it to the failure;
+2. reruns that window unchanged, twice over: the **control**. It must reproduce the recorded
+   losses (the first within ``MATCH``) and the failure, or no experiment is believed and the
+   diagnosis says the replay was not faithful;
+3. reruns it once per intervention that bears on the candidates: the learning rate cut to
+   1/10, 1/100, 1/1000 (the applied update scaled, which is the learning rate for SGD, momentum,
+   Adam, AdamW, RMSprop and Adagrad alike); the suspect rows left out of their batches; the
+   unscaled input columns standardised (from a snapshot before update 1 only); an epsilon at the
+   producing op; the optimizer's ``eps`` restored; the gradient norm clipped to its level before
+   the trouble; a standard initialisation.
+
+Each rerun's losses are judged by :func:`nanscope.outcome.judge`, the same judgement as a healthy
+verdict: an intervention *removes the failure* when every loss of the rerun is finite and it ended
+not far above where it started. The entries go into the diagnosis's ``confirmation``; the engine
+decides the cause from them (:mod:`nanscope.diagnose.decide`).
+
+Everything runs on the user's own model and optimizer, with nanscope's hooks set aside, the
+script's own output silenced and the RNG forked; their state is restored afterwards to what it
+was at the failure. A fault becomes an entry that says so, never an exception.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import math
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from nanscope.outcome import FAR, judge
+from nanscope.probes.failure import TorchFailure
+
+__all__ = ["MATCH", "REPLAY_SECONDS", "experiments"]
+
+#: the control's first loss must be within this relative distance of the recorded one
+MATCH = 0.05
+#: all reruns of one failure together take at most this long (the fit waits for them)
+REPLAY_SECONDS = 30.0
+#: the window is rerun this many times over (a failure delayed by a smaller step shows later)
+PASSES = 2
+#: ops whose non-finite output an epsilon can prevent, and how (see ``_EpsilonMode``)
+LOG_OPS = ("log", "log2", "log10", "log1p", "xlogy")
+DIVISION_OPS = ("div", "true_divide", "divide", "reciprocal", "rsqrt", "sqrt", "norm",
+                "vector_norm", "pow", "std", "var", "cosine_similarity", "normalize")  # fmt: skip
+
+
+def experiments(failure: TorchFailure, found: dict[str, Any]) -> list[dict[str, Any]]:
+    """The control and each intervention's outcome (``confirmation`` entries); never raises."""
+    history = failure.extra.get("history")
+    if history is None:
+        return []
+    if history.off is not None:
+        return [_not_run("replay", f"no replay: {history.off}")]
+    try:
+        return _Replay(failure, found, history).run()
+    except Exception as exc:  # a probe bug must never kill the user's run
+        return [_not_run("replay", f"the replay failed ({type(exc).__name__}: {exc})")]
+
+
+def _not_run(change: str, text: str) -> dict[str, Any]:
+    return {"change": change, "ran": False, "finite": None, "loss": None, "scope": "window",
+            "text": text}  # fmt: skip
+
+
+class _Replay:
+    def __init__(self, failure: TorchFailure, found: dict[str, Any], history: Any) -> None:
+        import torch
+
+        self.torch = torch
+        self.f = failure
+        self.found = found
+        self.h = history
+        self.model = history.model
+        self.optimizer = history.optimizer
+        self.params = [p for g in self.optimizer.param_groups for p in g["params"]]
+        self.deadline = time.monotonic() + REPLAY_SECONDS
+        self.recorded: dict[int, float] = dict(failure.extra.get("losses") or [])
+
+    # ------------------------------------------------------------------ the plan of runs
+
+    def run(self) -> list[dict[str, Any]]:
+        fail = int(self.f.step or 0)
+        onset = int(self.f.extra.get("onset") or fail)
+        snap = self._snapshot(onset, fail)
+        if snap is None:
+            return [_not_run("replay", f"no snapshot from before update {onset} with the "
+                             "batches of every update since (kept: "
+                             f"{[s.step for s in self.h.snapshots()]})")]  # fmt: skip
+        window = self.h.inputs(snap.step, fail)
+        assert window is not None
+        saved = self._save()
+        out: list[dict[str, Any]] = []
+        devices = sorted({p.device.index or 0 for p in self.params if p.device.type == "cuda"})
+        with self.torch.random.fork_rng(devices=devices):
+            self._experiments(snap, window, saved, out)
+        return out
+
+    def _experiments(self, snap: Any, window: list[Any], saved: dict[str, Any],
+                     out: list[dict[str, Any]]) -> None:  # fmt: skip
+        try:
+            control = self._rerun(snap, window, "control")
+            out.append(control)
+            if not control.get("reproduced"):
+                return
+            for change, setup in self._interventions(snap, window):
+                if time.monotonic() > self.deadline:
+                    out.append(_not_run(change, f"not run: the replays' time budget "
+                                                f"({REPLAY_SECONDS:.0f} s) was spent"))  # fmt: skip
+                    continue
+                out.append(self._rerun(snap, window, change, setup))
+        finally:
+            self._restore(saved)
+
+    def _snapshot(self, onset: int, fail: int) -> Any:
+        """The latest snapshot taken before the trouble (at least one update before a failure
+        past update 1) whose updates up to the failure are all kept."""
+        before = max(1, min(onset, fail - 1 if fail > 1 else 1))
+        for snap in reversed(self.h.snapshots()):
+            if snap.step <= before and self.h.inputs(snap.step, fail) is not None:
+                return snap
+        return None
+
+    def _interventions(self, snap: Any, window: list[Any]) -> list[tuple[str, Any]]:
+        changes: list[tuple[str, Any]] = []
+        if len(window) >= 2:
+            for factor in (0.1, 0.01, 0.001):
+                changes.append((f"lr_x{factor:g}", {"lr": factor}))
+        rows = self._suspect_rows(window)
+        if rows:
+            changes.append(("without_rows", {"rows": rows}))
+        columns = self._unscaled_columns()
+        if columns and snap.step == 1:
+            changes.append(("standardised", {"columns": columns}))
+        located = self.found.get("located") or {}
+        op = str(located.get("op") or "").split(".")[0]
+        # (not a producer in the loop's preprocessing: the replay feeds the model the inputs it
+        # got, so an epsilon there could change nothing)
+        if located.get("phase") in ("forward", "loss", "backward") and (
+            op in LOG_OPS or op in DIVISION_OPS
+        ):
+            changes.append(("eps", {"op": op}))
+        if any(g.get("eps") == 0 for g in self.optimizer.param_groups):
+            changes.append(("optimizer_eps", {"optimizer_eps": 1e-8}))
+        if len(window) >= 2 and self._clip_level(snap.step) is not None:
+            changes.append(("clipped", {"clip": True}))
+        if snap.step == 1:
+            changes.append(("standard_init", {"reinit": True}))
+        return changes
+
+    def _suspect_rows(self, window: list[Any]) -> dict[int, list[int]]:
+        """``{update: [batch rows]}`` of the non-finite and extreme rows the probes named."""
+        steps = {u.step for u in window}
+        out: dict[int, list[int]] = {}
+        for row in [*(self.found.get("rows") or []), *(self.f.extra.get("rows") or [])]:
+            if not isinstance(row, dict) or row.get("why") not in ("nonfinite", "nan", "inf",
+                                                                   "extreme"):  # fmt: skip
+                continue
+            step, batch_row = row.get("step", self.f.step), row.get("batch_row")
+            if isinstance(step, int) and step in steps and isinstance(batch_row, int):
+                out.setdefault(step, [])
+                if batch_row not in out[step]:
+                    out[step].append(batch_row)
+        return out
+
+    def _unscaled_columns(self) -> list[int]:
+        column = self.f.extra.get("unscaled_column")
+        return [int(column)] if isinstance(column, int) else []
+
+    # ------------------------------------------------------------------ one rerun
+
+    def _rerun(self, snap: Any, window: list[Any], change: str,
+               setup: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
+        setup = setup or {}
+        started = time.monotonic()
+        try:
+            losses = self._losses(snap, window, setup)
+        except Exception as exc:
+            text = f"not run: the rerun raised {type(exc).__name__}: {str(exc)[:160]}"
+            return _not_run(change, text)
+        seconds = time.monotonic() - started
+        judged = judge(losses)
+        fixed = judged.kind == "ok"
+        first = losses[0] if losses else math.nan
+        entry: dict[str, Any] = {
+            "change": change,
+            "ran": True,
+            "scope": "window",
+            "from_step": snap.step,
+            "to_step": window[-1].step,
+            "updates": len(losses),
+            "finite": all(math.isfinite(v) for v in losses),
+            "loss": losses[-1] if losses else None,
+            "losses": [round(v, 6) if math.isfinite(v) else _text(v) for v in losses[:64]],
+            "fixed": fixed,
+            "outcome": judged.kind,
+            "seconds": round(seconds, 3),
+        }
+        if change == "control":
+            recorded = self.recorded.get(snap.step)
+            match = recorded is not None and _same_loss(first, recorded)
+            entry["recorded_first"] = recorded
+            entry["reproduced"] = bool(match and not fixed)
+            entry["fixed"] = False
+            if not match:
+                entry["text"] = (f"the replay is not faithful: its first loss {first:.4g} is not "
+                                 f"the recorded {recorded if recorded is not None else '?'} "
+                                 "(a loss that depends on state the replay cannot restore)")
+            elif fixed:
+                entry["text"] = ("the replay did not reproduce the failure: the window ran "
+                                 f"finite from update {snap.step} ({judged.text()})")
+            else:
+                entry["text"] = (f"updates {snap.step}-{window[-1].step} rerun unchanged from a "
+                                 f"snapshot reproduce the failure ({judged.text()})")
+            return entry
+        entry["text"] = _describe(change, setup, snap, window, judged, fixed)
+        if setup.get("op"):
+            entry["op"] = setup["op"]
+        return entry
+
+    def _losses(self, snap: Any, window: list[Any], setup: dict[str, Any]) -> list[float]:
+        if not setup.get("rows"):
+            return self._run_window(snap, window, setup)
+        try:
+            return self._run_window(snap, window, setup)
+        except RuntimeError:
+            # the step makes its targets from data the replay does not hold row by row (a slice
+            # of a tensor made before the loop): the model is fed the rows replaced by a clean
+            # row of their batch instead of left out, and every batch keeps its size
+            return self._run_window(snap, window, {**setup, "replace_rows": True})
+
+    def _run_window(self, snap: Any, window: list[Any], setup: dict[str, Any]) -> list[float]:
+        torch = self.torch
+        self._load(snap)
+        if setup.get("reinit"):
+            _reinitialise(self.model)
+        if "optimizer_eps" in setup:
+            for group in self.optimizer.param_groups:
+                if group.get("eps") == 0:
+                    group["eps"] = setup["optimizer_eps"]
+        losses: list[float] = []
+        stats = self._column_stats(window, setup.get("columns") or [])
+        clip_to = self._clip_level(snap.step) if setup.get("clip") else None
+        for _ in range(PASSES):
+            for update in window:
+                loss = self._one(update, setup, stats, clip_to)
+                losses.append(loss)
+                if not math.isfinite(loss):
+                    return losses
+                if time.monotonic() > self.deadline + 10.0:
+                    raise TimeoutError("the replay ran past its time budget")
+        del torch
+        return losses
+
+    def _one(self, update: Any, setup: dict[str, Any], stats: dict[int, tuple[float, float]],
+             clip_to: float | None) -> float:  # fmt: skip
+        torch = self.torch
+        plan = self.h.plan
+        rows = (setup.get("rows") or {}).get(update.step)
+        for group, lr in zip(self.optimizer.param_groups, update.lrs):
+            if math.isfinite(lr):
+                group["lr"] = lr
+        # one namespace (a comprehension in the step sees the loop's names as globals)
+        namespace = {**(self.h.frame_globals or {}), **(self.h.frame_locals or {})}
+        size = self._batch_size(update)
+        if setup.get("replace_rows"):
+            namespace.update(update.values)
+            forwards = [(_without_rows(a, rows, size, replace=True),
+                         _without_rows(k, rows, size, replace=True))
+                        for a, k in update.forwards]  # fmt: skip
+        else:
+            for name, value in update.values.items():
+                namespace[name] = _without_rows(value, rows, size)
+            forwards = [(_without_rows(a, rows, size), _without_rows(k, rows, size))
+                        for a, k in update.forwards]  # fmt: skip
+        if stats:
+            forwards = [(_standardise(a, stats), k) for a, k in forwards]
+        factor = float(setup.get("lr", 1.0))
+        before = [p.detach().clone() for p in self.params] if factor != 1.0 else None
+        backward: list[Any] = []
+        with _feeding(self.model, forwards), _catching(torch, backward), \
+                _clipping(self.optimizer, clip_to), _epsilon(torch, setup.get("op")):
+            exec(plan.code, namespace)  # the user's training step, on their model
+        if before is not None:
+            with torch.no_grad():
+                for p, b in zip(self.params, before):
+                    p.copy_(b + factor * (p - b))
+        if not backward:
+            raise RuntimeError("the replayed step made no backward() call")
+        values = [float(t.detach().float().mean()) for t in backward]
+        scaler = self.f.grad_scaler
+        if scaler is not None and getattr(scaler, "is_enabled", lambda: False)():
+            scale = float(scaler.get_scale())
+            values = [v / scale for v in values]
+        return math.fsum(values) / len(values)
+
+    def _batch_size(self, update: Any) -> int | None:
+        for args, _ in update.forwards:
+            for a in args:
+                if isinstance(a, self.torch.Tensor) and a.dim() >= 1:
+                    return int(a.shape[0])
+        return None
+
+    def _column_stats(self, window: list[Any], columns: list[int]) -> dict[int, tuple[float,
+                                                                                     float]]:
+        torch = self.torch
+        out: dict[int, tuple[float, float]] = {}
+        for column in columns:
+            values = [a[:, column].double() for u in window for args, _ in u.forwards
+                      for a in args[:1] if isinstance(a, torch.Tensor) and a.dim() == 2
+                      and a.is_floating_point() and a.shape[1] > column]  # fmt: skip
+            if values:
+                col = torch.cat(values)
+                col = col[torch.isfinite(col)]
+                if col.numel() > 1:
+                    std = float(col.std())
+                    out[column] = (float(col.mean()), std if std > 0 else 1.0)
+        return out
+
+    def _clip_level(self, step: int) -> float | None:
+        """The median gradient norm of the updates before ``step`` (at least three of them):
+        the level before the trouble. None when too few were seen to say."""
+        norms = sorted(v for s, v in self.f.extra.get("grad_norms") or [] if s <= step and
+                       math.isfinite(v) and v > 0)  # fmt: skip
+        return norms[len(norms) // 2] if len(norms) >= 3 else None
+
+    # ------------------------------------------------------------------ state
+
+    def _save(self) -> dict[str, Any]:
+        import copy
+
+        torch = self.torch
+        with torch.no_grad():
+            return {
+                "params": [p.detach().clone() for p in self.params],
+                "grads": [None if p.grad is None else p.grad.detach().clone()
+                          for p in self.params],
+                "buffers": [b.detach().clone() for b in self._buffers()],
+                "optimizer": copy.deepcopy(self.optimizer.state_dict()),
+                "scaler": (self.f.grad_scaler.state_dict() if self.f.grad_scaler is not None
+                           else None),
+                "training": getattr(self.model, "training", None),
+            }
+
+    def _restore(self, saved: dict[str, Any]) -> None:
+        torch = self.torch
+        with torch.no_grad():
+            for p, value in zip(self.params, saved["params"]):
+                p.copy_(value)
+            for p, grad in zip(self.params, saved["grads"]):
+                p.grad = grad
+            for b, value in zip(self._buffers(), saved["buffers"]):
+                b.copy_(value)
+        self.optimizer.load_state_dict(saved["optimizer"])
+        if saved["scaler"] is not None:
+            self.f.grad_scaler.load_state_dict(saved["scaler"])
+        if saved["training"] is not None and hasattr(self.model, "train"):
+            self.model.train(saved["training"])
+
+    def _load(self, snap: Any) -> None:
+        import copy
+
+        torch = self.torch
+        with torch.no_grad():
+            for p, value in zip(self.params, snap.params):
+                p.copy_(value)
+                p.grad = None
+            for b, value in zip(self._buffers(), snap.buffers):
+                b.copy_(value)
+        self.optimizer.load_state_dict(copy.deepcopy(snap.optimizer))
+        if snap.rng is not None:
+            torch.set_rng_state(snap.rng)
+
+    def _buffers(self) -> list[Any]:
+        return list(self.model.buffers()) if self.model is not None else []
+
+
+# ------------------------------------------------------------------------------ the changes
+
+
+def _same_loss(replayed: float, recorded: float) -> bool:
+    """The replay's loss is the recorded one: within ``MATCH``, or both non-finite."""
+    if not math.isfinite(recorded):
+        return not math.isfinite(replayed)
+    return math.isfinite(replayed) and abs(replayed - recorded) <= MATCH * max(abs(recorded),
+                                                                             1e-12)
+
+
+def _text(value: float) -> str:
+    return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+
+
+def _describe(change: str, setup: dict[str, Any], snap: Any, window: list[Any], judged: Any,
+              fixed: bool) -> str:  # fmt: skip
+    span = f"updates {snap.step}-{window[-1].step}"
+    what = {
+        "without_rows": "without the suspect rows "
+        + ", ".join(f"{rows} of update {s}" for s, rows in (setup.get("rows") or {}).items()),
+        "standardised": f"with input column(s) {setup.get('columns')} standardised",
+        "eps": f"with an epsilon at the {setup.get('op')} op",
+        "optimizer_eps": "with the optimizer's eps set to 1e-8",
+        "clipped": "with the gradient norm clipped to its level before the trouble",
+        "standard_init": "from the framework's default initialisation",
+    }.get(change)
+    if what is None and change.startswith("lr_x"):
+        what = f"at {change[4:]} times the learning rate"
+    verdict = "removes the failure" if fixed else "does not remove the failure"
+    return f"{span} rerun {what}: {verdict} ({judged.text()})"
+
+
+def _without_rows(value: Any, rows: list[int] | None, size: int | None, *,
+                  replace: bool = False) -> Any:  # fmt: skip
+    """``value`` with batch rows left out (tensors whose first dimension is the batch's), inside
+    tuples, lists and dicts; anything else as it is. ``replace``: the rows overwritten by the
+    first clean row of the batch instead, so the batch keeps its size."""
+    if not rows:
+        return value
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        n = value.shape[0] if value.dim() >= 1 else 0
+        if n and (size is None or n == size) and max(rows) < n:
+            keep = [i for i in range(n) if i not in set(rows)]
+            if not keep:
+                return value
+            if replace:
+                out = value.clone()
+                out[torch.tensor(rows, device=value.device)] = value[keep[0]]
+                return out
+            return value[torch.tensor(keep, device=value.device, dtype=torch.long)]
+        return value
+    if isinstance(value, tuple):
+        return tuple(_without_rows(v, rows, size, replace=replace) for v in value)
+    if isinstance(value, list):
+        return [_without_rows(v, rows, size, replace=replace) for v in value]
+    if isinstance(value, dict):
+        return {k: _without_rows(v, rows, size, replace=replace) for k, v in value.items()}
+    return value
+
+
+def _standardise(args: tuple[Any, ...], stats: dict[int, tuple[float, float]]) -> tuple[Any, ...]:
+    import torch
+
+    if not args or not isinstance(args[0], torch.Tensor) or args[0].dim() != 2:
+        return args
+    x = args[0].clone()
+    for column, (mean, std) in stats.items():
+        if column < x.shape[1]:
+            x[:, column] = (x[:, column] - mean) / std
+    return (x, *args[1:])
+
+
+def _reinitialise(model: Any) -> None:
+    """Every submodule's own ``reset_parameters()``: the framework's default initialisation."""
+    if model is None:
+        return
+    for module in model.modules():
+        reset = getattr(module, "reset_parameters", None)
+        if callable(reset):
+            reset()
+
+
+@contextlib.contextmanager
+def _feeding(model: Any, forwards: list[tuple[tuple[Any, ...], dict[str, Any]]]) -> Iterator[None]:
+    """Each forward of the replayed update gets the arguments the original one got, in order."""
+    from nanscope.torch import _hooks
+
+    queue = list(forwards)
+
+    def feed(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if queue:
+            return queue.pop(0)
+        return None
+
+    with _hooks.standing_aside(), contextlib.redirect_stdout(io.StringIO()), \
+            contextlib.redirect_stderr(io.StringIO()), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        handle = model.register_forward_pre_hook(feed, with_kwargs=True, prepend=True) \
+            if model is not None and queue else None  # fmt: skip
+        try:
+            yield
+        finally:
+            if handle is not None:
+                handle.remove()
+
+
+@contextlib.contextmanager
+def _catching(torch: Any, out: list[Any]) -> Iterator[None]:
+    """Keep the tensor each ``backward()`` of the replayed update is called on (the loss)."""
+    original = torch.Tensor.backward
+    autograd_backward = torch.autograd.backward
+
+    def backward(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if self.numel() == 1:
+            out.append(self.detach())
+        return original(self, *args, **kwargs)
+
+    def autograd_bw(tensors: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(tensors, torch.Tensor) and tensors.numel() == 1:
+            out.append(tensors.detach())
+        return autograd_backward(tensors, *args, **kwargs)
+
+    torch.Tensor.backward = backward
+    torch.autograd.backward = autograd_bw
+    try:
+        yield
+    finally:
+        torch.Tensor.backward = original
+        torch.autograd.backward = autograd_backward
+
+
+@contextlib.contextmanager
+def _clipping(optimizer: Any, limit: float | None) -> Iterator[None]:
+    """Clip the gradient norm to ``limit`` right before each step of the replay."""
+    if limit is None:
+        yield
+        return
+    import torch
+
+    def clip(opt: Any, args: Any, kwargs: Any) -> None:
+        params = [p for g in opt.param_groups for p in g["params"] if p.grad is not None]
+        torch.nn.utils.clip_grad_norm_(params, limit)
+
+    handle = optimizer.register_step_pre_hook(clip)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+@contextlib.contextmanager
+def _epsilon(torch: Any, op: str | None) -> Iterator[None]:
+    """At ops of the producer's family, the input moved off the value that made it non-finite:
+    a log's input kept at least the smallest normal number, a divisor, a sqrt's or a norm's input
+    kept away from zero."""
+    if not op:
+        yield
+        return
+    from torch.overrides import TorchFunctionMode
+
+    is_log = op.startswith(LOG_OPS)
+    name = op.split(".")[0]
+
+    class Mode(TorchFunctionMode):
+        def __torch_function__(self, func: Callable[..., Any], types: Any, args: Any = (),
+                               kwargs: Any = None) -> Any:  # fmt: skip
+            kwargs = kwargs or {}
+            fname = getattr(func, "__name__", "")
+            if fname.rstrip("_") == name and args:
+                args = _guarded(torch, fname, is_log, list(args))
+            return func(*args, **kwargs)
+
+    with Mode():
+        yield
+
+
+def _guarded(torch: Any, name: str, is_log: bool, args: list[Any]) -> tuple[Any, ...]:
+    tiny = 1.1754943508222875e-38
+    if is_log and isinstance(args[0], torch.Tensor) and args[0].is_floating_point():
+        eps = max(float(torch.finfo(args[0].dtype).tiny), tiny)
+        args[0] = args[0].clamp_min(eps)
+    elif name in ("div", "true_divide", "divide") and len(args) > 1:
+        d = args[1]
+        if isinstance(d, torch.Tensor) and d.is_floating_point():
+            eps = float(torch.finfo(d.dtype).eps)
+            args[1] = torch.where(d.abs() < eps, torch.full_like(d, eps), d)
+        elif isinstance(d, (int, float)) and d == 0:
+            args[1] = 1e-8
+    elif isinstance(args[0], torch.Tensor) and args[0].is_floating_point():
+        eps = float(torch.finfo(args[0].dtype).eps)
+        if name in ("sqrt", "rsqrt", "reciprocal"):
+            args[0] = args[0].clamp_min(eps) if name != "reciprocal" else torch.where(
+                args[0].abs() < eps, torch.full_like(args[0], eps), args[0])
+        elif name in ("norm", "vector_norm", "normalize"):
+            args[0] = args[0] + eps
+    return tuple(args)
+
+
+def onset_of(losses: list[tuple[int, float]], alarm: dict[str, Any], fail: int) -> int:
+    """The first update of the trouble: the jump or climb the alarm names, else the failure."""
+    for key in ("jump_from_step", "jump_step"):
+        value = alarm.get(key)
+        if isinstance(value, int):
+            return min(fail, value)
+    rises = alarm.get("rises")
+    if isinstance(rises, int) and rises > 0:
+        return max(1, fail - rises)
+    # a climb before a non-finite value: walk back over the rising losses
+    seen = [v for s, v in losses if s < fail]
+    step = fail
+    for value, prev in zip(reversed(seen), list(reversed(seen))[1:]):
+        if not (math.isfinite(value) and math.isfinite(prev) and value > prev * 1.5):
+            break
+        step -= 1
+    if seen and math.isfinite(seen[-1]) and seen and seen[0] > 0 and seen[-1] > FAR * seen[0]:
+        step = min(step, fail - 1)
+    return max(1, step)

@@ -1,0 +1,284 @@
+"""What a replay of the last updates needs, kept while the fit runs: snapshots and batches.
+
+When a detector fires, the cause is decided by rerunning the failing window from a state taken
+before the trouble began, once unchanged and once per intervention
+(:mod:`nanscope.probes.replay`). That needs, kept here by the :class:`History` of each watcher:
+
+* **snapshots** of the weights, the buffers and the optimizer's state (copies, on the parameters'
+  device): the one before update 1 and the latest ``KEEP`` taken every ``every`` updates. A
+  snapshot is taken at an update's check, before its step: the state that update's loss was
+  computed from. ``every`` starts at ``SNAPSHOT_EVERY`` and grows so that copying takes at most
+  ``COST_SHARE`` of the fit's own time (a large model is copied rarely, a small one often); a
+  model whose snapshot would exceed ``MAX_SNAPSHOT_BYTES`` is not snapshotted and the diagnosis
+  says so instead of replaying.
+* **each update's inputs**, by reference: the arguments of every forward call of the model in
+  that update (a replayed forward is given exactly these), the values of the names the training
+  step captures (:mod:`nanscope.probes.loopslice`: the loop's variables, a batch drawn by
+  ``next(it)``), and the learning rate of each parameter group. References only: a batch the
+  loop makes anew each update stays alive until it leaves the window (at most
+  ``MAX_KEPT_BYTES`` of them).
+
+The training step is read once, from the frame that called ``optimizer.step()`` at the first
+check. Everything here runs inside the watcher's fault guard: a fault turns the history off and
+the diagnosis says that no replay could run; training goes on.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from nanscope.probes.loopslice import Plan, plan_for
+
+__all__ = ["COST_SHARE", "KEEP", "MAX_KEPT_BYTES", "MAX_SNAPSHOT_BYTES", "SNAPSHOT_EVERY",
+           "History", "Snapshot", "UpdateInputs"]  # fmt: skip
+
+#: the fewest updates between two snapshots
+SNAPSHOT_EVERY = 16
+#: recent snapshots kept (besides the first): the window reaches this many times ``every`` back
+KEEP = 4
+#: copying the state may take at most this share of the fit's own time
+COST_SHARE = 0.003
+#: a state (weights, buffers, optimizer) larger than this is not snapshotted
+MAX_SNAPSHOT_BYTES = 512 * 2**20
+#: the batches kept by reference for the window may hold at most this many bytes
+MAX_KEPT_BYTES = 512 * 2**20
+
+
+@dataclass
+class Snapshot:
+    """The state before update ``step``'s step: weights, buffers, optimizer state, CPU RNG."""
+
+    step: int
+    params: list[torch.Tensor]
+    buffers: list[torch.Tensor]
+    optimizer: dict[str, Any]
+    rng: torch.Tensor | None = None
+    nbytes: int = 0
+
+
+@dataclass
+class UpdateInputs:
+    """What update ``step`` was computed from: its forwards' arguments, the captured names'
+    values and each parameter group's learning rate."""
+
+    step: int
+    lrs: list[float]
+    forwards: list[tuple[tuple[Any, ...], dict[str, Any]]] = field(default_factory=list)
+    values: dict[str, Any] = field(default_factory=dict)
+    nbytes: int = 0
+
+
+class History:
+    """Snapshots and recent update inputs of one watched model and optimizer."""
+
+    def __init__(self, model: Any, optimizer: Any) -> None:
+        self.model = model
+        self.optimizer = optimizer
+        self.every = SNAPSHOT_EVERY
+        self.first: Snapshot | None = None
+        self.recent: deque[Snapshot] = deque(maxlen=KEEP)
+        self.updates: deque[UpdateInputs] = deque()
+        self.plan: Plan | None = None
+        self.frame_globals: dict[str, Any] | None = None
+        #: the frame's own namespace (a function's locals at the last check; a script's globals)
+        self.frame_locals: dict[str, Any] | None = None
+        #: why nothing can be replayed (set once; the history then keeps nothing more)
+        self.off: str | None = None
+        self._forwards: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
+        self._kept_bytes = 0
+        self._code: Any = None
+        self._depth = 0
+        self._snap_seconds = 0.0
+        self._last_check: float | None = None
+        self._update_seconds: float | None = None
+        self._since_snapshot = 0
+
+    # ------------------------------------------------------------------ fed by the watcher
+
+    def bind(self, model: Any) -> None:
+        self.model = model
+
+    def on_forward(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """The model's forward was called (references; several per update are micro-batches)."""
+        if self.off is None and len(self._forwards) < 256:
+            self._forwards.append((args, kwargs))
+
+    def on_check(self, step: int, frame_depth: int) -> None:
+        """Update ``step`` is being checked, before its step: keep its inputs, snapshot if due.
+        ``frame_depth``: frames from the caller of this method up to the hook's own frame."""
+        forwards, self._forwards = self._forwards, []
+        if self.off is not None:
+            return
+        now = time.perf_counter()
+        if self._last_check is not None:
+            spent = now - self._last_check - self._snap_seconds_last()
+            self._update_seconds = spent if self._update_seconds is None else (
+                0.9 * self._update_seconds + 0.1 * spent)  # fmt: skip
+        self._last_check = now
+        frame = self._user_frame(frame_depth + 1)
+        if self.plan is None:
+            self._read_plan(frame)
+            if self.off is not None:
+                return
+        plan = self.plan
+        assert plan is not None
+        values: dict[str, Any] = {}
+        if frame is not None:
+            scope = frame.f_locals
+            self.frame_locals = scope
+            for name in plan.captured:
+                if name in scope:
+                    values[name] = scope[name]
+        lrs = [_float(g.get("lr")) for g in self.optimizer.param_groups]
+        entry = UpdateInputs(step, lrs, forwards, values, _new_bytes(forwards, values,
+                                                                    self.updates))  # fmt: skip
+        self.updates.append(entry)
+        self._kept_bytes += entry.nbytes
+        horizon = self.every * (KEEP + 1) + 2
+        while self.updates and (len(self.updates) > horizon
+                                or self._kept_bytes > MAX_KEPT_BYTES):  # fmt: skip
+            self._kept_bytes -= self.updates.popleft().nbytes
+        self._since_snapshot += 1
+        if self.first is None or self._since_snapshot >= self.every:
+            self._take(step)
+
+    def _snap_seconds_last(self) -> float:
+        seconds, self._snap_seconds = self._snap_seconds, 0.0
+        return seconds
+
+    # ------------------------------------------------------------------ the training step
+
+    def _user_frame(self, depth: int) -> Any:
+        """The frame that called ``optimizer.step()``: the first outside torch and nanscope."""
+        code = self._code
+        if code is not None:
+            try:
+                frame = sys._getframe(depth + self._depth)
+            except ValueError:
+                frame = None
+            if frame is not None and frame.f_code is code:
+                return frame
+        from nanscope.torch import _hooks
+
+        try:
+            frame = sys._getframe(depth)
+        except ValueError:
+            return None
+        walked = 0
+        while frame is not None and walked < 24:
+            filename = frame.f_code.co_filename
+            if not filename.startswith("<") and not _hooks._is_library(filename):
+                self._code, self._depth = frame.f_code, walked
+                return frame
+            frame = frame.f_back
+            walked += 1
+        return None
+
+    def _read_plan(self, frame: Any) -> None:
+        if frame is None:
+            self.off = "the code that called optimizer.step() was not found on the stack"
+            return
+        code = frame.f_code
+        self.plan = plan_for(code.co_filename, code.co_name, frame.f_lineno)
+        self.frame_globals = frame.f_globals
+        if not self.plan.ok:
+            self.off = self.plan.reason or "the training step could not be read"
+
+    # ------------------------------------------------------------------ snapshots
+
+    def _take(self, step: int) -> None:
+        start = time.perf_counter()
+        params = [p for g in self.optimizer.param_groups for p in g["params"]]
+        model = self.model
+        buffers = list(model.buffers()) if model is not None else []
+        size = sum(t.numel() * t.element_size() for t in (*params, *buffers))
+        state = self.optimizer.state_dict()
+        size += sum(t.numel() * t.element_size() for t in _tensors(state.get("state", {})))
+        if size > MAX_SNAPSHOT_BYTES:
+            self.off = (f"the model and optimizer state ({size / 2**20:.0f} MiB) are larger than "
+                        f"a snapshot may be ({MAX_SNAPSHOT_BYTES / 2**20:.0f} MiB)")  # fmt: skip
+            self.first = None
+            self.recent.clear()
+            self.updates.clear()
+            return
+        with torch.no_grad():
+            snap = Snapshot(
+                step,
+                [p.detach().clone() for p in params],
+                [b.detach().clone() for b in buffers],
+                copy.deepcopy(state),
+                torch.get_rng_state(),
+                size,
+            )
+        if self.first is None:
+            self.first = snap
+        else:
+            self.recent.append(snap)
+        self._since_snapshot = 0
+        seconds = time.perf_counter() - start
+        self._snap_seconds = seconds
+        if self._update_seconds:
+            # copying takes at most COST_SHARE of the fit's time
+            self.every = max(SNAPSHOT_EVERY, min(4096, math.ceil(
+                seconds / (COST_SHARE * self._update_seconds))))  # fmt: skip
+
+    def snapshots(self) -> list[Snapshot]:
+        """Every snapshot kept, oldest first."""
+        out = [self.first] if self.first is not None else []
+        out.extend(self.recent)
+        return out
+
+    def inputs(self, first: int, last: int) -> list[UpdateInputs] | None:
+        """The kept inputs of updates ``first`` to ``last``, or None when any is missing."""
+        found = {u.step: u for u in self.updates}
+        out = [found.get(s) for s in range(first, last + 1)]
+        return None if any(u is None for u in out) else out  # type: ignore[return-value]
+
+    def memory(self) -> int:
+        """Bytes held by snapshots and kept batches (the batches: those made for the window)."""
+        return sum(s.nbytes for s in self.snapshots()) + self._kept_bytes
+
+
+def _float(value: Any) -> float:
+    if isinstance(value, torch.Tensor):
+        return float(value.detach().cpu())
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def _tensors(obj: Any, depth: int = 0) -> list[torch.Tensor]:
+    if depth > 4:
+        return []
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, dict):
+        return [t for v in obj.values() for t in _tensors(v, depth + 1)]
+    if isinstance(obj, (list, tuple)):
+        return [t for v in obj for t in _tensors(v, depth + 1)]
+    return []
+
+
+def _new_bytes(forwards: list[tuple[tuple[Any, ...], dict[str, Any]]], values: dict[str, Any],
+               before: deque[UpdateInputs]) -> int:  # fmt: skip
+    """The bytes of this update's tensors that the previous update did not hold already (a
+    full batch reused every update costs nothing more)."""
+    seen: set[int] = set()
+    if before:
+        last = before[-1]
+        for t in _tensors([last.forwards, list(last.values.values())]):
+            seen.add(id(t))
+    total = 0
+    for t in _tensors([forwards, list(values.values())]):
+        if id(t) not in seen:
+            seen.add(id(t))
+            total += t.numel() * t.element_size()
+    return total
