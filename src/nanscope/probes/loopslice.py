@@ -64,6 +64,7 @@ class Plan:
     lines: list[int] = field(default_factory=list)
     skipped: list[int] = field(default_factory=list)
     optimizer: str | None = None
+    fed: tuple[str, ...] = ()
     reason: str | None = None
 
     @property
@@ -71,9 +72,12 @@ class Plan:
         return self.code is not None
 
 
-def plan_for(file: str, function: str, line: int) -> Plan:
+def plan_for(file: str, function: str, line: int, model_line: int | None = None) -> Plan:
     """The plan of the update whose ``optimizer.step()`` call is at ``file:line`` in ``function``
-    (``"<module>"`` for a script's top level). Never raises: a plan that cannot be made says why."""
+    (``"<module>"`` for a script's top level). ``model_line``: the line in the same function that
+    calls the model; the names it passes the model and reads nowhere else are not recomputed
+    (the replay feeds the model the arguments it got: ``fed``). Never raises: a plan that cannot
+    be made says why."""
     plan = Plan(file, line)
     try:
         source = "".join(linecache.getlines(file))
@@ -81,7 +85,7 @@ def plan_for(file: str, function: str, line: int) -> Plan:
             plan.reason = f"the source of {file} cannot be read"
             return plan
         tree = ast.parse(source, filename=file)
-        _make(plan, tree, function)
+        _make(plan, tree, function, model_line)
     except (SyntaxError, ValueError, RecursionError) as exc:
         plan.code = None
         plan.reason = f"the training step could not be read ({type(exc).__name__})"
@@ -127,7 +131,7 @@ def _innermost_loop(body: list[ast.stmt], line: int) -> ast.For | ast.While | No
     return found
 
 
-def _make(plan: Plan, tree: ast.Module, function: str) -> None:
+def _make(plan: Plan, tree: ast.Module, function: str, model_line: int | None) -> None:
     scope = _scope(tree, function, plan.line)
     if scope is None:
         plan.reason = f"no function {function} around line {plan.line} of {plan.file}"
@@ -163,7 +167,9 @@ def _make(plan: Plan, tree: ast.Module, function: str) -> None:
         return
     plan.optimizer = _step_receiver(step_stmt)
     upto = body[: body.index(top) + 1]
-    kept = _keep(upto, plan.line, set(captured))
+    fed: set[str] = set()
+    kept = _keep(upto, plan.line, set(captured), model_line, fed)
+    plan.fed = tuple(sorted(fed))
     if not kept or not any(_essential(s) for s in ast.walk(ast.Module(body=kept, type_ignores=[]))
                            if isinstance(s, ast.stmt)):  # fmt: skip
         plan.reason = "no backward() or step() call was found in the training step"
@@ -310,25 +316,31 @@ def _reporting(stmt: ast.stmt) -> bool:
     return name is None or name in _REPORTING or name.startswith(("log", "print", "save"))
 
 
-def _keep(body: list[ast.stmt], step_line: int, captured: set[str]) -> list[ast.stmt]:
-    """The statements of ``body`` an update needs, up to the step() call (see the module doc)."""
+def _keep(body: list[ast.stmt], step_line: int, captured: set[str],
+          model_line: int | None = None, fed: set[str] | None = None) -> list[ast.stmt]:
+    """The statements of ``body`` an update needs, up to the step() call (see the module doc);
+    names only the model call at ``model_line`` reads are added to ``fed``, not needed."""
     needed: set[str] = set()
     kept: list[ast.stmt] = []
+    fed = set() if fed is None else fed
     for stmt in reversed(body):
         if stmt.lineno > step_line:
             continue
-        inner = _inner(stmt, step_line, captured, needed)
+        inner = _inner(stmt, step_line, captured, needed, model_line, fed)
         if inner is not None:
             kept.append(inner)
             needed |= _reads(_header(inner))
             for s in _walk_statements(_children(inner)):
-                needed |= _reads(s) if not _compound(s) else _reads(_header(s))
+                if not _compound(s):
+                    needed |= _needs(s, model_line, fed)
+                else:
+                    needed |= _reads(_header(s))
             continue
         if _compound(stmt):
             continue
         if _essential(stmt):
             kept.append(stmt)
-            needed |= _reads(stmt)
+            needed |= _needs(stmt, model_line, fed)
             continue
         if _reporting(stmt):
             continue
@@ -337,9 +349,35 @@ def _keep(body: list[ast.stmt], step_line: int, captured: set[str]) -> list[ast.
             kept.append(stmt)
             if isinstance(stmt, ast.Assign):
                 needed -= binds
-            needed |= _reads(stmt)
+            needed |= _needs(stmt, model_line, fed)
     kept.reverse()
     return kept
+
+
+def _needs(stmt: ast.stmt, model_line: int | None, fed: set[str]) -> set[str]:
+    """The names ``stmt`` reads, less those it only passes the model (at ``model_line``): the
+    replay feeds the model what it got, so they are noted in ``fed`` instead."""
+    reads = _reads(stmt)
+    if model_line is None or not stmt.lineno <= model_line <= (stmt.end_lineno or stmt.lineno):
+        return reads
+    args: list[str] = []
+    for node in ast.walk(stmt):
+        if not (isinstance(node, ast.Call) and node.lineno == model_line):
+            continue
+        values = [*node.args, *(k.value for k in node.keywords)]
+        # the model's call is a leaf (``crit(model(x), y)``: model(x), not crit) made on a name
+        # or an attribute of one (``self.net``)
+        if _dotted(node.func) is None or any(isinstance(n, ast.Call) for v in values
+                                              for n in ast.walk(v)):  # fmt: skip
+            continue
+        args.extend(v.id for v in values if isinstance(v, ast.Name))
+    counts: dict[str, int] = {}
+    for node in ast.walk(stmt):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
+            counts[node.id] = counts.get(node.id, 0) + 1
+    only = {a for a in args if counts.get(a) == args.count(a)}
+    fed |= only
+    return reads - only
 
 
 def _header(stmt: ast.stmt) -> ast.AST:
@@ -362,24 +400,28 @@ def _children(stmt: ast.stmt) -> list[ast.stmt]:
     return out
 
 
-def _inner(stmt: ast.stmt, step_line: int, captured: set[str],
-           needed: set[str]) -> ast.stmt | None:  # fmt: skip
+def _inner(stmt: ast.stmt, step_line: int, captured: set[str], needed: set[str],
+           model_line: int | None = None, fed: set[str] | None = None) -> ast.stmt | None:
     """A compound statement with its body cut down to what an update needs, or None when
     nothing in it is needed."""
     if not _compound(stmt) or isinstance(stmt, ast.While):
         return None
     if isinstance(stmt, ast.Try):
-        body = _keep(stmt.body, step_line, captured)
+        body = _keep(stmt.body, step_line, captured, model_line, fed)
         if not body:
             return None
         return ast.copy_location(ast.Try(body=body, handlers=stmt.handlers, orelse=[],
                                          finalbody=[]), stmt)  # fmt: skip
-    body = _keep(getattr(stmt, "body", []), step_line, captured)
+    body = _keep(getattr(stmt, "body", []), step_line, captured, model_line, fed)
     loop_binds = _names(stmt.target) if isinstance(stmt, (ast.For, ast.AsyncFor)) else []
     useful = any(_essential(s) for s in _walk_statements(body)) or any(
         _binds(s) & needed for s in _walk_statements(body))
     if not body or not useful:
         return None
+    if isinstance(stmt, (ast.With, ast.AsyncWith)) and not _computing(stmt):
+        # a context that reports, times, catches or opens something (a progress bar, a
+        # profiler, a test's pytest.raises): its body is the update, the context is not
+        return ast.copy_location(ast.If(test=ast.Constant(True), body=body, orelse=[]), stmt)
     new = ast.copy_location(type(stmt)(**{f: getattr(stmt, f) for f in stmt._fields}), stmt)
     new.body = body  # type: ignore[attr-defined]
     if isinstance(stmt, ast.If):
@@ -388,6 +430,21 @@ def _inner(stmt: ast.stmt, step_line: int, captured: set[str],
         new.orelse = []  # type: ignore[attr-defined]
     del loop_binds
     return new
+
+
+#: contexts that change what the update computes: they are entered again in the replay
+_COMPUTING = ("autocast", "no_grad", "enable_grad", "set_grad_enabled", "inference_mode",
+              "ctx", "amp", "sdpa_kernel", "detect_anomaly", "nullcontext")  # fmt: skip
+
+
+def _computing(stmt: ast.With | ast.AsyncWith) -> bool:
+    """Every item of the ``with`` is a numerics context (autocast, no_grad, nanoGPT's ``ctx``)."""
+    for item in stmt.items:
+        expr = item.context_expr
+        name = _dotted(expr.func if isinstance(expr, ast.Call) else expr) or ""
+        if not any(word in name.lower() for word in _COMPUTING):
+            return False
+    return True
 
 
 def _drop_rebinds(body: list[ast.stmt], captured: set[str], out: list[ast.stmt],

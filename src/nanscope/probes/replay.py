@@ -62,7 +62,9 @@ def experiments(failure: TorchFailure, found: dict[str, Any]) -> list[dict[str, 
         return [_not_run("replay", f"no replay: {history.off}")]
     try:
         return _Replay(failure, found, history).run()
-    except Exception as exc:  # a probe bug must never kill the user's run
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # a probe bug must never kill the user's run
         return [_not_run("replay", f"the replay failed ({type(exc).__name__}: {exc})")]
 
 
@@ -135,6 +137,9 @@ class _Replay:
             for factor in (0.1, 0.01, 0.001):
                 changes.append((f"lr_x{factor:g}", {"lr": factor}))
         rows = self._suspect_rows(window)
+        sizes = {u.step: self._batch_size(u) for u in window}
+        # rows that are the whole batch (a column broken in every row) cannot be left out
+        rows = {s: r for s, r in rows.items() if sizes.get(s) is None or len(r) < sizes[s]}
         if rows:
             changes.append(("without_rows", {"rows": rows}))
         columns = self._unscaled_columns()
@@ -157,9 +162,14 @@ class _Replay:
         return changes
 
     def _suspect_rows(self, window: list[Any]) -> dict[int, list[int]]:
-        """``{update: [batch rows]}`` of the non-finite and extreme rows the probes named."""
+        """``{update: [batch rows]}``: every row of a kept batch that holds NaN/inf (read here,
+        in full), and the extreme rows the probes named."""
         steps = {u.step for u in window}
         out: dict[int, list[int]] = {}
+        for update in window:
+            bad = self._nonfinite_rows(update)
+            if bad:
+                out[update.step] = bad
         for row in [*(self.found.get("rows") or []), *(self.f.extra.get("rows") or [])]:
             if not isinstance(row, dict) or row.get("why") not in ("nonfinite", "nan", "inf",
                                                                    "extreme"):  # fmt: skip
@@ -170,6 +180,20 @@ class _Replay:
                 if batch_row not in out[step]:
                     out[step].append(batch_row)
         return out
+
+    def _nonfinite_rows(self, update: Any) -> list[int]:
+        torch = self.torch
+        size = self._batch_size(update)
+        if size is None:
+            return []
+        bad = torch.zeros(size, dtype=torch.bool)
+        for value in [*(a for args, kw in update.forwards for a in (*args, *kw.values())),
+                      *update.values.values()]:  # fmt: skip
+            if isinstance(value, torch.Tensor) and value.is_floating_point() and (
+                    value.dim() >= 1 and value.shape[0] == size):  # fmt: skip
+                rows = ~torch.isfinite(value.detach()).reshape(size, -1).all(dim=1)
+                bad |= rows.cpu()
+        return [int(i) for i in torch.nonzero(bad).flatten().tolist()]
 
     def _unscaled_columns(self) -> list[int]:
         column = self.f.extra.get("unscaled_column")
@@ -183,7 +207,9 @@ class _Replay:
         started = time.monotonic()
         try:
             losses = self._losses(snap, window, setup)
-        except Exception as exc:
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:  # the user's step may exit, or raise a test's own failure
             text = f"not run: the rerun raised {type(exc).__name__}: {str(exc)[:160]}"
             return _not_run(change, text)
         seconds = time.monotonic() - started
@@ -198,7 +224,7 @@ class _Replay:
             "to_step": window[-1].step,
             "updates": len(losses),
             "finite": all(math.isfinite(v) for v in losses),
-            "loss": losses[-1] if losses else None,
+            "loss": _json_float(losses[-1]) if losses else None,
             "losses": [round(v, 6) if math.isfinite(v) else _text(v) for v in losses[:64]],
             "fixed": fixed,
             "outcome": judged.kind,
@@ -207,7 +233,7 @@ class _Replay:
         if change == "control":
             recorded = self.recorded.get(snap.step)
             match = recorded is not None and _same_loss(first, recorded)
-            entry["recorded_first"] = recorded
+            entry["recorded_first"] = _json_float(recorded) if recorded is not None else None
             entry["reproduced"] = bool(match and not fixed)
             entry["fixed"] = False
             if not match:
@@ -270,6 +296,8 @@ class _Replay:
                 group["lr"] = lr
         # one namespace (a comprehension in the step sees the loop's names as globals)
         namespace = {**(self.h.frame_globals or {}), **(self.h.frame_locals or {})}
+        for name in plan.fed:  # what only the model reads: it is fed what it got
+            namespace.setdefault(name, None)
         size = self._batch_size(update)
         if setup.get("replace_rows"):
             namespace.update(update.values)
@@ -392,6 +420,11 @@ def _same_loss(replayed: float, recorded: float) -> bool:
         return not math.isfinite(replayed)
     return math.isfinite(replayed) and abs(replayed - recorded) <= MATCH * max(abs(recorded),
                                                                              1e-12)
+
+
+def _json_float(value: float) -> float | str:
+    """A float as the diagnosis JSON holds it: non-finite values as their words."""
+    return value if math.isfinite(value) else _text(value)
 
 
 def _text(value: float) -> str:

@@ -110,9 +110,10 @@ class History:
         if self.off is None and len(self._forwards) < 256:
             self._forwards.append((args, kwargs))
 
-    def on_check(self, step: int, frame_depth: int) -> None:
+    def on_check(self, step: int, frame_depth: int, model_site: Any = None) -> None:
         """Update ``step`` is being checked, before its step: keep its inputs, snapshot if due.
-        ``frame_depth``: frames from the caller of this method up to the hook's own frame."""
+        ``frame_depth``: frames from the caller of this method up to the hook's own frame;
+        ``model_site``: the user's line that called the model (a ``CallSite``), if known."""
         forwards, self._forwards = self._forwards, []
         if self.off is not None:
             return
@@ -124,7 +125,7 @@ class History:
         self._last_check = now
         frame = self._user_frame(frame_depth + 1)
         if self.plan is None:
-            self._read_plan(frame)
+            self._read_plan(frame, model_site)
             if self.off is not None:
                 return
         plan = self.plan
@@ -181,12 +182,16 @@ class History:
             walked += 1
         return None
 
-    def _read_plan(self, frame: Any) -> None:
+    def _read_plan(self, frame: Any, model_site: Any) -> None:
         if frame is None:
             self.off = "the code that called optimizer.step() was not found on the stack"
             return
         code = frame.f_code
-        self.plan = plan_for(code.co_filename, code.co_name, frame.f_lineno)
+        model_line = None
+        if model_site is not None and getattr(model_site, "file", None) == code.co_filename and (
+                getattr(model_site, "function", None) == code.co_name):  # fmt: skip
+            model_line = int(model_site.line)
+        self.plan = plan_for(code.co_filename, code.co_name, frame.f_lineno, model_line)
         self.frame_globals = frame.f_globals
         if not self.plan.ok:
             self.off = self.plan.reason or "the training step could not be read"

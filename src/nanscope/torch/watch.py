@@ -520,7 +520,7 @@ class Watcher:
         step = self.step
         if self.history.off is None and not self._in_closure:
             try:
-                self.history.on_check(step, 1)
+                self.history.on_check(step, 1, self.window.model_site)
             except Exception as exc:  # the replay is lost, never the run
                 self.history.off = f"the history of updates failed ({type(exc).__name__}: {exc})"
         records = self.records
