@@ -22,7 +22,6 @@ from nanscope.torch.watch import watch  # noqa: E402
 from torch import nn  # noqa: E402
 
 
-
 def _single(entries: list) -> list:  # type: ignore[type-arg]
     """The reruns of the failing update alone (the window replays have scope "window")."""
     return [c for c in entries if c.get("scope") != "window"]
