@@ -43,7 +43,9 @@ class Spec:
     #: the fault the generator meant to put in ("none" for a fit meant to be healthy); a label
     #: is never taken from it, only from the bare counterfactual runs
     injected: str = "none"
-    task: str = "regression"  # regression, binary, multiclass, counts, embedding, sequence, lm
+    #: regression, binary, multiclass, counts, log_counts (the log of counts that can be 0),
+    #: embedding, sequence, lm
+    task: str = "regression"
     # data
     n: int = 512
     d: int = 6
@@ -96,6 +98,8 @@ class Spec:
     accum: int = 1
     precision: str = "fp32"  # fp32, bf16_autocast, fp16_autocast, fp16_model, bf16_model
     scaler: bool = False
+    #: a static loss scale (the loss times it before backward, the gradients divided after)
+    loss_scale: float | None = None
     sign: int = 1
     update_style: str = "no_grad_sub"  # manual family: no_grad_sub, data_add, custom_opt
     epochs: int = 4
@@ -170,7 +174,7 @@ def hazards(spec: Spec) -> list[str]:
     """The ops an epsilon guards in this script: ``log`` (of a probability), ``div`` (by a norm
     or a spread)."""
     out = []
-    if spec.loss in ("bce_manual", "log_softmax_manual"):
+    if spec.loss in ("bce_manual", "log_softmax_manual") or spec.task == "log_counts":
         out.append("log")
     if spec.loss == "cosine_manual" or spec.norm_op is not None:
         out.append("div")
@@ -189,7 +193,7 @@ SAFE_LR = {
 #: (fault, weight) per family: what the generator means to put in
 MENUS: dict[str, list[tuple[str, float]]] = {
     "mlp": [("none", 3), ("high_lr", 2), ("raw_units", 1.5), ("nan_rows", 1),
-            ("extreme_rows", 1), ("log_prob", 1), ("div", 0.7), ("init", 1),
+            ("extreme_rows", 1), ("log_prob", 1.5), ("div", 0.7), ("init", 1),
             ("adam_eps0", 0.7), ("half", 1)],
     "cnn": [("none", 3), ("high_lr", 2), ("raw_units", 0.6), ("nan_rows", 1),
             ("extreme_rows", 0.8), ("log_prob", 0.5), ("div", 1), ("init", 0.6), ("half", 1),
@@ -199,9 +203,9 @@ MENUS: dict[str, list[tuple[str, float]]] = {
     "transformer": [("none", 3), ("high_lr", 2), ("log_prob", 0.6), ("adam_eps0", 1),
                     ("half", 1.2), ("init", 0.6)],
     "manual": [("none", 3), ("high_lr", 1.5), ("raw_units", 1.2), ("nan_rows", 1),
-               ("extreme_rows", 1), ("sign", 2), ("log_prob", 1), ("init", 1)],
+               ("extreme_rows", 1), ("sign", 2), ("log_prob", 1.5), ("init", 1)],
     "numpy": [("none", 3), ("high_lr", 1.5), ("raw_units", 1.2), ("nan_rows", 1),
-              ("extreme_rows", 1), ("sign", 2), ("log_prob", 1), ("div", 1), ("init", 1)],
+              ("extreme_rows", 1), ("sign", 2), ("log_prob", 1.5), ("div", 1), ("init", 1)],
 }  # fmt: skip
 
 RAW_COLUMNS = [
@@ -307,8 +311,15 @@ def _optimizer(r: random.Random, spec: Spec, choices: list[str]) -> None:
 
 def _precision(r: random.Random, spec: Spec) -> None:
     if spec.injected == "half":
-        spec.precision = r.choice(["fp16_model", "fp16_model", "fp16_autocast"])
-        spec.scaler = spec.precision == "fp16_autocast" and r.random() < 0.5
+        # Adam's state in half (its eps rounds to 0), a static loss scale, or autocast
+        kind = r.choices(["adam", "static", "autocast"], weights=[0.4, 0.3, 0.3])[0]
+        spec.precision = "fp16_autocast" if kind == "autocast" else "fp16_model"
+        spec.scaler = kind == "autocast" and r.random() < 0.5
+        if kind == "static":
+            spec.optimizer = r.choice(["sgd", "momentum"])
+            spec.lr = float(f"{SAFE_LR[spec.optimizer] * 10 ** r.uniform(-0.8, 0.2):.2g}")
+            spec.loss_scale = r.choice([16384.0, 32768.0, 65536.0])
+            spec.accum, spec.clip = 1, None
     elif r.random() < 0.12 and spec.optimizer != "lbfgs":
         spec.precision = r.choice(["bf16_autocast", "bf16_autocast", "bf16_model"])
 
@@ -322,7 +333,7 @@ def _draw_mlp(r: random.Random, spec: Spec) -> None:
     fault = spec.injected
     tasks = ["regression"] * 4 + ["binary"] * 3 + ["multiclass"] * 2 + ["counts", "embedding"]
     if fault == "log_prob":
-        tasks = ["binary"]
+        tasks = ["binary", "binary", "log_counts"]
     elif fault == "raw_units":
         tasks = ["regression"] * 3 + ["binary", "multiclass", "counts"]
     elif fault == "div":
@@ -344,13 +355,15 @@ def _draw_mlp(r: random.Random, spec: Spec) -> None:
     _optimizer(r, spec, ["sgd", "momentum", "adam", "adamw", "rmsprop", "adagrad", "lbfgs"])
     if spec.optimizer == "lbfgs":
         spec.epochs = r.choice([15, 20, 30])  # full-batch steps
-    _tabular_faults(r, spec, targets_ok=spec.task in ("regression", "counts"))
+    _tabular_faults(r, spec, targets_ok=spec.task in ("regression", "counts", "log_counts"))
     if spec.task == "binary":
         spec.loss = "bce_manual" if fault == "log_prob" or r.random() < 0.3 else "bce_logits"
     elif spec.task == "multiclass":
         spec.loss = "log_softmax_manual" if fault == "log_prob" or r.random() < 0.2 else "ce"
     elif spec.task == "counts":
         spec.loss = "poisson_exp"
+    elif spec.task == "log_counts":
+        spec.loss = "mse"
     elif spec.task == "embedding":
         spec.loss = "cosine_manual"
         if fault == "div" or r.random() < 0.3:
@@ -466,7 +479,7 @@ def _draw_manual(r: random.Random, spec: Spec) -> None:
     fault = spec.injected
     spec.task = r.choice(["regression", "regression", "binary"])
     if fault == "log_prob":
-        spec.task = "binary"
+        spec.task = r.choice(["binary", "log_counts"])
     elif fault == "sign":
         spec.task = "regression"
     elif fault == "init":
@@ -493,9 +506,9 @@ def _draw_manual(r: random.Random, spec: Spec) -> None:
         spec.loss = "poisson_exp"
     else:
         spec.loss = r.choice(["mse", "mse_manual"])
-    if fault == "log_prob":
+    if fault == "log_prob" and spec.task == "binary":
         spec.epochs = 15
-        spec.lr = _loguniform(r, -0.3, 0.5)
+        spec.lr = _loguniform(r, 0.3, 1.0)
     if fault == "sign":
         spec.epochs = max(spec.epochs, 6)
     _init(r, spec, [3.0, 10.0, 30.0])
@@ -505,7 +518,7 @@ def _draw_numpy(r: random.Random, spec: Spec) -> None:
     fault = spec.injected
     spec.task = r.choice(["regression", "regression", "binary", "multiclass"])
     if fault == "log_prob":
-        spec.task = "binary"
+        spec.task = r.choice(["binary", "log_counts", "log_counts"])
     elif fault == "sign":
         spec.task = "regression"
     elif fault == "init":
@@ -539,7 +552,7 @@ def _draw_numpy(r: random.Random, spec: Spec) -> None:
         spec.loss = "poisson_exp"
     else:
         spec.loss = "mse"
-    if fault == "log_prob":
+    if fault == "log_prob" and spec.task == "binary":
         spec.epochs = 15
         spec.lr = _loguniform(r, -0.3, 0.5)
     if fault == "sign":
@@ -576,6 +589,9 @@ class _Code:
 
 
 def _num(value: float) -> str:
+    """A float literal as people write one: ``5000.0``, ``32768.0``, ``0.001``, ``1e-05``."""
+    if value == int(value) and abs(value) < 1e6:
+        return f"{value:.1f}"
     text = f"{value:.3g}"
     return text if any(ch in text for ch in ".e") else f"{text}.0"
 
@@ -615,8 +631,11 @@ def _tabular_data(c: _Code, spec: Spec, change: Change) -> None:
         c("y = (X @ rng.normal(size=d) + 0.3 * rng.normal(size=n) > 0).astype(np.float64)")
     elif spec.task == "multiclass":
         c(f"y = (X @ rng.normal(size=(d, {spec.classes}))).argmax(axis=1)")
-    elif spec.task == "counts":
+    elif spec.task in ("counts", "log_counts"):
         c("y = rng.poisson(np.exp(0.8 * X @ rng.normal(size=d) / np.sqrt(d))).astype(np.float64)")
+        if spec.task == "log_counts":
+            c("y = np.log1p(y)  # model the log of the count" if change.eps_log
+              else "y = np.log(y)  # model the log of the count")  # fmt: skip
     elif spec.task == "embedding":
         c("y = np.tanh(X @ rng.normal(size=(d, 4)))")
     if spec.raw_target is not None:
@@ -896,7 +915,7 @@ def _render_torch(spec: Spec, change: Change) -> str:
         _tokens_data(c, s)
     c("")
     long_target = s.task in ("multiclass", "lm")
-    column_target = s.task in ("regression", "binary", "counts")
+    column_target = s.task in ("regression", "binary", "counts", "log_counts")
     c("X = torch.tensor(X, dtype=torch.float32)" if s.family != "transformer"
       else "X = torch.tensor(X, dtype=torch.long)")  # fmt: skip
     if long_target:
@@ -940,6 +959,10 @@ def _render_torch(spec: Spec, change: Change) -> str:
             if s.accum > 1:
                 c(f"(loss / {s.accum}).backward()" if not s.scaler
                   else f"scaler.scale(loss / {s.accum}).backward()")  # fmt: skip
+            elif s.loss_scale:
+                c(f"(loss * {_num(s.loss_scale)}).backward()  # static loss scaling")
+                with c.block("for p in model.parameters():"):
+                    c(f"p.grad /= {_num(s.loss_scale)}")
             else:
                 c("scaler.scale(loss).backward()" if s.scaler else "loss.backward()")
             step_block = (c.block(f"if (i + 1) % {s.accum} == 0:") if s.accum > 1
@@ -1109,8 +1132,12 @@ def _render_numpy(spec: Spec, change: Change) -> str:
             if change.monitor:
                 params = ", ".join(f'"{n}": {n}' for n in names)
                 grads = ", ".join(f'"{n}": g{n}' for n in names)
-                c(f"mon.update(loss, params={{{params}}}, grads={{{grads}}}, lr=lr,",
-                  "           inputs=xb, targets=yb, index=idx)")  # fmt: skip
+                c("mon.update(",
+                  "    loss,",
+                  f"    params={{{params}}},",
+                  f"    grads={{{grads}}},",
+                  "    lr=lr, inputs=xb, targets=yb, index=idx,",
+                  ")")  # fmt: skip
             op = "-=" if s.sign > 0 else "+="
             for name in names:
                 c(f"{name} {op} lr * g{name}")

@@ -67,14 +67,18 @@ def generator_version() -> str:
 
 
 def parse_seeds(text: str) -> list[int]:
-    """``A:B`` (B excluded) or one seed."""
-    try:
-        if ":" in text:
-            first, last = (int(part) for part in text.split(":", 1))
-            return list(range(first, last))
-        return [int(text)]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not A:B or a seed") from None
+    """``A:B`` (the seeds A to B-1), one seed, or a comma-separated list of both."""
+    seeds: list[int] = []
+    for part in text.split(","):
+        try:
+            if ":" in part:
+                first, last = (int(bound) for bound in part.split(":", 1))
+                seeds.extend(range(first, last))
+            else:
+                seeds.append(int(part))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{part!r} is not A:B or a seed") from None
+    return sorted(set(seeds))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -88,10 +92,10 @@ def _init_worker() -> None:
     _scenario_label.warm_up()
 
 
-def _label(seed: int, version: str, relabel: bool) -> dict[str, Any]:
+def _label(seed: int, version: str, relabel: bool, cache: Path = OUT) -> dict[str, Any]:
     import _scenario_label
 
-    path = OUT / f"labels-{version}" / f"{seed}.json"
+    path = cache / f"labels-{version}" / f"{seed}.json"
     if not relabel and path.is_file():
         try:
             cached: dict[str, Any] = json.loads(path.read_text())
@@ -175,10 +179,10 @@ def _own_lines(text: str) -> list[str]:
 
 
 def run_one(seed: int, version: str, relabel: bool = False, keep: Path | None = None,
-            labels_only: bool = False) -> dict[str, Any]:  # fmt: skip
+            labels_only: bool = False, cache: Path = OUT) -> dict[str, Any]:  # fmt: skip
     """Label one scenario (cached) and, when it has a label, run it under nanscope."""
     spec = generate(seed)
-    label = _label(seed, version, relabel)
+    label = _label(seed, version, relabel, cache)
     result: dict[str, Any] = {
         "seed": seed, "family": spec.family, "injected": spec.injected,
         "label": label.get("label"), "dropped": label.get("dropped"), "rule": label.get("rule"),
@@ -227,10 +231,10 @@ def _keep(spec: Any, folder: Path) -> None:
         (variants / f"{name}.py").write_text(render(spec, change))
 
 
-def _work(args: tuple[int, str, bool, bool]) -> dict[str, Any]:
-    seed, version, relabel, labels_only = args
+def _work(args: tuple[int, str, bool, bool, Path]) -> dict[str, Any]:
+    seed, version, relabel, labels_only, cache = args
     try:
-        return run_one(seed, version, relabel, labels_only=labels_only)
+        return run_one(seed, version, relabel, labels_only=labels_only, cache=cache)
     except Exception as exc:  # a fault of the bench itself: reported, never silent
         import traceback
 
@@ -350,7 +354,7 @@ class _Progress:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
-    parser.add_argument("--seeds", type=parse_seeds, help="A:B, the seeds A to B-1")
+    parser.add_argument("--seeds", type=parse_seeds, help="A:B, the seeds A to B-1 (or A:B,N,...)")
     parser.add_argument("--seed", type=int, help="one seed (with --keep: write its scripts)")
     parser.add_argument("--jobs", type=int, default=1, help="scenarios run in parallel")
     parser.add_argument("--json", metavar="PATH", help="write every scenario's record here")
@@ -358,6 +362,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", metavar="DIR", type=Path,
                         help="with --seed: write the script, its variants and the run here")
     parser.add_argument("--relabel", action="store_true", help="ignore the cached labels")
+    parser.add_argument("--cache", metavar="DIR", type=Path, default=OUT,
+                        help=f"where labels are cached (default {OUT.relative_to(HERE.parent)})")
     parser.add_argument("--labels-only", action="store_true",
                         help="establish (or read) the labels and skip nanscope: an audit")
     args = parser.parse_args(argv)
@@ -368,7 +374,7 @@ def main(argv: list[str] | None = None) -> int:
     version = generator_version()
     if args.keep is not None:
         _init_worker()
-        result = run_one(args.seed, version, args.relabel, keep=args.keep)
+        result = run_one(args.seed, version, args.relabel, keep=args.keep, cache=args.cache)
         print(json.dumps(result, indent=1, default=str))
         return 0
     seeds = args.seeds if args.seeds is not None else [args.seed]
@@ -382,7 +388,7 @@ def main(argv: list[str] | None = None) -> int:
     jobs = max(1, min(args.jobs, len(seeds)))
     context = multiprocessing.get_context("fork")
     with context.Pool(jobs, initializer=_init_worker, maxtasksperchild=50) as pool:
-        tasks = [(s, version, args.relabel, args.labels_only) for s in seeds]
+        tasks = [(s, version, args.relabel, args.labels_only, args.cache) for s in seeds]
         for result in pool.imap_unordered(_work, tasks):
             results.append(result)
             progress.update(result)
@@ -390,7 +396,7 @@ def main(argv: list[str] | None = None) -> int:
     seconds = time.perf_counter() - started
     if args.json:
         payload = {"schema": "nanscope.scenarios/1", "generator": version,
-                   "seeds": [min(seeds), max(seeds) + 1], "seconds": round(seconds, 1),
+                   "seeds": seeds, "seconds": round(seconds, 1),
                    "summary": summarise(results), "scenarios": results}  # fmt: skip
         Path(args.json).write_text(json.dumps(payload, indent=1, default=str))
     errors = [r for r in results if r.get("dropped") == "bench error"]
