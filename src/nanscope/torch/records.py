@@ -116,7 +116,7 @@ class RecordBuilder:
             ("loss", loss),
             ("inputs", batch_stats(inputs) if full else None),
             ("targets", batch_stats(targets) if full else None),
-            ("clip", window.clip_norm),
+            ("clip", window.clip_norm if window.clip_fresh else None),
             ("scale", scale),
             ("measure", vec),
         ):

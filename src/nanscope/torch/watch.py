@@ -579,7 +579,8 @@ class Watcher:
         if not math.isfinite(loss):
             return False
         clip = None
-        if window.clip_norm is not None:
+        # (a clip called before backward() read stale gradients: its total is not this step's)
+        if window.clip_norm is not None and window.clip_fresh:
             clip = float(window.clip_norm)
             if not math.isfinite(clip):
                 return False

@@ -75,6 +75,8 @@ class StepWindow:
         self.loss_floats: list[float] = []
         self.scaled_by: Any = None
         self.clip_norm: torch.Tensor | None = None
+        #: how many backward calls came before the clip call (fresh: all of them)
+        self.clip_backwards = -1
         #: ``(params, max_norm, norm_type)`` of this step's ``clip_grad_norm_`` call, when read
         self.clip_call: tuple[Any, Any, Any] | None = None
         self.graph_located: dict[str, Any] | None = None
@@ -213,6 +215,13 @@ class StepWindow:
     def on_clip(self, total: Any) -> None:
         if isinstance(total, torch.Tensor):
             self.clip_norm = sharded.replicated(total.detach())  # FSDP2: a replicated DTensor
+            self.clip_backwards = len(self.losses)
+
+    @property
+    def clip_fresh(self) -> bool:
+        """The clip's total was taken after this step's last backward: it is the norm of the
+        gradients the step applies (a clip called before ``backward()`` read stale ones)."""
+        return self.clip_norm is not None and self.clip_backwards == len(self.losses)
 
     # ------------------------------------------------------------------ read at the check
 

@@ -1,10 +1,13 @@
 """D009 bad_initialization: the weights were absurd before the first update.
 
 What it does
-    Looks at a fit that broke at once, on its first updates, with clean inputs and no growth phase.
-    It follows the producer: an op of the model (an ``exp``, a matmul) that overflowed from finite
-    inputs at the first updates, while the weights are still the initial ones, is seen, not
-    guessed. With the PyTorch replay it also reads two measures of the first batch: the
+    Looks at a fit that broke at once, on its first updates, with clean inputs and no growth phase,
+    and speaks only with evidence about the initial weights: their scale far from the standard
+    one for their fan-in, or a first forward pass (update 1, the weights exactly as initialised)
+    that overflowed on inputs in a sane scale. It follows the producer: an op of the model (an
+    ``exp``, a matmul) that overflowed from finite inputs at update 1 is seen, not guessed. A
+    failure after the first step, or on a batch with a column in raw units, is not the
+    initialiser's without the weight scale to show it. With the PyTorch replay it also reads two measures of the first batch: the
     magnitude of each layer's output in forward order (``activations``: does it grow layer by
     layer?) and the scale of each weight matrix against the ``1 / sqrt(fan_in)`` that keeps
     activations of order one (``weight_scale``: ``std(W) * sqrt(fan_in)``, about 0.5 to 1.5 for
@@ -44,6 +47,7 @@ from nanscope.diagnose.context import Context
 from nanscope.diagnose.diagnosis import Evidence, Finding
 from nanscope.diagnose.rules._common import num
 from nanscope.diagnose.rules._producer import producer_of
+from nanscope.outcome import UNSCALED_RATIO
 
 CODE = "D009"
 CAUSE = "bad_initialization"
@@ -71,6 +75,15 @@ def _early_break(ctx: Context) -> int | None:
     return None
 
 
+def _unscaled(ctx: Context) -> bool:
+    """The first batches hold a column in raw units (its scale against the median column's)."""
+    for record in ctx.records[:8]:
+        ratio = record.get("input_scale_ratio")
+        if isinstance(ratio, (int, float)) and ratio >= UNSCALED_RATIO:
+            return True
+    return False
+
+
 def check(ctx: Context) -> Finding | None:
     i = _early_break(ctx)
     acts: dict[str, Any] = ctx.evidence.get("activations") or {}
@@ -93,8 +106,12 @@ def check(ctx: Context) -> Finding | None:
         half_only = False
     evidence: list[Evidence] = []
     confidence = 0.0
+    # the first forward says something of the initial weights only on inputs in a sane scale:
+    # a raw-unit column overflows any initialiser (that is the column's story, D001's)
+    first_forward = i == 0 and not _unscaled(ctx)
     prod = producer_of(located)
-    if (prod is not None and prod.observed and prod.phase in ("forward", "loss", "backward")
+    if (first_forward and prod is not None and prod.observed
+            and prod.phase in ("forward", "loss", "backward")
             and prod.past_range() and not half_only and not prod.inputs_nonfinite()):  # fmt: skip
         # the producer overflowed from finite values, in the model, at the first updates: the
         # weights it multiplied were still (close to) the initial ones
@@ -111,7 +128,7 @@ def check(ctx: Context) -> Finding | None:
     median_ratio = acts.get("median_ratio")
     nonfinite_at = acts.get("nonfinite_at")
     layers = acts.get("layers") or []
-    if isinstance(growth, (int, float)) and (growth >= GROWTH or (
+    if first_forward and isinstance(growth, (int, float)) and (growth >= GROWTH or (
         nonfinite_at and isinstance(median_ratio, (int, float)) and median_ratio >= 2
     )):  # fmt: skip
         confidence = max(confidence, 0.6) + 0.15
@@ -145,7 +162,7 @@ def check(ctx: Context) -> Finding | None:
         )
     if not evidence:
         op = str(located.get("op") or "").lower()
-        if i != 0 or not ctx.trace.has("input_absmax") or any(
+        if not first_forward or not ctx.trace.has("input_absmax") or any(
             k in op for k in ("log", "div", "sqrt", "norm", "entropy")
         ):
             return None
