@@ -193,3 +193,68 @@ def test_a_noisy_minibatch_loss_that_descends_is_not_called_diverged() -> None:
     # four rises in a row happen by chance in this loss; growth must also clear its recent range
     assert classify(_poly_sgd_losses(0.002))[0] == "descended"
     assert classify(_poly_sgd_losses(0.05))[0] in ("diverged", "nonfinite")
+
+
+def _relu_net_on_raw_units():
+    """A one-hidden-layer ReLU net on a feature in dollars (mean 5000): a large step kills most
+    units and throws the output bias far out, and the loss then falls slowly from there."""
+    rng = np.random.default_rng(0)
+    n = 256
+    x = np.column_stack([rng.normal(5000, 1000, n), rng.normal(size=n), rng.normal(size=n)])
+    y = 0.002 * x[:, 0] + x[:, 1] + 0.1 * rng.normal(size=n)
+
+    def fit(lr: float, monitor: nanscope.Monitor) -> None:
+        init = np.random.default_rng(1)
+        w1, b1 = init.normal(size=(3, 16)) / np.sqrt(3), np.zeros(16)
+        w2, b2 = init.normal(size=16) / 4, np.zeros(1)
+        with np.errstate(all="ignore"):
+            for _ in range(200):
+                h = x @ w1 + b1
+                a = np.maximum(h, 0)
+                r = a @ w2 + b2 - y
+                gp = 2 * r / n
+                ga = np.outer(gp, w2) * (h > 0)
+                grads = {"w1": x.T @ ga, "b1": ga.sum(0), "w2": a.T @ gp,
+                         "b2": gp.sum(keepdims=True)}
+                monitor.update(float(np.mean(r * r)), params={"w1": w1, "b1": b1, "w2": w2,
+                                                              "b2": b2}, grads=grads, lr=lr)
+                w1, b1 = w1 - lr * grads["w1"], b1 - lr * grads["b1"]
+                w2, b2 = w2 - lr * grads["w2"], b2 - lr * grads["b2"]
+
+    return fit
+
+
+def test_a_loss_that_jumped_and_then_fell_is_never_called_descended() -> None:
+    # lr 1e-3 throws the loss from 2.7e3 to 2.8e17 in one update, and it then falls for the rest
+    # of the run to ~1e11: its last quarter sits far below its first, and it ended far above
+    # where it started. 1e-5 jumps to 1e10 and comes back below its start. Only 1e-8 trains.
+    result = sweep(_relu_net_on_raw_units(), lrs=[1e-3, 1e-5, 1e-8], updates=40)
+    outcomes = [result.result_for(f).outcome for f in (1.0, 1e-2, 1e-5)]
+    assert outcomes[0] == "diverged"
+    assert outcomes[1] != "descended"
+    assert outcomes[2] == "descended"
+    assert result.recommended_lr == 1e-8
+
+
+class _Recorder:
+    """Stands in for a Monitor: keeps the losses, stops nothing (what a log would hold)."""
+
+    def __init__(self) -> None:
+        self.losses: list[float] = []
+
+    def update(self, loss: float, **_: object) -> None:
+        self.losses.append(loss)
+
+
+def test_classify_judges_the_end_against_the_start_not_the_quarters() -> None:
+    fit = _relu_net_on_raw_units()
+    curves = {}
+    for lr in (1e-3, 1e-5, 1e-8):
+        recorder = _Recorder()
+        fit(lr, recorder)  # type: ignore[arg-type]
+        curves[lr] = recorder.losses
+    # the unwatched curves: 1e-3 ends ~1e8 times its start after a 1e14 jump, still falling
+    assert curves[1e-3][-1] > 1e6 * curves[1e-3][0] and curves[1e-3][-1] < curves[1e-3][60]
+    assert classify(curves[1e-3])[0] == "diverged"
+    assert classify(curves[1e-5])[0] != "descended"
+    assert classify(curves[1e-8][:40])[0] == "descended"

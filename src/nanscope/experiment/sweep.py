@@ -16,8 +16,9 @@ loss may be 1e-6 or 1e9):
   curve is at least ``FLAT`` (1 %) below the median of the first quarter, with three quarters of
   the last quarter below that first median: it *descends steadily*, beyond its noise; and the
   curve is good by :func:`nanscope.outcome.judge` (it ended not far above where it started, with
-  no excursion of orders of magnitude on the way), the same judgement as a healthy verdict. A
-  curve that ended far above its start is ``diverged`` whatever its quarters say.
+  no excursion of orders of magnitude on the way), the same judgement as a healthy verdict, and it
+  ended below its first loss. A curve that ended far above its start is ``diverged`` whatever its
+  quarters say.
 * ``ascended``   the same medians, the other way round: a steady rise (a sign error at small steps).
 * ``flat``       neither.
 * ``error``      the fit raised an exception (not a non-finite failure) before it could be judged.
@@ -160,8 +161,10 @@ def classify(
         # whatever path it took (one jump, then a slow fall): it ended far above where it began
         return "diverged", points[ended.index or 0][0]
     trend = _trend([v for _, v in points])
-    if trend == "descended" and not ended.good:
-        return "flat", None  # it came back down from an explosion: not a step size that worked
+    if trend == "descended" and (not ended.good or ended.end >= ended.start):
+        # it came back down from an explosion, or ended above where it began: whatever its
+        # quarters say, not a step size that worked
+        return "flat", None
     return trend, None
 
 
