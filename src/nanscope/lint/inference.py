@@ -11,10 +11,22 @@ from __future__ import annotations
 
 import ast
 import re
+from typing import TYPE_CHECKING
 
-from nanscope.lint.scopes import Scope, ScopeWalker, is_none, is_number, keyword, same_expr
+from nanscope.lint.scopes import (
+    Scope,
+    ScopeWalker,
+    Site,
+    is_none,
+    is_number,
+    keyword,
+    ref_key,
+    same_expr,
+)
 from nanscope.lint.vocabulary import (
     CLAMPS,
+    COLLECTIVES,
+    EPS_NAME,
     FN_TO_VALUE,
     FRAMEWORKS,
     KERAS_LOSSES,
@@ -28,22 +40,53 @@ from nanscope.lint.vocabulary import (
     PASS_FUNCS,
     PASS_METHODS,
     PROB_NAME,
+    SELECTIONS,
     SUM_FUNCS,
     VALUE_TO_FN,
     K,
     name_kind,
 )
 
+if TYPE_CHECKING:
+    from nanscope.lint.project import Project
+
 __all__ = ["FileContext"]
+
+#: what a parameter takes from the arguments its function is called with
+_PARAM_BITS = (
+    K.PROBS | K.SAFE | K.LINEAR | K.NORM | K.STD | K.SUM | K.EXP | K.SUMEXP | K.VAR | K.MAX
+    | K.SUMSQ | K.SQUARE | K.MODEL | K.OPTIM | K.FN_PROB | K.FN_SIGMOID | K.FN_SOFTMAX
+    | K.FN_LINEAR | K.FN_LOSS | K.FN_BCE | K.FN_BCE_TF | K.FN_MSE
+)  # fmt: skip
+#: calls that show a function expects NaN or inf and deals with it
+_NAN_AWARE = frozenset(
+    {"errstate", "seterr", "nan_to_num", "isnan", "isfinite", "isinf", "nanmean", "nansum",
+     "nanmedian", "nanmax", "nanmin", "nanstd", "fillna", "nan_to_num_"}
+)  # fmt: skip
+#: tests that say nothing about a value's size
+_TYPE_TESTS = frozenset({"isinstance", "hasattr", "callable", "is_tensor", "is_floating_point"})
+#: attributes and methods that describe a tensor's layout, not its values
+_LAYOUT = frozenset({"shape", "ndim", "dim", "dtype", "device", "is_cuda", "requires_grad"})
 
 
 class FileContext(ScopeWalker):
     """Everything known about one parsed module: the walk's records and the kinds of its values."""
 
-    def __init__(self, tree: ast.Module, wanted: frozenset[type[ast.AST]]) -> None:
+    def __init__(
+        self,
+        tree: ast.Module,
+        wanted: frozenset[type[ast.AST]],
+        project: Project | None = None,
+        path: str = "<string>",
+    ) -> None:
         self._memo: dict[int, int] = {}
         self._active: set[int] = set()
         self._summaries: dict[int, int] = {}
+        self._params: dict[tuple[int, str], int] = {}
+        self.project = project
+        self.path = path
+        #: the source text, when the engine has it (the safe fixes quote it)
+        self.source = ""
         super().__init__(tree, wanted)
 
     # ------------------------------------------------------------------ kinds
@@ -84,7 +127,16 @@ class FileContext(ScopeWalker):
                 return inner & (K.ARITH | K.SAFE | K.CONST | K.MAX)
             return 0
         if t is ast.Subscript:
-            return self.kind(e.value, scope, comps) & K.CARRY  # type: ignore[attr-defined]
+            assert isinstance(e, ast.Subscript)
+            k = self.kind(e.value, scope, comps) & K.CARRY
+            # n[n > 0], n[valid] with valid = n != 0: a boolean mask that looks at n
+            if (
+                k & K.RISK
+                and not isinstance(e.slice, ast.Constant)
+                and self.value_keys(e.value, scope) & self.tested_keys(e.slice, scope)
+            ):
+                k |= K.SAFE
+            return k
         if t is ast.Constant:
             return K.CONST
         if t is ast.IfExp:
@@ -100,6 +152,8 @@ class FileContext(ScopeWalker):
         k = 0
         if isinstance(entry, tuple) and entry[1] is not None:
             k = self.kind(entry[1], entry[2])
+        elif isinstance(entry, tuple) and entry[2].kind == "function":
+            k = self.param_kind(entry[2], e.id)
         elif entry is None:
             cls = self.module.classes.get(e.id)
             if cls is not None:
@@ -118,7 +172,7 @@ class FileContext(ScopeWalker):
         attr = e.attr
         if attr == "grad":
             return K.GRAD
-        if attr in ("T", "mT", "data", "real", "H"):
+        if attr in ("T", "mT", "data", "real", "H", "values"):
             return self.kind(e.value, scope) & (K.CARRY | K.MODEL)
         k = 0
         if isinstance(e.value, ast.Name) and e.value.id == "self":
@@ -155,6 +209,14 @@ class FileContext(ScopeWalker):
         self._summaries[key] = k
         return k
 
+    def callee_of(self, name: str) -> int:
+        """What calling this module's top-level class or function ``name`` yields."""
+        cls = self.module.classes.get(name)
+        if cls is not None:
+            return self._class_callee(cls)
+        fscope = self.module.functions.get(name)
+        return self._summary(fscope) if fscope is not None else 0
+
     def _class_callee(self, cls: Scope) -> int:
         for meth in ("forward", "call", "__call__"):
             fscope = cls.functions.get(meth)
@@ -174,10 +236,15 @@ class FileContext(ScopeWalker):
         if last is None:
             return self._callee_kind(e.func, scope)
         # a probability
-        if last in ("sigmoid", "expit", "logistic") and (fw or root is None):
+        if last in ("sigmoid", "sigmoid_", "expit", "logistic") and (fw or root is None):
             return K.PROB | K.SIGMOID
-        if last in ("softmax", "softmin") and (fw or root is None):
+        if last in ("softmax", "softmin", "softmax_") and (fw or root is None):
             return K.PROB | K.SOFTMAX
+        if last in SELECTIONS and root in FRAMEWORKS and len(e.args) >= 3:
+            return self._selection_kind(e, scope, comps)
+        if last in COLLECTIVES and arg0 is not None:
+            # dist.all_reduce(m, op=MAX) / funcol.all_reduce(m, ...): the same kind of value
+            return self.kind(arg0, scope, comps) & K.CARRY
         if last == "predict_proba":
             return K.PROB
         if last in ("log_softmax", "logsigmoid", "log_sigmoid", "log_softmin"):
@@ -201,8 +268,14 @@ class FileContext(ScopeWalker):
                 return self.kind(arg0, scope, comps) & K.CARRY
             if last in LINEAR_FUNCS:
                 return K.LINEAR
-            if last in ("exp", "expm1", "exp2"):
+            if last in ("exp", "expm1", "exp2", "exp_"):
                 return K.EXP
+            if recv is not None and last in ("add", "add_") and e.args:
+                # x.add(eps): the method form of x + eps
+                inner = self.kind(recv, scope, comps)
+                if self.positive(e.args[0], scope):
+                    return K.SAFE | (inner & (K.PROBS | K.ARITH))
+                return inner & (K.ARITH | K.PROBS | K.ZERO | K.SAFE)
             if last in ("norm", "vector_norm", "matrix_norm"):
                 return K.NORM
             if last in ("std", "reduce_std", "nanstd"):
@@ -257,6 +330,8 @@ class FileContext(ScopeWalker):
             cls = self.module.classes.get(last)
             if cls is not None:
                 return self._class_callee(cls)
+            if last in self.imports and self.project is not None:
+                return self.project.callee_kind(self.imports[last], self.path)
             if last not in self.imports:
                 k = self._callee_kind(e.func, scope)
                 if re.match(r"^(criterion|loss_?fn|loss_?func|compute_loss|\w+_loss)$", last):
@@ -268,7 +343,12 @@ class FileContext(ScopeWalker):
                 return self._summary(fscope)
             return self._callee_kind(e.func, scope)
         if root is not None and last[:1].isupper():
-            return self._ctor_kind(e, root, last, scope)
+            k = self._ctor_kind(e, root, last, scope)
+            if not k and root not in FRAMEWORKS and self.project is not None:
+                qual = self.qualname(e.func)
+                if qual is not None:
+                    return self.project.callee_kind(qual, self.path)
+            return k
         if recv is not None:
             return self._callee_kind(e.func, scope)
         return 0
@@ -339,7 +419,12 @@ class FileContext(ScopeWalker):
                 return K.SUMSQ | (both & (K.HALF | K.LOSS | K.GRAD))
             k = both & (K.ARITH | K.PROBS | K.SAFE | K.EXP | K.SUMEXP)
             if both & K.RISK:
-                k |= K.SAFE
+                # `d + eps` is away from 0 only when eps is a positive constant: `x.sum() + y`
+                # is still a sum that can be 0
+                if self.positive(e.left, scope) or self.positive(e.right, scope):
+                    k |= K.SAFE
+                else:
+                    k |= both & (K.RISK & ~K.SQUARE)
             return k
         if op is ast.Sub:
             if kr & K.MAX:
@@ -398,6 +483,261 @@ class FileContext(ScopeWalker):
             ):
                 return b
         return None
+
+
+    def bounded_somewhere(self, expr: ast.AST, site: Site) -> bool:
+        """The weaker test for code nothing trains on: any test anywhere in the enclosing
+        functions looks at ``expr``'s value, or they treat NaN as an expected value
+        (``np.errstate``, ``nanmean``, ``isnan``, ``nan_to_num``)."""
+        keys = self.value_keys(expr, site.scope)
+        s: Scope | None = site.scope
+        while s is not None and s.kind != "module":
+            if s.called & _NAN_AWARE:
+                return True
+            if keys and any(keys & self.tested_keys(t, s) for t in s.tests):
+                return True
+            s = s.parent
+        return False
+
+    # ------------------------------------------------------------------ values in and out of calls
+
+    def param_kind(self, fscope: Scope, name: str) -> int:
+        """What a parameter holds, from the arguments the function is called with in this file.
+
+        A method's callers are ``self.name(...)`` calls in the methods of its class, a function's
+        the calls of its name. When one caller passes a hazard (an unclamped probability, a norm)
+        the parameter holds it on that path; it is safe only when every caller passes a safe
+        value. With no caller, a default value (``eps=1e-8``) is what it holds.
+        """
+        key = (id(fscope), name)
+        got = self._params.get(key)
+        if got is not None:
+            return got
+        self._params[key] = 0
+        kinds = [self.kind(arg, cscope) for arg, cscope in self._arguments(fscope, name)]
+        if not kinds:
+            default = fscope.defaults.get(name)
+            result = self.kind(default, fscope.parent or self.module) if default else 0
+        else:
+            risky = [k for k in kinds if not k & K.SAFE]
+            if risky:
+                result = 0
+                for k in risky:
+                    result |= k
+            else:
+                result = K.SAFE
+                for k in kinds:
+                    result |= k
+            result &= _PARAM_BITS
+        self._params[key] = result
+        return result
+
+    def _arguments(self, fscope: Scope, name: str) -> list[tuple[ast.expr, Scope]]:
+        if name not in fscope.params and name not in fscope.defaults:
+            return []
+        index = fscope.params.index(name) if name in fscope.params else None
+        method = (
+            fscope.parent is not None
+            and fscope.parent.kind == "class"
+            and bool(fscope.params)
+            and fscope.params[0] in ("self", "cls")
+        )
+        if method and index is not None:
+            index -= 1
+        found: list[tuple[ast.expr, Scope]] = []
+        for call, cscope in self.calls.get(fscope.name, ()):
+            func = call.func
+            if method:
+                if not (
+                    isinstance(func, ast.Attribute)
+                    and isinstance(func.value, ast.Name)
+                    and func.value.id in ("self", "cls")
+                    and cscope.cls is fscope.parent
+                ):
+                    continue
+            elif not (isinstance(func, ast.Name) and _encloses(fscope.parent, cscope)):
+                continue
+            arg = keyword(call, name)
+            if arg is None and index is not None and 0 <= index < len(call.args):
+                if any(isinstance(a, ast.Starred) for a in call.args[: index + 1]):
+                    continue
+                arg = call.args[index]
+            if arg is not None:
+                found.append((arg, cscope))
+        return found
+
+    def _selection_kind(
+        self, e: ast.Call, scope: Scope, comps: tuple[ast.comprehension, ...]
+    ) -> int:
+        """``where(cond, a, b)`` is a value of either branch: a selection, not a clamp. It keeps a
+        branch away from a hazard only when its condition looks at that branch
+        (``where(d == 0, 1, d)``, ``where(p > 0, p, eps)``)."""
+        cond = e.args[0]
+        out = 0
+        safe = True
+        for branch in e.args[1:3]:
+            k = self.kind(branch, scope, comps)
+            if k & K.RISK and not k & K.SAFE and not self.tests_value(cond, branch, scope):
+                safe = False
+            out |= k
+        out &= K.CARRY & ~K.SAFE
+        return out | K.SAFE if safe and out & K.RISK else out
+
+    # ------------------------------------------------------------------ guards
+
+    def positive(self, expr: ast.expr | None, scope: Scope) -> bool:
+        """A constant above zero: a literal, an epsilon by name (``eps``, ``self.eps``,
+        ``args.epsilon``, ``smooth``), ``finfo(...).eps``, ``torch.tensor(1e-8)``, a name bound to
+        one, or a parameter whose default is one."""
+        for _ in range(6):
+            if expr is None:
+                return False
+            if isinstance(expr, ast.Constant):
+                v = expr.value
+                return isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
+            if isinstance(expr, ast.Attribute):
+                return bool(EPS_NAME.match(expr.attr)) or expr.attr == "tiny"
+            if isinstance(expr, ast.Name):
+                if EPS_NAME.match(expr.id):
+                    return True
+                entry = self.lookup(expr.id, scope, (expr.lineno, expr.col_offset))
+                if not isinstance(entry, tuple):
+                    return False
+                if entry[1] is not None:
+                    expr, scope = entry[1], entry[2]
+                    continue
+                expr, scope = entry[2].defaults.get(expr.id), entry[2].parent or self.module
+                continue
+            if isinstance(expr, ast.Call):
+                last = self.func_parts(expr)[1]
+                if last in ("float", "tensor", "as_tensor", "float32", "float64", "array") and (
+                    len(expr.args) == 1
+                ):
+                    expr = expr.args[0]
+                    continue
+                return False
+            if isinstance(expr, ast.BinOp) and isinstance(expr.op, (ast.Mult, ast.Div, ast.Pow)):
+                return self.positive(expr.left, scope) and (
+                    isinstance(expr.op, ast.Pow) or self.positive(expr.right, scope)
+                )
+            return False
+        return False
+
+    def value_keys(self, expr: ast.AST, scope: Scope, follow: bool = True) -> set[str]:
+        """The storage locations an expression reads (``n``, ``self.count``, ``mask``), and those of
+        the value a name was bound to (``n = mask.sum()`` reads ``mask``). Indices, modules and
+        ``self`` are left out."""
+        keys: set[str] = set()
+        stack: list[ast.AST] = [expr]
+        while stack:
+            node = stack.pop()
+            t = type(node)
+            if t is ast.Call:
+                func = node.func  # type: ignore[attr-defined]
+                if isinstance(func, ast.Attribute):
+                    stack.append(func.value)
+                stack.extend(node.args)  # type: ignore[attr-defined]
+                stack.extend(k.value for k in node.keywords)  # type: ignore[attr-defined]
+            elif t is ast.Name or t is ast.Attribute:
+                key = ref_key(node)
+                if key is not None and key != "self" and key.split(".", 1)[0] not in self.imports:
+                    keys.add(key)
+                elif t is ast.Attribute:
+                    stack.append(node.value)  # type: ignore[attr-defined]
+            elif t is ast.Subscript:
+                key = ref_key(node)
+                if key is not None:
+                    keys.add(key)
+                stack.append(node.value)  # type: ignore[attr-defined]
+            else:
+                stack.extend(ast.iter_child_nodes(node))
+        if follow and isinstance(expr, (ast.Name, ast.Attribute)):
+            value, vscope = self.value_of(expr, scope)  # type: ignore[arg-type]
+            if value is not expr:
+                keys |= self.value_keys(value, vscope, follow=False)
+        return keys
+
+    def tested_keys(self, test: ast.AST, scope: Scope) -> set[str]:
+        """The values a test looks at: the operands of its comparisons and its truth tests
+        (``n > 0``, ``not total``, ``mask.any()``), not a type, shape or ``is None`` check."""
+        keys: set[str] = set()
+        stack: list[ast.AST] = [test]
+        while stack:
+            t = stack.pop()
+            if isinstance(t, ast.BoolOp):
+                stack.extend(t.values)
+            elif isinstance(t, ast.UnaryOp) and isinstance(t.op, ast.Not):
+                stack.append(t.operand)
+            elif isinstance(t, ast.Compare):
+                if any(isinstance(op, (ast.Is, ast.IsNot)) for op in t.ops):
+                    continue
+                for operand in (t.left, *t.comparators):
+                    if not self._layout(operand):
+                        keys |= self.value_keys(operand, scope)
+            elif isinstance(t, (ast.Name, ast.Attribute, ast.Subscript, ast.Call)):
+                if isinstance(t, ast.Call):
+                    last = self.func_parts(t)[1]
+                    if last in _TYPE_TESTS:
+                        continue
+                    if last in ("all", "any") and t.args and self.func_parts(t)[2] is None:
+                        stack.extend(t.args)
+                        continue
+                if not self._layout(t):
+                    keys |= self.value_keys(t, scope)
+        return keys
+
+    def _layout(self, expr: ast.AST) -> bool:
+        """``x.shape[0]``, ``x.dim()``, ``len(x)``, ``x.dtype``: a test of layout, not of values."""
+        while isinstance(expr, (ast.Subscript, ast.Call)):
+            if isinstance(expr, ast.Call):
+                func = expr.func
+                if isinstance(func, ast.Name) and func.id == "len":
+                    return True
+                if isinstance(func, ast.Attribute) and func.attr in ("size", "dim", "numel"):
+                    return True
+                expr = func
+            else:
+                expr = expr.value
+        return isinstance(expr, ast.Attribute) and expr.attr in _LAYOUT
+
+    def tests_value(self, test: ast.AST, expr: ast.AST, scope: Scope) -> bool:
+        """Whether ``test`` looks at the value of ``expr``."""
+        keys = self.value_keys(expr, scope)
+        return bool(keys and keys & self.tested_keys(test, scope))
+
+    def looked_after(self, expr: ast.AST, site: Site) -> bool:
+        """Whether a test on the path to ``site`` looks at ``expr``'s value (``if n > 0:``,
+        ``if s == 0: return``, ``assert total``, ``x if n else 0``, ``where(n > 0, x / n, 0)``),
+        or the code runs in a ``try`` that catches ``ZeroDivisionError``."""
+        if not site.guards:
+            return False
+        keys = self.value_keys(expr, site.scope)
+        for guard in site.guards:
+            if _arithmetic_error(guard):
+                return True
+            if keys and keys & self.tested_keys(guard, site.scope):
+                return True
+        return False
+
+def _encloses(outer: Scope | None, inner: Scope) -> bool:
+    s: Scope | None = inner
+    while s is not None:
+        if s is outer:
+            return True
+        s = s.parent
+    return False
+
+
+_ARITHMETIC_ERRORS = frozenset({"ZeroDivisionError", "ArithmeticError", "FloatingPointError"})
+
+
+def _arithmetic_error(guard: ast.expr) -> bool:
+    """A guard that is an ``except`` clause's type catching division by zero."""
+    names = guard.elts if isinstance(guard, ast.Tuple) else [guard]
+    return any(
+        (n.attr if isinstance(n, ast.Attribute) else getattr(n, "id", "")) in _ARITHMETIC_ERRORS
+        for n in names
+    )
 
 
 def _dtype_names(call: ast.Call) -> set[str]:

@@ -19,6 +19,8 @@ from nanscope.lint.vocabulary import (
     FRAMEWORKS,
     INPLACE_METHODS,
     INTERESTING_STRINGS,
+    REBINDING_METHODS,
+    SELECTIONS,
     ZERO_GRAD_ATTRS,
 )
 
@@ -112,16 +114,21 @@ class Scope:
     __slots__ = (
         "assigns",
         "attrs",
+        "bases",
+        "called",
         "classes",
         "cls",
+        "defaults",
         "functions",
         "guarded",
         "inplace",
         "kind",
         "name",
         "node",
+        "params",
         "parent",
         "returns",
+        "tests",
     )
 
     def __init__(self, kind: str, name: str, parent: Scope | None, node: ast.AST | None) -> None:
@@ -143,15 +150,38 @@ class Scope:
         self.functions: dict[str, Scope] = {}
         self.classes: dict[str, Scope] = {}
         self.returns: list[ast.expr] = []
+        #: for a function: its parameter names in order (``self`` included) and their defaults
+        self.params: list[str] = []
+        self.defaults: dict[str, ast.expr] = {}
+        #: every test made in this body (``if``, ``while``, ``assert``, conditional expressions,
+        #: comprehension filters, ``where`` conditions), wherever it stands
+        self.tests: list[ast.expr] = []
+        #: the last names of the functions called in this body
+        self.called: set[str] = set()
+        #: for a class: the last names of its bases (``Module``, ``Dataset``, ``_Loss``)
+        self.bases: list[str] = []
 
 
 class Site(NamedTuple):
-    """Where a node was found."""
+    """Where a node was found.
+
+    ``guards`` are the tests known to hold (or to have failed) on the path to the node: the
+    enclosing ``if`` / ``while`` / conditional-expression tests, a ``where(cond, ...)`` condition
+    around a branch, the earlier operands of an ``and`` / ``or``, a comprehension's ``if``, an
+    earlier ``assert``, an earlier ``if ...: return/raise/break/continue`` or ``if ...: x = ...``
+    of the same block, and ``try`` bodies whose handler catches an arithmetic error (recorded as
+    the handler's type). Which way a test went is not kept: a test of a value is taken as that
+    value being looked after.
+    """
 
     scope: Scope
     loops: tuple[ast.AST, ...]
     comps: tuple[ast.comprehension, ...]
     no_grad: bool
+    guards: tuple[ast.expr, ...] = ()
+    #: the name the enclosing statement assigns (``loss = ...`` gives ``loss``), ``return`` for a
+    #: return statement, else empty
+    sink: str = ""
 
 
 Entry = tuple[tuple[int, int], "ast.expr | None", Scope]
@@ -175,6 +205,10 @@ class ScopeWalker:
         self._comps: tuple[ast.comprehension, ...] = ()
         self._no_grad = False
         self._func_names: tuple[str, ...] = ()
+        self._guards: tuple[ast.expr, ...] = ()
+        self._sink = ""
+        #: the last name of every called function -> the calls, with the scope they are made in
+        self.calls: dict[str, list[tuple[ast.Call, Scope]]] = {}
         self._site = Site(self.module, (), (), False)
         self._parts: dict[int, tuple[str | None, str | None, ast.expr | None]] = {}
         self._walk(tree)
@@ -182,7 +216,31 @@ class ScopeWalker:
     # ------------------------------------------------------------------ the walk
 
     def _set(self) -> None:
-        self._site = Site(self._scope, self._loops, self._comps, self._no_grad)
+        self._site = Site(
+            self._scope, self._loops, self._comps, self._no_grad, self._guards, self._sink
+        )
+
+    def _test(self, test: ast.expr) -> tuple[ast.expr, ...]:
+        self._scope.tests.append(test)
+        return (*self._guards, test)
+
+    def _block(self, stmts: list[ast.stmt]) -> None:
+        """Walk a statement list; the guards its early exits add end with it."""
+        saved = self._guards
+        for stmt in stmts:
+            self._walk(stmt)
+        if self._guards is not saved:
+            self._guards = saved
+            self._set()
+
+    def _guarded(self, tests: tuple[ast.expr, ...], node: ast.AST) -> None:
+        """Walk ``node`` with ``tests`` added to the guards."""
+        saved = self._guards
+        self._guards = saved + tests
+        self._set()
+        self._walk(node)
+        self._guards = saved
+        self._set()
 
     def _walk(self, node: ast.AST) -> None:
         t = type(node)
@@ -251,11 +309,19 @@ class ScopeWalker:
         if not isinstance(node, ast.Lambda):
             outer.functions[name] = scope
         pos = (node.lineno, node.col_offset)
-        for arg in [*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg]:
+        positional = [*args.posonlyargs, *args.args]
+        for arg in [*positional, *args.kwonlyargs, args.vararg, args.kwarg]:
             if arg is not None:
                 scope.assigns.setdefault(arg.arg, []).append((pos, None, scope))
+        scope.params = [a.arg for a in positional]
+        for arg, default in zip(positional[len(positional) - len(args.defaults) :], args.defaults):
+            scope.defaults[arg.arg] = default
+        for arg, kw_default in zip(args.kwonlyargs, args.kw_defaults):
+            if kw_default is not None:
+                scope.defaults[arg.arg] = kw_default
         saved = (self._scope, self._loops, self._comps, self._no_grad, self._func_names)
-        self._scope, self._loops, self._comps = scope, (), ()
+        saved_guards = self._guards
+        self._scope, self._loops, self._comps, self._guards = scope, (), (), ()
         self._no_grad = no_grad
         self._func_names = (*self._func_names, name)
         self._set()
@@ -263,9 +329,9 @@ class ScopeWalker:
             scope.returns.append(node.body)
             self._walk(node.body)
         else:
-            for stmt in node.body:
-                self._walk(stmt)
+            self._block(node.body)
         self._scope, self._loops, self._comps, self._no_grad, self._func_names = saved
+        self._guards = saved_guards
         self._set()
 
     def _v_class(self, node: ast.ClassDef) -> None:
@@ -273,13 +339,15 @@ class ScopeWalker:
             self._walk(expr)
         outer = self._scope
         scope = Scope("class", node.name, outer, node)
+        scope.bases = [
+            b.attr if isinstance(b, ast.Attribute) else getattr(b, "id", "") for b in node.bases
+        ]
         outer.classes[node.name] = scope
-        saved = self._scope, self._loops
-        self._scope, self._loops = scope, ()
+        saved = self._scope, self._loops, self._guards
+        self._scope, self._loops, self._guards = scope, (), ()
         self._set()
-        for stmt in node.body:
-            self._walk(stmt)
-        self._scope, self._loops = saved
+        self._block(node.body)
+        self._scope, self._loops, self._guards = saved
         self._set()
 
     def _v_loop(self, node: ast.For | ast.AsyncFor | ast.While) -> None:
@@ -289,15 +357,15 @@ class ScopeWalker:
             self._walk(node.iter)
             self._bind(node.target, None, (node.lineno, node.col_offset))
             self._walk(node.target)
-        saved = self._loops
+        saved, saved_guards = self._loops, self._guards
         self._loops = (*saved, node)
+        if isinstance(node, ast.While) and not _is_constant_true(node.test):
+            self._guards = self._test(node.test)
         self._set()
-        for stmt in node.body:
-            self._walk(stmt)
-        self._loops = saved
+        self._block(node.body)
+        self._loops, self._guards = saved, saved_guards
         self._set()
-        for stmt in node.orelse:
-            self._walk(stmt)
+        self._block(node.orelse)
 
     def _v_with(self, node: ast.With | ast.AsyncWith) -> None:
         no_grad = False
@@ -310,13 +378,78 @@ class ScopeWalker:
         saved = self._no_grad
         self._no_grad = saved or no_grad
         self._set()
-        for stmt in node.body:
-            self._walk(stmt)
+        self._block(node.body)
         self._no_grad = saved
         self._set()
 
+    def _v_if(self, node: ast.If) -> None:
+        self._walk(node.test)
+        saved = self._guards
+        self._guards = self._test(node.test)
+        self._set()
+        self._block(node.body)
+        self._block(node.orelse)
+        self._guards = saved
+        # `if not ok: return` / `if s == 0: s = 1`: what follows in the block is looked after
+        if (
+            _terminates(node.body)
+            or (node.orelse and _terminates(node.orelse))
+            or _patches(node.body, node.test)
+        ):
+            self._guards = (*saved, node.test)
+        self._set()
+
+    def _v_assert(self, node: ast.Assert) -> None:
+        self._children(node)
+        self._guards = self._test(node.test)
+        self._set()
+
+    def _v_ifexp(self, node: ast.IfExp) -> None:
+        self._walk(node.test)
+        self._scope.tests.append(node.test)
+        self._guarded((node.test,), node.body)
+        self._guarded((node.test,), node.orelse)
+
+    def _v_boolop(self, node: ast.BoolOp) -> None:
+        before: tuple[ast.expr, ...] = ()
+        self._scope.tests.extend(node.values[:-1])
+        for value in node.values:
+            if before:
+                self._guarded(before, value)
+            else:
+                self._walk(value)
+            before = (*before, value)
+
+    def _v_try(self, node: ast.Try) -> None:
+        caught = tuple(
+            h.type for h in node.handlers if h.type is not None and _catches_arithmetic(h.type)
+        )
+        saved = self._guards
+        self._guards = saved + caught
+        self._set()
+        self._block(node.body)
+        self._guards = saved
+        self._set()
+        for handler in node.handlers:
+            if handler.type is not None:
+                self._walk(handler.type)
+            if handler.name:
+                self._bind(ast.Name(id=handler.name), None, (handler.lineno, handler.col_offset))
+            self._block(handler.body)
+        self._block(node.orelse)
+        self._block(node.finalbody)
+
+    def _sunk(self, name: str, node: ast.AST) -> None:
+        """Walk ``node`` knowing the statement stores its value in ``name``."""
+        saved = self._sink
+        self._sink = name
+        self._set()
+        self._walk(node)
+        self._sink = saved
+        self._set()
+
     def _v_assign(self, node: ast.Assign) -> None:
-        self._walk(node.value)
+        self._sunk(_target_name(node.targets[0]), node.value)
         end = (node.end_lineno or node.lineno, node.end_col_offset or 0)
         value = node.value if len(node.targets) == 1 else None
         for target in node.targets:
@@ -325,12 +458,12 @@ class ScopeWalker:
 
     def _v_annassign(self, node: ast.AnnAssign) -> None:
         if node.value is not None:
-            self._walk(node.value)
+            self._sunk(_target_name(node.target), node.value)
             self._bind(node.target, node.value, (node.end_lineno or node.lineno, 0))
         self._walk(node.target)
 
     def _v_augassign(self, node: ast.AugAssign) -> None:
-        self._walk(node.value)
+        self._sunk(_target_name(node.target), node.value)
         self._walk(node.target)
         target = node.target
         if isinstance(target, (ast.Name, ast.Attribute)):
@@ -357,13 +490,13 @@ class ScopeWalker:
     def _v_return(self, node: ast.Return) -> None:
         if node.value is not None:
             self._scope.returns.append(node.value)
-            self._walk(node.value)
+            self._sunk("return", node.value)
 
     def _v_comp(self, node: ast.ListComp | ast.SetComp | ast.GeneratorExp | ast.DictComp) -> None:
         gens = node.generators
         if gens:
             self._walk(gens[0].iter)
-        saved = self._comps
+        saved, saved_guards = self._comps, self._guards
         for i, gen in enumerate(gens):
             if i:
                 self._walk(gen.iter)
@@ -372,12 +505,14 @@ class ScopeWalker:
             self._walk(gen.target)
             for cond in gen.ifs:
                 self._walk(cond)
+                self._guards = self._test(cond)
+                self._set()
         if isinstance(node, ast.DictComp):
             self._walk(node.key)
             self._walk(node.value)
         else:
             self._walk(node.elt)
-        self._comps = saved
+        self._comps, self._guards = saved, saved_guards
         self._set()
 
     def _v_import(self, node: ast.Import) -> None:
@@ -413,6 +548,10 @@ class ScopeWalker:
 
     def _v_call(self, node: ast.Call) -> None:
         func = node.func
+        last = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+        if last is not None:
+            self.calls.setdefault(last, []).append((node, self._scope))
+            self._scope.called.add(last)
         if self._loops:
             name = None
             if isinstance(func, ast.Name):
@@ -433,6 +572,22 @@ class ScopeWalker:
                 attr in ("zero_", "fill_", "detach_") and _mentions_grad(func.value)
             ):
                 self._mark_zero()
+            if attr in REBINDING_METHODS and isinstance(func.value, (ast.Name, ast.Attribute)):
+                # `x.sigmoid_()` / `x.clamp_(min=eps)`: from here on `x` holds what the call made
+                self._children(node)
+                end = (node.end_lineno or node.lineno, node.end_col_offset or 0)
+                self._bind(func.value, node, end)
+                return
+        if last in SELECTIONS and len(node.args) >= 2 and self.func_parts(node)[0] in FRAMEWORKS:
+            # where(cond, a, b): each branch is evaluated knowing the condition
+            self._walk(func)
+            self._walk(node.args[0])
+            self._scope.tests.append(node.args[0])
+            for arg in node.args[1:]:
+                self._guarded((node.args[0],), arg)
+            for kw in node.keywords:
+                self._walk(kw)
+            return
         self._children(node)
 
     def _v_delete(self, node: ast.Delete) -> None:
@@ -572,6 +727,70 @@ def _is_no_grad(expr: ast.AST) -> bool:
     ) in ("no_grad", "inference_mode")
 
 
+def _target_name(target: ast.expr) -> str:
+    """``loss`` for ``loss = ...``, ``self.loss = ...``, ``losses["ce"] = ...``."""
+    while isinstance(target, ast.Subscript):
+        target = target.value
+    if isinstance(target, ast.Name):
+        return target.id
+    if isinstance(target, ast.Attribute):
+        return target.attr
+    if isinstance(target, (ast.Tuple, ast.List)) and target.elts:
+        return _target_name(target.elts[0])
+    return ""
+
+
+def _is_constant_true(expr: ast.expr) -> bool:
+    return isinstance(expr, ast.Constant) and bool(expr.value)
+
+
+_EXITS = (ast.Return, ast.Raise, ast.Break, ast.Continue)
+
+
+def _terminates(stmts: list[ast.stmt]) -> bool:
+    """Whether a block always leaves (its last statement returns, raises, breaks or continues,
+    or calls ``sys.exit`` / ``exit``)."""
+    if not stmts:
+        return False
+    last = stmts[-1]
+    if isinstance(last, _EXITS):
+        return True
+    if isinstance(last, ast.Expr) and isinstance(last.value, ast.Call):
+        func = last.value.func
+        name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+        return name in ("exit", "_exit", "abort")
+    if isinstance(last, ast.If):
+        return _terminates(last.body) and bool(last.orelse) and _terminates(last.orelse)
+    return False
+
+
+def _patches(body: list[ast.stmt], test: ast.expr) -> bool:
+    """``if s == 0: s = 1``: the block reassigns a name its test looks at."""
+    tested = {n.id for n in ast.walk(test) if isinstance(n, ast.Name)}
+    for stmt in body:
+        targets: list[ast.expr] = []
+        if isinstance(stmt, ast.Assign):
+            targets = stmt.targets
+        elif isinstance(stmt, (ast.AugAssign, ast.AnnAssign)):
+            targets = [stmt.target]
+        for target in targets:
+            if isinstance(target, ast.Name) and target.id in tested:
+                return True
+    return False
+
+
+_ARITHMETIC_ERRORS = frozenset({"ZeroDivisionError", "ArithmeticError", "FloatingPointError"})
+
+
+def _catches_arithmetic(handler_type: ast.expr) -> bool:
+    names = handler_type.elts if isinstance(handler_type, ast.Tuple) else [handler_type]
+    for name in names:
+        ident = name.attr if isinstance(name, ast.Attribute) else getattr(name, "id", "")
+        if ident in _ARITHMETIC_ERRORS:
+            return True
+    return False
+
+
 def _mentions_grad(expr: ast.AST) -> bool:
     while isinstance(expr, (ast.Attribute, ast.Subscript)):
         if isinstance(expr, ast.Attribute) and expr.attr == "grad":
@@ -607,4 +826,9 @@ _HANDLERS: dict[type[ast.AST], Any] = {
     ast.Constant: ScopeWalker._v_constant,
     ast.Call: ScopeWalker._v_call,
     ast.Delete: ScopeWalker._v_delete,
+    ast.If: ScopeWalker._v_if,
+    ast.Assert: ScopeWalker._v_assert,
+    ast.IfExp: ScopeWalker._v_ifexp,
+    ast.BoolOp: ScopeWalker._v_boolop,
+    ast.Try: ScopeWalker._v_try,
 }

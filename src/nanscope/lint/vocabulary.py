@@ -12,7 +12,9 @@ import re
 
 __all__ = [
     "CLAMPS",
+    "COLLECTIVES",
     "DEFAULT_ROOTS",
+    "EPS_NAME",
     "FN_TO_VALUE",
     "FRAMEWORKS",
     "GRAD_NAME",
@@ -30,6 +32,8 @@ __all__ = [
     "PASS_FUNCS",
     "PASS_METHODS",
     "PROB_NAME",
+    "REBINDING_METHODS",
+    "SELECTIONS",
     "SUM_FUNCS",
     "VALUE_TO_FN",
     "ZERO_GRAD_ATTRS",
@@ -75,7 +79,7 @@ class K:
     ZERO = NORM | STD | SUM
     ARITH = LINEAR | HALF | LOSS | GRAD
     PROBS = PROB | SIGMOID | SOFTMAX
-    CARRY = PROBS | SAFE | LINEAR | HALF | LOSS | GRAD | NORM | STD | SUM | EXP | SUMEXP | VAR
+    CARRY = PROBS | SAFE | LINEAR | HALF | LOSS | GRAD | NORM | STD | SUM | EXP | SUMEXP | VAR | MAX
 
 
 FRAMEWORKS = frozenset({"torch", "numpy", "tensorflow", "keras", "jax", "math", "scipy", "cupy"})
@@ -102,6 +106,11 @@ GRAD_NAME = re.compile(
     r"dl_?d\w+|dloss\w*)$",
     re.I,
 )
+#: a name that holds a small positive constant added to keep a value away from zero
+EPS_NAME = re.compile(
+    r"^(eps|epsilon|\w+_eps|eps_\w+|\w+_epsilon|epsilon_\w+|tiny|smooth\w*|\w+_smooth\w*)$",
+    re.I,
+)
 LOGIT_NAME = re.compile(r"^(logits?|\w+_logits?|logits?_\w+)$")
 
 SUM_FUNCS = frozenset({"sum", "reduce_sum", "nansum", "count_nonzero"})
@@ -119,7 +128,6 @@ CLAMPS = frozenset(
         "minimum",
         "fmax",
         "fmin",
-        "where",
         "nan_to_num",
         "relu",
         "softplus",
@@ -304,6 +312,45 @@ INPLACE_METHODS = frozenset(
     }
 )
 ZERO_GRAD_ATTRS = frozenset({"zero_grad", "clear_grad", "clear_gradients"})
+#: in-place methods after which the receiver holds a different kind of value (``x.sigmoid_()``
+#: makes ``x`` a probability, ``x.clamp_(min=eps)`` makes it safe); the plain arithmetic ones
+#: (``add_``...) are the update steps of :data:`INPLACE_METHODS` instead
+REBINDING_METHODS = frozenset(
+    {
+        "sigmoid_",
+        "exp_",
+        "clamp_",
+        "clamp_min_",
+        "clamp_max_",
+        "clip_",
+        "log_",
+        "sqrt_",
+        "relu_",
+        "tanh_",
+        "nan_to_num_",
+        "softmax_",
+    }
+)
+#: element selections ``where(cond, a, b)``: a value from either branch, not a clamp
+SELECTIONS = frozenset({"where", "select", "switch"})
+#: collective communication calls: what they return is a value of the same kind as their input
+#: (an all-reduced max is still a max)
+COLLECTIVES = frozenset(
+    {
+        "all_reduce",
+        "all_reduce_",
+        "reduce",
+        "broadcast",
+        "all_gather",
+        "all_gather_tensor",
+        "all_reduce_coalesced",
+        "reduce_scatter",
+        "reduce_scatter_tensor",
+        "psum",
+        "pmax",
+        "pmean",
+    }
+)
 INTERESTING_STRINGS = frozenset({"mixed_float16", "float16", "16-mixed", "fp16"})
 
 FN_TO_VALUE = (

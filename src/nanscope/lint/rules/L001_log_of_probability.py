@@ -48,7 +48,7 @@ from nanscope.lint.inference import FileContext
 from nanscope.lint.scopes import Site
 from nanscope.lint.vocabulary import K
 
-_LOGS = frozenset({"log", "log2", "log10"})
+_LOGS = frozenset({"log", "log2", "log10", "log_"})
 
 
 class LogOfProbability(Rule):
@@ -69,10 +69,9 @@ class LogOfProbability(Rule):
             if kp & K.PROB and not kp & K.SAFE:
                 yield Hit(
                     node,
-                    f"{last} of a probability is finite at p == 0, but its gradient "
-                    "-(log p + 1) is infinite there: NaN gradients once a probability is 0",
-                    "compute the entropy from log-probabilities: -(logp.exp() * logp).sum(-1) "
-                    "with logp = F.log_softmax(logits, -1), or clamp p into [eps, 1]",
+                    f"{last} of a probability has an infinite gradient where a probability is 0",
+                    "use log-probabilities: logp = F.log_softmax(logits, -1); "
+                    "-(logp.exp() * logp).sum(-1)",
                 )
             return
         if last in _LOGS:
@@ -92,7 +91,7 @@ class LogOfProbability(Rule):
                 return
             arg = arg.operand
             k = ctx.kind(arg, site.scope, site.comps)
-            if k & K.PROB and not k & K.SAFE:
+            if k & K.PROB and not k & K.SAFE and not ctx.looked_after(arg, site):
                 yield Hit(node, "log1p(-p) of a probability is -inf when p reaches 1")
             return
         else:
@@ -100,14 +99,14 @@ class LogOfProbability(Rule):
         if arg is None:
             return
         k = ctx.kind(arg, site.scope, site.comps)
-        if not k & K.PROB or k & K.SAFE:
+        if not k & K.PROB or k & K.SAFE or ctx.looked_after(arg, site):
             return
         if k & K.SIGMOID:
             yield Hit(
                 node,
                 "log of a sigmoid output is -inf once the sigmoid saturates to 0 or 1",
-                "compute it from the logits: F.logsigmoid(z) (log(1 - sigmoid(z)) = "
-                "F.logsigmoid(-z)), tf.math.log_sigmoid, or BCEWithLogitsLoss",
+                "work on the logits: F.logsigmoid(z), F.logsigmoid(-z) for log(1 - p), "
+                "tf.math.log_sigmoid, BCEWithLogitsLoss",
             )
         elif k & K.SOFTMAX:
             yield Hit(

@@ -47,8 +47,8 @@ class BceOnSigmoid(Rule):
     code = "L002"
     name = "bce-on-sigmoid"
     fix = (
-        "drop the sigmoid and use BCEWithLogitsLoss / F.binary_cross_entropy_with_logits "
-        "(Keras: BinaryCrossentropy(from_logits=True)) on the logits"
+        "drop the sigmoid; BCEWithLogitsLoss / F.binary_cross_entropy_with_logits on the logits "
+        "(Keras: from_logits=True)"
     )
     node_types = (ast.Call,)
 
@@ -79,6 +79,5 @@ class BceOnSigmoid(Rule):
         if k & K.PROB and k & (K.SIGMOID | K.SOFTMAX):
             yield Hit(
                 node,
-                "binary cross-entropy on a sigmoid output saturates: log(0) = -inf "
-                "(or a clamped, zero gradient) once the sigmoid reaches 0 or 1",
+                "binary cross-entropy of a sigmoid output: log(0) once the sigmoid saturates",
             )

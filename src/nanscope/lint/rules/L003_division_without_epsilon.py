@@ -46,6 +46,7 @@ from collections.abc import Iterator
 
 from nanscope.lint._types import Hit, Rule
 from nanscope.lint.inference import FileContext
+from nanscope.lint.ranking import QUIET_PLACES, place_of
 from nanscope.lint.scopes import Site
 from nanscope.lint.vocabulary import K
 
@@ -85,14 +86,18 @@ class DivisionWithoutEpsilon(Rule):
         if denominator is None:
             return
         k = ctx.kind(denominator, site.scope, site.comps)
-        if k & K.SAFE or not k & K.ZERO:
+        if k & K.SAFE or not k & K.ZERO or ctx.looked_after(denominator, site):
             return
+        if place_of(self.code, site, ctx) in QUIET_PLACES and ctx.bounded_somewhere(
+            denominator, site
+        ):
+            return  # data, metrics, inference: only a denominator nothing bounds
         if k & K.NORM:
             yield Hit(
                 node,
                 "division by a norm with no epsilon is 0/0 = NaN for a zero vector",
-                "use F.normalize(x, dim=..., eps=1e-12) / F.cosine_similarity(..., eps=1e-8) / "
-                "tf.math.l2_normalize, or divide by (norm + eps)",
+                "divide by (norm + eps), or F.normalize(x, dim=-1) / F.cosine_similarity / "
+                "tf.math.l2_normalize",
             )
         elif k & K.STD:
             yield Hit(
@@ -120,7 +125,6 @@ def _zero_eps(node: ast.Call, name: str | None) -> Iterator[Hit]:
         if zero:
             yield Hit(
                 node,
-                f"{name} with {kw.arg}=0 divides by an exact 0 for any weight or feature whose "
-                "statistics are 0: 0/0 = NaN",
+                f"{name} with {kw.arg}=0 divides 0 by 0 where a statistic is 0",
                 f"keep the default {kw.arg} (1e-8 for optimizers, 1e-5 for norm layers)",
             )

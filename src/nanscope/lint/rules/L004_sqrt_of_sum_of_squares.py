@@ -77,9 +77,8 @@ class SqrtOfSumOfSquares(Rule):
         if arg is None:
             return
         k = ctx.kind(arg, site.scope, site.comps)
-        if k & K.SUMSQ and not k & K.SAFE:
+        if k & K.SUMSQ and not k & K.SAFE and not ctx.looked_after(arg, site):
             yield Hit(
                 node,
-                "sqrt of a sum of squares has an infinite gradient at 0: NaN after "
-                "backward for a zero vector",
+                "sqrt of a sum of squares: its gradient is infinite for a zero vector",
             )

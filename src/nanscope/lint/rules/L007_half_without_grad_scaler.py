@@ -71,10 +71,7 @@ class HalfWithoutGradScaler(Rule):
 
     code = "L007"
     name = "half-without-grad-scaler"
-    fix = (
-        "use torch.amp.GradScaler (Keras: LossScaleOptimizer) with float32 weights, or "
-        "bfloat16 autocast"
-    )
+    fix = "torch.amp.GradScaler (Keras: LossScaleOptimizer) with float32 weights, or bfloat16"
     node_types = (ast.Call,)
 
     def check(self, node: ast.AST, site: Site, ctx: FileContext) -> Iterator[Hit]:
@@ -96,7 +93,7 @@ class HalfWithoutGradScaler(Rule):
             if k & K.LOSS and not k & K.MODEL:
                 yield Hit(
                     node,
-                    "the loss is cast to float16: it overflows past 65504 and loses precision",
+                    "the loss is cast to float16: it overflows past 65504",
                     "compute and reduce the loss in float32",
                 )
                 return
@@ -107,16 +104,14 @@ class HalfWithoutGradScaler(Rule):
             if unscaled and (k & K.MODEL or _MODEL_NAME.match(name)):
                 yield Hit(
                     node,
-                    "model converted to float16 with no GradScaler in the file: "
-                    "gradients overflow to inf or underflow to 0",
+                    "model converted to float16 and no GradScaler in the file",
                 )
             return
         if last == "autocast" and (root == "torch" or (recv is not None and _dtype(recv) == "amp")):
             if unscaled and self._autocast_is_fp16(node, ctx):
                 yield Hit(
                     node,
-                    "float16 autocast with no GradScaler in the file: gradients "
-                    "overflow to inf or underflow to 0",
+                    "float16 autocast and no GradScaler in the file",
                 )
             return
         if last in ("set_global_policy", "Policy", "set_policy") and "mixed_float16" in ctx.strings:
@@ -129,10 +124,9 @@ class HalfWithoutGradScaler(Rule):
             ):
                 yield Hit(
                     node,
-                    "mixed_float16 policy with a custom GradientTape loop and no "
-                    "LossScaleOptimizer: gradients overflow or underflow",
-                    "wrap the optimizer in keras.mixed_precision.LossScaleOptimizer and "
-                    "scale the loss, or use mixed_bfloat16",
+                    "mixed_float16 policy, a GradientTape loop and no LossScaleOptimizer",
+                    "wrap the optimizer in keras.mixed_precision.LossScaleOptimizer, or use "
+                    "mixed_bfloat16",
                 )
             return
         if (
@@ -144,13 +138,14 @@ class HalfWithoutGradScaler(Rule):
             if any(ctx.kind(a, site.scope, site.comps) & K.HALF for a in args):
                 yield Hit(
                     node,
-                    "the loss is computed from float16 values: it overflows past "
-                    "65504 and loses precision",
-                    "cast the inputs of the loss to float32 (out.float()) or compute it "
-                    "under autocast, which runs losses in float32",
+                    "the loss is computed from float16 values: it overflows past 65504",
+                    "cast its inputs to float32 (out.float()), or compute it under autocast",
                 )
 
     def _autocast_is_fp16(self, node: ast.Call, ctx: FileContext) -> bool:
+        enabled = keyword(node, "enabled")
+        if isinstance(enabled, ast.Constant) and not enabled.value:
+            return False  # autocast(enabled=False): a full-precision region
         dtype = _dtype(keyword(node, "dtype"))
         if dtype is None and len(node.args) > 1:
             dtype = _dtype(node.args[1])

@@ -97,8 +97,8 @@ class ReluRecurrentWithoutClipping(Rule):
     code = "L008"
     name = "relu-recurrent-without-clipping"
     fix = (
-        "keep the default tanh activation, or clip the gradient norm "
-        "(clip_grad_norm_ / tf.clip_by_global_norm / clipnorm=1.0)"
+        "keep tanh, or clip the gradient norm (clip_grad_norm_, tf.clip_by_global_norm, "
+        "clipnorm=1.0)"
     )
     node_types = (ast.Call,)
 
@@ -116,9 +116,7 @@ class ReluRecurrentWithoutClipping(Rule):
             if self._relu(cand, site, ctx):
                 yield Hit(
                     node,
-                    "recurrent cell with an unbounded (relu) activation and no "
-                    "gradient clipping in the file: the state and gradients explode "
-                    "through time",
+                    "recurrent cell with a relu activation and no gradient clipping",
                 )
                 return
 

@@ -39,7 +39,7 @@ from nanscope.lint.inference import FileContext
 from nanscope.lint.scopes import Site
 from nanscope.lint.vocabulary import K
 
-_EXP = frozenset({"exp", "exp2"})
+_EXP = frozenset({"exp", "exp2", "exp_"})
 _FRAMEWORKS = ("torch", "numpy", "tensorflow", "jax", "keras", "cupy", "math")
 
 
@@ -49,8 +49,8 @@ class ExpOfLinearOutput(Rule):
     code = "L009"
     name = "exp-of-linear-output"
     fix = (
-        "clamp the input first (z.clamp(max=20)), subtract the max, or stay in log space "
-        "(log_softmax, logsumexp, softplus, poisson_nll_loss(log_input=True))"
+        "clamp the input (z.clamp(max=20)), subtract the max, or stay in log space "
+        "(log_softmax, logsumexp)"
     )
     node_types = (ast.BinOp, ast.Call)
 
@@ -85,9 +85,8 @@ class ExpOfLinearOutput(Rule):
         if arg is None:
             return
         k = ctx.kind(arg, site.scope, site.comps)
-        if k & K.LINEAR and not k & K.SAFE:
+        if k & K.LINEAR and not k & K.SAFE and not ctx.looked_after(arg, site):
             yield Hit(
                 node,
-                "exp of an unbounded linear output overflows to inf (past ~88 in "
-                "float32, ~11 in float16)",
+                "exp of a linear output overflows to inf past ~88 (float32), ~11 (float16)",
             )

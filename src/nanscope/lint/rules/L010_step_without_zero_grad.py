@@ -74,6 +74,5 @@ class StepWithoutZeroGrad(Rule):
                 return
         yield Hit(
             node,
-            "optimizer.step() in a loop that never clears the gradients: they "
-            "accumulate across updates and the effective step keeps growing",
+            "optimizer.step() in a loop that never clears the gradients",
         )
