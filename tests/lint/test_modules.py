@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 LINT = Path(__file__).resolve().parents[2] / "src" / "nanscope" / "lint"
-SHARED = ("vocabulary", "scopes", "inference", "ranking")
+SHARED = ("vocabulary", "scopes", "inference", "ranking", "fixes")
 RULE_FILES = sorted((LINT / "rules").glob("L*.py"))
 
 

@@ -398,7 +398,7 @@ def lint_paths(
                 raise InputError(f"{target.shown}: cannot read ({exc.strerror or exc})") from exc
         target.parsed = _parse(target.source, target.shown)
         if isinstance(target.parsed, ast.Module):
-            project.add(target.shown, target.parsed)
+            project.add(target.shown, target.parsed, target.source)
     order = {t.shown: i for i, t in enumerate(targets)}
     for target in targets:
         report.files.append(target.shown)

@@ -24,6 +24,7 @@ __all__ = [
     "offset_of",
     "plus_epsilon",
     "remove_keyword",
+    "renamed_call",
     "replace",
     "unified_diff",
 ]
@@ -65,7 +66,36 @@ def plus_epsilon(node: ast.expr, source: str, eps: str, *, operand: bool) -> Edi
         isinstance(node, ast.BinOp) and isinstance(node.op, _TIGHT_OPS)
     )
     inner = text if tight or isinstance(node, ast.UnaryOp) else f"({text})"
-    return replace(node, f"({inner} + {eps})" if operand else f"{inner} + {eps}")
+    if operand and not _parenthesised(node, source):
+        return replace(node, f"({inner} + {eps})")
+    return replace(node, f"{inner} + {eps}")
+
+
+def _parenthesised(node: ast.AST, source: str) -> bool:
+    """Whether ``node``'s source stands right inside a pair of grouping parentheses."""
+    lines = source.splitlines(keepends=True)
+    start = offset_of(lines, node.lineno, node.col_offset)  # type: ignore[attr-defined]
+    end = offset_of(lines, node.end_lineno or node.lineno, node.end_col_offset or 0)  # type: ignore[attr-defined]
+    before = source[:start].rstrip()
+    after = source[end:].lstrip()
+    return before.endswith("(") and after.startswith(")")
+
+
+def renamed_call(call: ast.Call, new_name: str, source: str) -> str | None:
+    """The source of ``call`` with its function's last name replaced: ``F.softmax(x, -1)`` ->
+    ``F.log_softmax(x, -1)``. None when the function is not an attribute."""
+    func = call.func
+    text = ast.get_source_segment(source, call)
+    func_text = ast.get_source_segment(source, func)
+    if (
+        not isinstance(func, ast.Attribute)
+        or text is None
+        or func_text is None
+        or not text.startswith(func_text)
+        or not func_text.endswith(func.attr)
+    ):
+        return None
+    return func_text[: -len(func.attr)] + new_name + text[len(func_text) :]
 
 
 def remove_keyword(call: ast.Call, kw: ast.keyword, source: str) -> Edit | None:

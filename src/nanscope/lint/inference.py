@@ -26,6 +26,7 @@ from nanscope.lint.scopes import (
 from nanscope.lint.vocabulary import (
     CLAMPS,
     COLLECTIVES,
+    CONSTRUCTORS,
     EPS_NAME,
     FN_TO_VALUE,
     FRAMEWORKS,
@@ -40,6 +41,7 @@ from nanscope.lint.vocabulary import (
     PASS_FUNCS,
     PASS_METHODS,
     PROB_NAME,
+    RANDOM_DRAWS,
     SELECTIONS,
     SUM_FUNCS,
     VALUE_TO_FN,
@@ -63,6 +65,17 @@ _NAN_AWARE = frozenset(
     {"errstate", "seterr", "nan_to_num", "isnan", "isfinite", "isinf", "nanmean", "nansum",
      "nanmedian", "nanmax", "nanmin", "nanstd", "fillna", "nan_to_num_"}
 )  # fmt: skip
+#: the calls whose result is derived from their operands' values (see FileContext.value_keys)
+_DERIVING = SUM_FUNCS | MEAN_FUNCS | frozenset(
+    {"norm", "vector_norm", "std", "var", "sqrt", "abs", "long", "int", "bool", "any", "all",
+     "max", "min", "amax", "amin", "numel", "len", "logical_and", "logical_or", "logical_not",
+     "ne", "eq", "gt", "lt", "ge", "le", "nonzero", "where", "clamp", "clip", "round"}
+)  # fmt: skip
+#: calls that combine their arguments elementwise (each argument is what they work on)
+_COMBINING = frozenset(
+    {"logical_and", "logical_or", "logical_xor", "maximum", "minimum", "where", "cat", "concat",
+     "concatenate", "stack", "hstack", "vstack"}
+)  # fmt: skip
 #: tests that say nothing about a value's size
 _TYPE_TESTS = frozenset({"isinstance", "hasattr", "callable", "is_tensor", "is_floating_point"})
 #: attributes and methods that describe a tensor's layout, not its values
@@ -83,6 +96,7 @@ class FileContext(ScopeWalker):
         self._active: set[int] = set()
         self._summaries: dict[int, int] = {}
         self._params: dict[tuple[int, str], int] = {}
+        self._loads: dict[str, int] | None = None
         self.project = project
         self.path = path
         #: the source text, when the engine has it (the safe fixes quote it)
@@ -159,7 +173,9 @@ class FileContext(ScopeWalker):
             if cls is not None:
                 return K.MODEL
         if self.is_guarded(e.id, scope):
-            k |= K.SAFE
+            # written through a subscript (`s[s == 0] = 1`, `X[:, 3] = 4.2`): patched, and no
+            # longer a plain random draw
+            k = (k | K.SAFE) & ~K.NONZERO
         k |= name_kind(e.id)
         if not k & (K.SAFE | K.LINEAR | K.EXP | K.CONST | K.MODEL | K.PROB | K.OPTIM):
             if PROB_NAME.match(e.id):
@@ -208,6 +224,23 @@ class FileContext(ScopeWalker):
         k &= K.PROBS | K.LINEAR | K.LOSS | K.SAFE | K.HALF
         self._summaries[key] = k
         return k
+
+    def loads(self, ref: ast.expr) -> int:
+        """How many times the file reads a name (``criterion``) or an attribute of that name
+        (``self.criterion``)."""
+        if self._loads is None:
+            counts: dict[str, int] = {}
+            for node in ast.walk(self.module.node):  # type: ignore[arg-type]
+                if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
+                    counts[node.id] = counts.get(node.id, 0) + 1
+                elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load):
+                    counts["." + node.attr] = counts.get("." + node.attr, 0) + 1
+            self._loads = counts
+        if isinstance(ref, ast.Name):
+            return self._loads.get(ref.id, 0)
+        if isinstance(ref, ast.Attribute):
+            return self._loads.get("." + ref.attr, 0)
+        return 0
 
     def callee_of(self, name: str) -> int:
         """What calling this module's top-level class or function ``name`` yields."""
@@ -277,22 +310,29 @@ class FileContext(ScopeWalker):
                     return K.SAFE | (inner & (K.PROBS | K.ARITH))
                 return inner & (K.ARITH | K.PROBS | K.ZERO | K.SAFE)
             if last in ("norm", "vector_norm", "matrix_norm"):
+                if self.kind(subject, scope, comps) & K.NONZERO:
+                    return 0  # the norm of a random draw is not 0
                 return K.NORM
             if last in ("std", "reduce_std", "nanstd"):
-                # NumPy feature standardisation (np.std, .std(axis=...)) is data preparation: a
-                # constant column is reported by `nanscope scan`, not here
-                if root == "numpy" or keyword(e, "axis") is not None:
-                    return 0
-                return K.STD
+                # the spread of a random draw is not 0
+                return 0 if self.kind(subject, scope, comps) & K.NONZERO else K.STD
+            if last in RANDOM_DRAWS:
+                return K.NONZERO
+            if last in CONSTRUCTORS:
+                return K.CONST
+            if last in ("cat", "concat", "concatenate", "stack", "hstack", "vstack") and arg0:
+                return self._joined_kind(arg0, scope, comps)
             if last in ("var", "reduce_variance", "nanvar"):
                 return K.VAR
             if last in SUM_FUNCS or last in MEAN_FUNCS:
                 inner = self.kind(subject, scope, comps)
-                k = inner & (K.LOSS | K.HALF | K.GRAD)
+                k = inner & (K.LOSS | K.HALF | K.GRAD | K.CONST)
                 if inner & (K.SQUARE | K.SUMSQ):
                     k |= K.SUMSQ
                 elif last in SUM_FUNCS:
-                    k |= K.SUMEXP if inner & (K.EXP | K.SUMEXP) else K.SUM
+                    # a sum of exps, of probabilities, of a mask with a row of ones: positive
+                    positive = K.EXP | K.SUMEXP | K.PROBS | K.NONZERO
+                    k |= K.SUMEXP if inner & positive and not inner & K.SAFE else K.SUM
                 return k
             if last in ("square",):
                 return K.SQUARE
@@ -403,7 +443,9 @@ class FileContext(ScopeWalker):
             return K.FN_LOSS
         if last in OPTIMIZERS:
             return K.OPTIM
-        if root in ("torch", "tensorflow", "keras"):
+        if root in ("torch", "tensorflow", "keras") and not last.endswith(
+            ("Tensor", "Size", "Generator", "Stream", "Event", "device", "dtype")
+        ):
             return K.MODEL
         return 0
 
@@ -413,6 +455,11 @@ class FileContext(ScopeWalker):
             return K.PROB | K.SIGMOID
         kl = self.kind(e.left, scope, comps)
         kr = self.kind(e.right, scope, comps)
+        # built from constants on both sides (arange grids, literals): still no gradient
+        const = K.CONST if kl & K.CONST and kr & K.CONST else 0
+        return self._binop(e, op, kl, kr, scope) | const
+
+    def _binop(self, e: ast.BinOp, op: type, kl: int, kr: int, scope: Scope) -> int:
         both = kl | kr
         if op is ast.Add:
             if kl & (K.SQUARE | K.SUMSQ) and kr & (K.SQUARE | K.SUMSQ):
@@ -436,6 +483,8 @@ class FileContext(ScopeWalker):
             if same_expr(e.left, e.right):
                 return K.SQUARE | (kl & (K.HALF | K.LOSS | K.GRAD))
             k = both & K.ARITH
+            if kl & K.PROBS and kr & K.PROBS:
+                k |= K.PROB  # a product of probabilities is one (and can be 0)
             risky = ((0 if kl & K.SAFE else kl) | (0 if kr & K.SAFE else kr)) & K.ZERO
             return k | risky
         if op is ast.Div:
@@ -514,7 +563,11 @@ class FileContext(ScopeWalker):
         if got is not None:
             return got
         self._params[key] = 0
-        kinds = [self.kind(arg, cscope) for arg, cscope in self._arguments(fscope, name)]
+        kinds = [
+            self.kind(arg, site.scope, site.comps)
+            | (K.SAFE if self.looked_after(arg, site) else 0)
+            for arg, site in self._arguments(fscope, name)
+        ]
         if not kinds:
             default = fscope.defaults.get(name)
             result = self.kind(default, fscope.parent or self.module) if default else 0
@@ -532,7 +585,7 @@ class FileContext(ScopeWalker):
         self._params[key] = result
         return result
 
-    def _arguments(self, fscope: Scope, name: str) -> list[tuple[ast.expr, Scope]]:
+    def _arguments(self, fscope: Scope, name: str) -> list[tuple[ast.expr, Site]]:
         if name not in fscope.params and name not in fscope.defaults:
             return []
         index = fscope.params.index(name) if name in fscope.params else None
@@ -544,8 +597,9 @@ class FileContext(ScopeWalker):
         )
         if method and index is not None:
             index -= 1
-        found: list[tuple[ast.expr, Scope]] = []
-        for call, cscope in self.calls.get(fscope.name, ()):
+        found: list[tuple[ast.expr, Site]] = []
+        for call, site in self.calls.get(fscope.name, ()):
+            cscope = site.scope
             func = call.func
             if method:
                 if not (
@@ -563,8 +617,23 @@ class FileContext(ScopeWalker):
                     continue
                 arg = call.args[index]
             if arg is not None:
-                found.append((arg, cscope))
+                found.append((arg, site))
         return found
+
+    def _joined_kind(
+        self, parts: ast.expr, scope: Scope, comps: tuple[ast.comprehension, ...]
+    ) -> int:
+        """``cat([mask, ones(...)])``: a join with a part of ones is nonzero by construction."""
+        value, vscope = self.value_of(parts, scope, comps)
+        if not isinstance(value, (ast.List, ast.Tuple)):
+            return 0
+        k = 0
+        for elt in value.elts:
+            if isinstance(elt, ast.Call) and self.func_parts(elt)[1] in ("ones", "ones_like"):
+                k |= K.NONZERO
+            else:
+                k |= self.kind(elt, vscope) & K.CARRY & ~K.NONZERO
+        return k
 
     def _selection_kind(
         self, e: ast.Call, scope: Scope, comps: tuple[ast.comprehension, ...]
@@ -617,31 +686,43 @@ class FileContext(ScopeWalker):
                     continue
                 return False
             if isinstance(expr, ast.BinOp) and isinstance(expr.op, (ast.Mult, ast.Div, ast.Pow)):
+                if isinstance(expr.op, ast.Mult) and (
+                    _eps_named(expr.left) or _eps_named(expr.right)
+                ):
+                    return True  # n * eps: an epsilon scaled by a count
                 return self.positive(expr.left, scope) and (
                     isinstance(expr.op, ast.Pow) or self.positive(expr.right, scope)
                 )
             return False
         return False
 
-    def value_keys(self, expr: ast.AST, scope: Scope, follow: bool = True) -> set[str]:
-        """The storage locations an expression reads (``n``, ``self.count``, ``mask``), and those of
-        the value a name was bound to (``n = mask.sum()`` reads ``mask``). Indices, modules and
-        ``self`` are left out."""
+    def value_keys(self, expr: ast.AST, scope: Scope, follow: int = 2) -> set[str]:
+        """The storage locations an expression reads (``n``, ``self.count``, ``mask``), and those
+        the values of its names were derived from (``n = mask.sum()`` reads ``mask``; a model's
+        output is not derived from its input this way). Indices, modules and ``self`` are left
+        out."""
         keys: set[str] = set()
+        refs: list[ast.expr] = []
         stack: list[ast.AST] = [expr]
         while stack:
             node = stack.pop()
             t = type(node)
             if t is ast.Call:
-                func = node.func  # type: ignore[attr-defined]
-                if isinstance(func, ast.Attribute):
-                    stack.append(func.value)
-                stack.extend(node.args)  # type: ignore[attr-defined]
-                stack.extend(k.value for k in node.keywords)  # type: ignore[attr-defined]
+                # the value a call works on: its receiver or its first argument, not the options
+                # (`target.ne(ignore_index).sum()` reads `target`, not `ignore_index`)
+                assert isinstance(node, ast.Call)
+                _root, last, recv = self.func_parts(node)
+                if recv is not None:
+                    stack.append(recv)
+                if last in _COMBINING:
+                    stack.extend(node.args)
+                elif recv is None and node.args:
+                    stack.append(node.args[0])
             elif t is ast.Name or t is ast.Attribute:
                 key = ref_key(node)
                 if key is not None and key != "self" and key.split(".", 1)[0] not in self.imports:
                     keys.add(key)
+                    refs.append(node)  # type: ignore[arg-type]
                 elif t is ast.Attribute:
                     stack.append(node.value)  # type: ignore[attr-defined]
             elif t is ast.Subscript:
@@ -651,11 +732,26 @@ class FileContext(ScopeWalker):
                 stack.append(node.value)  # type: ignore[attr-defined]
             else:
                 stack.extend(ast.iter_child_nodes(node))
-        if follow and isinstance(expr, (ast.Name, ast.Attribute)):
-            value, vscope = self.value_of(expr, scope)  # type: ignore[arg-type]
-            if value is not expr:
-                keys |= self.value_keys(value, vscope, follow=False)
+        if follow:
+            for ref in refs:
+                value, vscope = self.value_of(ref, scope)
+                if value is not ref and self._derived(value):
+                    keys |= self.value_keys(value, vscope, follow - 1)
         return keys
+
+    def _derived(self, value: ast.expr) -> bool:
+        """Whether a value is computed from its operands' values (a reduction, a view, arithmetic,
+        a comparison), so that a test of an operand says something about it."""
+        if isinstance(value, ast.Call):
+            last = self.func_parts(value)[1]
+            return last is not None and (
+                last in _DERIVING or last in PASS_METHODS or last in PASS_FUNCS
+            )
+        return isinstance(
+            value,
+            (ast.Name, ast.Attribute, ast.Subscript, ast.BinOp, ast.UnaryOp, ast.Compare,
+             ast.BoolOp),
+        )  # fmt: skip
 
     def tested_keys(self, test: ast.AST, scope: Scope) -> set[str]:
         """The values a test looks at: the operands of its comparisons and its truth tests
@@ -669,8 +765,8 @@ class FileContext(ScopeWalker):
             elif isinstance(t, ast.UnaryOp) and isinstance(t.op, ast.Not):
                 stack.append(t.operand)
             elif isinstance(t, ast.Compare):
-                if any(isinstance(op, (ast.Is, ast.IsNot)) for op in t.ops):
-                    continue
+                if any(isinstance(op, (ast.Is, ast.IsNot, ast.In, ast.NotIn)) for op in t.ops):
+                    continue  # `x is None`, `"key" in batch`: not a test of a size
                 for operand in (t.left, *t.comparators):
                     if not self._layout(operand):
                         keys |= self.value_keys(operand, scope)
@@ -709,15 +805,32 @@ class FileContext(ScopeWalker):
         """Whether a test on the path to ``site`` looks at ``expr``'s value (``if n > 0:``,
         ``if s == 0: return``, ``assert total``, ``x if n else 0``, ``where(n > 0, x / n, 0)``),
         or the code runs in a ``try`` that catches ``ZeroDivisionError``."""
-        if not site.guards:
-            return False
         keys = self.value_keys(expr, site.scope)
         for guard in site.guards:
             if _arithmetic_error(guard):
                 return True
             if keys and keys & self.tested_keys(guard, site.scope):
                 return True
+        return bool(keys) and self._selected_away(keys, site)
+
+    def _selected_away(self, keys: set[str], site: Site) -> bool:
+        """``r = a / n`` then ``r = where(n > 0, r, 1.0)``: the result is replaced wherever the
+        value it was computed from is looked at, later in the same body."""
+        if not site.sink or site.sink == "return":
+            return False
+        for call in site.scope.selections:
+            cond = call.args[0]
+            if not keys & self.tested_keys(cond, site.scope):
+                continue
+            for branch in call.args[1:3]:
+                if any(isinstance(n, ast.Name) and n.id == site.sink for n in ast.walk(branch)):
+                    return True
         return False
+
+def _eps_named(expr: ast.expr) -> bool:
+    name = expr.attr if isinstance(expr, ast.Attribute) else getattr(expr, "id", None)
+    return isinstance(name, str) and bool(EPS_NAME.match(name))
+
 
 def _encloses(outer: Scope | None, inner: Scope) -> bool:
     s: Scope | None = inner

@@ -1,4 +1,5 @@
-"""The files linted together: where an imported class or function is defined.
+"""The files linted together: where an imported class or function is defined, and whether a loss
+scaler or gradient clipping is set up in some file of the package.
 
 ``from .models import Discriminator`` in ``train.py`` and ``netD = Discriminator()`` say nothing
 about what the model returns; ``models.py``, linted in the same run, does (a ``Sigmoid`` last
@@ -13,6 +14,7 @@ import ast
 from pathlib import PurePath
 
 from nanscope.lint.inference import FileContext
+from nanscope.lint.vocabulary import PACKAGE_WIDE
 
 __all__ = ["Project"]
 
@@ -33,10 +35,16 @@ class Project:
         self._defined: dict[str, list[str]] = {}
         self._active: set[tuple[str, str]] = set()
         self._answers: dict[tuple[str, str], int] = {}
+        #: the names of :data:`PACKAGE_WIDE` some file of the run mentions
+        self.mentioned: set[str] = set()
 
-    def add(self, path: str, tree: ast.Module) -> None:
-        """Index the classes and functions ``tree`` defines at its top level."""
+    def add(self, path: str, tree: ast.Module, source: str = "") -> None:
+        """Index the classes and functions ``tree`` defines at its top level, and the package-wide
+        names (a loss scaler, gradient clipping) its ``source`` mentions."""
         self._trees[path] = tree
+        for name in PACKAGE_WIDE - self.mentioned:
+            if name in source:
+                self.mentioned.add(name)
         for node in tree.body:
             if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
                 self._defined.setdefault(node.name, []).append(path)

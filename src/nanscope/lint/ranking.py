@@ -60,21 +60,22 @@ _DATA_BASES = frozenset({"Dataset", "IterableDataset", "Sampler", "DataLoader", 
 _DATA_FUNC = re.compile(
     r"^(__getitem__|__iter__|__len__|collate\w*|\w*_collate\w*|preprocess\w*|\w*_preprocess\w*|"
     r"transform\w*|augment\w*|load_\w*|read_\w*|make_dataset|build_dataset|\w*_sampler?|"
-    r"normali[sz]e_(audio|image|data|features?))$"
+    r"normali[sz]e_(audio|image|data|features?)|\w*sampl\w*_(probs?|ratios?|weights?)\w*)$"
 )
 _DATA_PATH = re.compile(
     r"^(data|datasets?|dataloaders?|loaders?|preprocess\w*|preprocessing|transforms?|augment\w*|"
-    r"samplers?|\w*_dataset|\w*_datasets|data_\w+|\w+_data|\w*_utils_data)$"
+    r"samplers?|\w*_dataset|\w*_datasets|data_\w+|\w+_data|processors?|\w*_processors?)$"
 )
 _METRIC_FUNC = re.compile(
     r"^(\w*metrics?\w*|accuracy\w*|\w*_accuracy|evaluat\w*|eval_\w*|\w*_eval|score\w*|\w*_score|"
+    r"valid\w*|\w*_valid|\w*_validation|measure\w*|"
     r"bleu\w*|precision\w*|recall\w*|f1\w*|\w*_iou|iou\w*|log_\w+|summar\w*|report\w*|"
     r"\w*stats?|statistics\w*|visuali[sz]\w*|plot\w*|draw\w*|print\w*|show\w*|\w*_meter)$"
 )
 _METRIC_PATH = re.compile(
     r"^(metrics?|\w*_metrics?|eval|evals?|evaluation|evaluators?|\w*_evaluation|\w*_evaluator|"
     r"eval_\w+|\w*_eval|scoring|scorers?|bleu|meters?|logging|loggers?|visuali[sz]\w*|plots?|"
-    r"plotting|stats|statistics|analysis|\w*_analysis|benchmarks?|profil\w*)$"
+    r"plotting|stats|statistics|analysis|\w*_analysis|benchmarks?|profil\w*|measure\w*)$"
 )
 _INFER_FUNC = re.compile(
     r"^(inference\w*|\w*_inference|predict\w*|\w*_predict|generate\w*|\w*_generate|sample\w*|"
@@ -82,9 +83,8 @@ _INFER_FUNC = re.compile(
     r"post_process\w*|demo\w*|test_\w+)$"
 )
 _INFER_PATH = re.compile(
-    r"^(inference|infer|generation|generators?|generate\w*|demos?|serve|serving|deploy\w*|"
-    r"export\w*|tools|scripts|postprocess\w*|\w*_inference|interactive|hub_utils|tests?|"
-    r"test_\w+|\w+_test|tests_\w+)$"
+    r"^(inference|infer|generation|\w*generators?|generate\w*|demos?|serve|serving|deploy\w*|"
+    r"export\w*|tools|scripts|postprocess\w*|\w*_inference|interactive|hub_utils)$"
 )
 
 
@@ -130,14 +130,15 @@ def place_of(code: str, site: Site, ctx: FileContext) -> str:
     if site.no_grad:
         return "inference"
     for s in enclosing:
+        name = s.name.lstrip("_") if not s.name.startswith("__") else s.name
         if s.kind == "class":
             if any(b in _DATA_BASES for b in s.bases):
                 return "data"
-        elif _DATA_FUNC.match(s.name):
+        elif _DATA_FUNC.match(name):
             return "data"
-        elif _METRIC_FUNC.match(s.name):
+        elif _METRIC_FUNC.match(name):
             return "metrics"
-        elif _INFER_FUNC.match(s.name):
+        elif _INFER_FUNC.match(name):
             return "inference"
     by_path = _path_place(ctx.path)
     if by_path is not None:

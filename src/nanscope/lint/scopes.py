@@ -128,6 +128,7 @@ class Scope:
         "params",
         "parent",
         "returns",
+        "selections",
         "tests",
     )
 
@@ -154,10 +155,12 @@ class Scope:
         self.params: list[str] = []
         self.defaults: dict[str, ast.expr] = {}
         #: every test made in this body (``if``, ``while``, ``assert``, conditional expressions,
-        #: comprehension filters, ``where`` conditions), wherever it stands
+        #: comprehension filters, ``where`` conditions) and every comparison, wherever it stands
         self.tests: list[ast.expr] = []
         #: the last names of the functions called in this body
         self.called: set[str] = set()
+        #: the ``where(cond, a, b)`` calls of this body
+        self.selections: list[ast.Call] = []
         #: for a class: the last names of its bases (``Module``, ``Dataset``, ``_Loss``)
         self.bases: list[str] = []
 
@@ -198,6 +201,8 @@ class ScopeWalker:
         self.zero_loops: set[int] = set()
         self.zero_funcs: set[str] = set()
         self.loop_calls: dict[int, set[str]] = {}
+        #: id of a loop -> the loop node
+        self.loop_nodes: dict[int, ast.AST] = {}
         self.module = Scope("module", "<module>", None, tree)
         self._wanted = wanted
         self._scope = self.module
@@ -207,8 +212,8 @@ class ScopeWalker:
         self._func_names: tuple[str, ...] = ()
         self._guards: tuple[ast.expr, ...] = ()
         self._sink = ""
-        #: the last name of every called function -> the calls, with the scope they are made in
-        self.calls: dict[str, list[tuple[ast.Call, Scope]]] = {}
+        #: the last name of every called function -> the calls, with the site they are made at
+        self.calls: dict[str, list[tuple[ast.Call, Site]]] = {}
         self._site = Site(self.module, (), (), False)
         self._parts: dict[int, tuple[str | None, str | None, ast.expr | None]] = {}
         self._walk(tree)
@@ -399,6 +404,10 @@ class ScopeWalker:
             self._guards = (*saved, node.test)
         self._set()
 
+    def _v_compare(self, node: ast.Compare) -> None:
+        self._scope.tests.append(node)
+        self._children(node)
+
     def _v_assert(self, node: ast.Assert) -> None:
         self._children(node)
         self._guards = self._test(node.test)
@@ -550,7 +559,7 @@ class ScopeWalker:
         func = node.func
         last = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
         if last is not None:
-            self.calls.setdefault(last, []).append((node, self._scope))
+            self.calls.setdefault(last, []).append((node, self._site))
             self._scope.called.add(last)
         if self._loops:
             name = None
@@ -561,6 +570,7 @@ class ScopeWalker:
             if name is not None:
                 for loop in self._loops:
                     self.loop_calls.setdefault(id(loop), set()).add(name)
+                    self.loop_nodes[id(loop)] = loop
         if isinstance(func, ast.Attribute):
             attr = func.attr
             if attr in INPLACE_METHODS:
@@ -583,6 +593,7 @@ class ScopeWalker:
             self._walk(func)
             self._walk(node.args[0])
             self._scope.tests.append(node.args[0])
+            self._scope.selections.append(node)
             for arg in node.args[1:]:
                 self._guarded((node.args[0],), arg)
             for kw in node.keywords:
@@ -635,6 +646,14 @@ class ScopeWalker:
                 return full.split(".", 1)[0], full.rsplit(".", 1)[-1], None
             return None, func.id, None
         return None, None, None
+
+    def loop_nodes_calling(self, name: str) -> list[tuple[ast.AST, set[str]]]:
+        """The loops that call the function or method ``name``, with what each calls."""
+        return [
+            (self.loop_nodes[key], called)
+            for key, called in self.loop_calls.items()
+            if name in called and key in self.loop_nodes
+        ]
 
     def is_framework_call(self, call: ast.Call, names: frozenset[str] | set[str]) -> bool:
         """A call of ``names`` from a framework (``torch.log``) or as a method (``p.log()``)."""
@@ -827,6 +846,7 @@ _HANDLERS: dict[type[ast.AST], Any] = {
     ast.Call: ScopeWalker._v_call,
     ast.Delete: ScopeWalker._v_delete,
     ast.If: ScopeWalker._v_if,
+    ast.Compare: ScopeWalker._v_compare,
     ast.Assert: ScopeWalker._v_assert,
     ast.IfExp: ScopeWalker._v_ifexp,
     ast.BoolOp: ScopeWalker._v_boolop,

@@ -43,7 +43,8 @@ from __future__ import annotations
 import ast
 from collections.abc import Iterator
 
-from nanscope.lint._types import Hit, Rule
+from nanscope.lint._types import Edit, Hit, Rule
+from nanscope.lint.fixes import renamed_call, replace
 from nanscope.lint.inference import FileContext
 from nanscope.lint.scopes import Site
 from nanscope.lint.vocabulary import K
@@ -101,18 +102,82 @@ class LogOfProbability(Rule):
         k = ctx.kind(arg, site.scope, site.comps)
         if not k & K.PROB or k & K.SAFE or ctx.looked_after(arg, site):
             return
+        edits = _log_space_fix(node, arg, ctx) if last == "log" else ()
         if k & K.SIGMOID:
             yield Hit(
                 node,
                 "log of a sigmoid output is -inf once the sigmoid saturates to 0 or 1",
                 "work on the logits: F.logsigmoid(z), F.logsigmoid(-z) for log(1 - p), "
                 "tf.math.log_sigmoid, BCEWithLogitsLoss",
+                edits,
             )
         elif k & K.SOFTMAX:
             yield Hit(
                 node,
                 "log of a softmax output is -inf once a probability underflows to 0",
                 "use log_softmax (F.log_softmax / tf.nn.log_softmax) or cross_entropy on logits",
+                edits,
             )
         else:
             yield Hit(node, "log of a probability with no clamp or epsilon is -inf at p == 0")
+
+
+#: the log-space twin of a probability function, per framework
+_LOG_TWINS = {
+    ("torch", "softmax"): "log_softmax",
+    ("jax", "softmax"): "log_softmax",
+    ("scipy", "softmax"): "log_softmax",
+    ("tensorflow", "softmax"): "log_softmax",
+}
+
+
+def _log_space_fix(log_call: ast.Call, arg: ast.expr, ctx: FileContext) -> tuple[Edit, ...]:
+    """``log(softmax(x))`` -> ``log_softmax(x)``, ``log(sigmoid(z))`` -> ``logsigmoid(z)``,
+    ``log(1 - sigmoid(z))`` -> ``logsigmoid(-z)``, when the probability is computed right there
+    (a name bound to it may be used elsewhere: that needs a person)."""
+    source = ctx.source
+    if not source:
+        return ()
+    negate = False
+    if (
+        isinstance(arg, ast.BinOp)
+        and isinstance(arg.op, ast.Sub)
+        and ctx.is_one(arg.left, ctx.module)
+        and isinstance(arg.right, ast.Call)
+    ):
+        arg, negate = arg.right, True
+    if not isinstance(arg, ast.Call):
+        return ()
+    root, last, recv = ctx.func_parts(arg)
+    text: str | None = None
+    if last == "softmax" and not negate:
+        if recv is not None:
+            text = renamed_call(arg, "log_softmax", source)
+        elif root is not None and (root, "softmax") in _LOG_TWINS:
+            qual = ctx.qualname(arg.func) or ""
+            if root != "tensorflow" or qual.endswith(("nn.softmax", "math.softmax")):
+                text = renamed_call(arg, "log_softmax", source)
+    elif last == "sigmoid" and len(arg.args) + (recv is not None) == 1 and not arg.keywords:
+        z = recv if recv is not None else arg.args[0]
+        z_text = ast.get_source_segment(source, z)
+        if z_text is None:
+            return ()
+        if negate:
+            atom = isinstance(z, (ast.Name, ast.Attribute, ast.Call, ast.Subscript))
+            z_text = f"-{z_text}" if atom else f"-({z_text})"
+        qual = ctx.qualname(arg.func) or ""
+        torch_alias = next((a for a, m in ctx.imports.items() if m == "torch"), None)
+        tf_alias = next((a for a, m in ctx.imports.items() if m == "tensorflow"), None)
+        if qual.startswith("torch.nn.functional.") and isinstance(arg.func, ast.Attribute):
+            prefix = ast.get_source_segment(source, arg.func.value)
+            text = f"{prefix}.logsigmoid({z_text})" if prefix else None
+        elif (qual.startswith("torch.") or recv is not None) and torch_alias:
+            text = f"{torch_alias}.nn.functional.logsigmoid({z_text})"
+        elif qual.startswith("tensorflow.") and tf_alias:
+            text = f"{tf_alias}.math.log_sigmoid({z_text})"
+        elif qual.startswith("jax.") and isinstance(arg.func, ast.Attribute):
+            prefix = ast.get_source_segment(source, arg.func.value)
+            text = f"{prefix}.log_sigmoid({z_text})" if prefix else None
+    if text is None:
+        return ()
+    return (replace(log_call, text),)

@@ -44,10 +44,11 @@ from __future__ import annotations
 import ast
 from collections.abc import Iterator
 
-from nanscope.lint._types import Hit, Rule
+from nanscope.lint._types import Edit, Hit, Rule
+from nanscope.lint.fixes import insert_after, plus_epsilon, remove_keyword
 from nanscope.lint.inference import FileContext
 from nanscope.lint.ranking import QUIET_PLACES, place_of
-from nanscope.lint.scopes import Site
+from nanscope.lint.scopes import Site, keyword, same_expr
 from nanscope.lint.vocabulary import K
 
 _DIV_FUNCS = frozenset({"div", "divide", "true_divide", "truediv", "realdiv", "div_"})
@@ -60,6 +61,14 @@ _EPS_GUARDED = frozenset({
 })  # fmt: skip
 
 
+#: (library, function) -> its epsilon keyword, for library functions that divide by a norm with
+#: an epsilon of 0 unless given one
+_ZERO_BY_DEFAULT = {
+    ("optax", "cosine_similarity"): "epsilon",
+    ("optax", "cosine_distance"): "epsilon",
+}
+
+
 class DivisionWithoutEpsilon(Rule):
     """Division by a norm, standard deviation, sum or count with no epsilon."""
 
@@ -70,13 +79,19 @@ class DivisionWithoutEpsilon(Rule):
 
     def check(self, node: ast.AST, site: Site, ctx: FileContext) -> Iterator[Hit]:
         denominator: ast.expr | None = None
+        numerator: ast.expr | None = None
         if isinstance(node, (ast.BinOp, ast.AugAssign)):
             if isinstance(node.op, ast.Div):
                 denominator = node.right if isinstance(node, ast.BinOp) else node.value
+                numerator = node.left if isinstance(node, ast.BinOp) else node.target
         elif isinstance(node, ast.Call):
             root, last, recv = ctx.func_parts(node)
             if last in _EPS_GUARDED:
-                yield from _zero_eps(node, last)
+                yield from _zero_eps(node, last, ctx.source)
+                return
+            default = _ZERO_BY_DEFAULT.get((root or "", last or ""))
+            if default is not None:
+                yield from _zero_default(node, last or "", default, ctx)
                 return
             if last in _DIV_FUNCS:
                 if recv is not None and node.args:
@@ -88,22 +103,29 @@ class DivisionWithoutEpsilon(Rule):
         k = ctx.kind(denominator, site.scope, site.comps)
         if k & K.SAFE or not k & K.ZERO or ctx.looked_after(denominator, site):
             return
-        if place_of(self.code, site, ctx) in QUIET_PLACES and ctx.bounded_somewhere(
-            denominator, site
+        if place_of(self.code, site, ctx) in QUIET_PLACES and (
+            ctx.bounded_somewhere(denominator, site)
+            or _self_normalising(numerator, denominator, site, ctx)
         ):
             return  # data, metrics, inference: only a denominator nothing bounds
+        # an operand of `/` needs parentheses; the right of `/=` and an argument do not
+        operand = isinstance(node, ast.BinOp)
         if k & K.NORM:
+            edit = plus_epsilon(denominator, ctx.source, "1e-12", operand=operand)
             yield Hit(
                 node,
                 "division by a norm with no epsilon is 0/0 = NaN for a zero vector",
                 "divide by (norm + eps), or F.normalize(x, dim=-1) / F.cosine_similarity / "
                 "tf.math.l2_normalize",
+                (edit,) if edit is not None and ctx.source else (),
             )
         elif k & K.STD:
+            edit = plus_epsilon(denominator, ctx.source, "1e-8", operand=operand)
             yield Hit(
                 node,
                 "division by a standard deviation with no epsilon is NaN for a constant input",
                 "divide by (std + eps), or replace zero deviations first (s[s == 0] = 1)",
+                (edit,) if edit is not None and ctx.source else (),
             )
         else:
             yield Hit(
@@ -113,7 +135,78 @@ class DivisionWithoutEpsilon(Rule):
             )
 
 
-def _zero_eps(node: ast.Call, name: str | None) -> Iterator[Hit]:
+def _self_normalising(
+    numerator: ast.expr | None, denominator: ast.expr, site: Site, ctx: FileContext
+) -> bool:
+    """``w / w.sum()``, ``p /= np.sum(p)``, ``x.max(axis) / x.sum(axis)``: a share of its own
+    total, 0 only when everything is (then there is nothing to share)."""
+    if numerator is None:
+        return False
+    summed = _summed(denominator, site, ctx)
+    if summed is None:
+        return False
+    base = _bare(numerator, ctx)
+    if isinstance(base, ast.Name):
+        value, _ = ctx.value_of(base, site.scope)
+        # `max_p = x.max(axis)`: the numerator is itself a reduction of the summed array
+        if isinstance(value, ast.Call) and ctx.func_parts(value)[1] in _REDUCTIONS:
+            base = _bare(_subject(value, ctx) or base, ctx)
+    return same_expr(_bare(summed, ctx), base)
+
+
+_REDUCTIONS = frozenset({"max", "amax", "min", "amin", "sum", "nansum", "mean"})
+
+
+def _subject(call: ast.Call, ctx: FileContext) -> ast.expr | None:
+    _root, _last, recv = ctx.func_parts(call)
+    return recv if recv is not None else (call.args[0] if call.args else None)
+
+
+def _summed(denominator: ast.expr, site: Site, ctx: FileContext) -> ast.expr | None:
+    """``x`` when the denominator is ``x.sum(...)`` / ``np.sum(x)`` or a name bound to one."""
+    if isinstance(denominator, ast.Name):
+        denominator, _ = ctx.value_of(denominator, site.scope)
+    if not isinstance(denominator, ast.Call):
+        return None
+    if ctx.func_parts(denominator)[1] not in ("sum", "nansum"):
+        return None
+    return _subject(denominator, ctx)
+
+
+def _bare(expr: ast.expr, ctx: FileContext) -> ast.expr:
+    """``x`` of ``x.float()``, ``x.type(dtype)``, ``x.to(device)``."""
+    while isinstance(expr, ast.Call) and isinstance(expr.func, ast.Attribute):
+        if expr.func.attr not in ("float", "double", "type", "to", "type_as", "astype", "detach"):
+            break
+        expr = expr.func.value
+    return expr
+
+
+def _zero_default(node: ast.Call, name: str, keyword_name: str, ctx: FileContext) -> Iterator[Hit]:
+    """``optax.cosine_similarity(a, b)``: its ``epsilon`` defaults to 0."""
+    given = keyword(node, keyword_name)
+    if given is not None and not (
+        isinstance(given, ast.Constant)
+        and isinstance(given.value, (int, float))
+        and not given.value
+    ):
+        return
+    edits: tuple[Edit, ...] = ()
+    if given is None and ctx.source and (node.args or node.keywords):
+        last_arg = max(
+            [*node.args, *(k.value for k in node.keywords)],
+            key=lambda n: (n.end_lineno or 0, n.end_col_offset or 0),
+        )
+        edits = (insert_after(last_arg, f", {keyword_name}=1e-12"),)
+    yield Hit(
+        node,
+        f"{name} divides by the norms with {keyword_name}=0 by default: NaN for a zero vector",
+        f"pass {keyword_name}=1e-12 (it clips the squared norms)",
+        edits,
+    )
+
+
+def _zero_eps(node: ast.Call, name: str | None, source: str) -> Iterator[Hit]:
     for kw in node.keywords:
         value = kw.value
         zero = (
@@ -123,8 +216,10 @@ def _zero_eps(node: ast.Call, name: str | None) -> Iterator[Hit]:
             and value.value == 0
         )
         if zero:
+            edit = remove_keyword(node, kw, source) if source else None
             yield Hit(
                 node,
                 f"{name} with {kw.arg}=0 divides 0 by 0 where a statistic is 0",
                 f"keep the default {kw.arg} (1e-8 for optimizers, 1e-5 for norm layers)",
+                (edit,) if edit is not None else (),
             )

@@ -34,7 +34,9 @@ import ast
 from collections.abc import Iterator
 
 from nanscope.lint._types import Hit, Rule
+from nanscope.lint.fixes import plus_epsilon
 from nanscope.lint.inference import FileContext
+from nanscope.lint.ranking import QUIET_PLACES, place_of
 from nanscope.lint.scopes import Site, is_number
 from nanscope.lint.vocabulary import K
 
@@ -53,6 +55,7 @@ class SqrtOfSumOfSquares(Rule):
         if site.no_grad:
             return
         arg: ast.expr | None = None
+        operand = True  # the receiver of .sqrt() or the base of ** 0.5
         if isinstance(node, ast.Call):
             root, last, recv = ctx.func_parts(node)
             if last not in ("sqrt", "rsqrt"):
@@ -62,7 +65,7 @@ class SqrtOfSumOfSquares(Rule):
                     return
                 arg = recv
             elif root in _AUTOGRAD and node.args:
-                arg = node.args[0]
+                arg, operand = node.args[0], False
         elif (
             isinstance(node, ast.BinOp)
             and isinstance(node.op, ast.Pow)
@@ -77,8 +80,13 @@ class SqrtOfSumOfSquares(Rule):
         if arg is None:
             return
         k = ctx.kind(arg, site.scope, site.comps)
-        if k & K.SUMSQ and not k & K.SAFE and not ctx.looked_after(arg, site):
-            yield Hit(
-                node,
-                "sqrt of a sum of squares: its gradient is infinite for a zero vector",
-            )
+        if not k & (K.SUMSQ | K.SQUARE) or k & (K.SAFE | K.CONST) or ctx.looked_after(arg, site):
+            return  # built from constants (an arange grid): no gradient
+        if place_of(self.code, site, ctx) in QUIET_PLACES:
+            return  # data, metrics, inference: no backward pass
+        edit = plus_epsilon(arg, ctx.source, "1e-12", operand=operand) if ctx.source else None
+        if k & K.SUMSQ:
+            message = "sqrt of a sum of squares: its gradient is infinite for a zero vector"
+        else:
+            message = "sqrt of a square is |x|, and its gradient is 0/0 = NaN at x == 0"
+        yield Hit(node, message, edits=(edit,) if edit is not None else ())

@@ -45,9 +45,8 @@ from collections.abc import Iterator
 from nanscope.lint._types import Hit, Rule
 from nanscope.lint.inference import FileContext
 from nanscope.lint.scopes import Site, keyword
-from nanscope.lint.vocabulary import K
+from nanscope.lint.vocabulary import SCALERS, K
 
-_SCALERS = frozenset({"GradScaler", "LossScaleOptimizer", "DynamicLossScale", "ShardedGradScaler"})
 _TRAINING = frozenset({"backward", "GradientTape", "apply_gradients"})
 _MODEL_NAME = re.compile(
     r"^(self|model|net|network|module|encoder|decoder|backbone|classifier|policy|\w+_model|"
@@ -79,7 +78,11 @@ class HalfWithoutGradScaler(Rule):
         root, last, recv = ctx.func_parts(node)
         if last is None:
             return
-        unscaled = not (ctx.idents & _SCALERS) and bool(ctx.idents & _TRAINING)
+        unscaled = (
+            not ctx.idents & SCALERS
+            and bool(ctx.idents & _TRAINING)
+            and not (ctx.project is not None and ctx.project.mentioned & SCALERS)
+        )
         if recv is not None and last in ("half", "to", "type"):
             is_half = last == "half" and not node.args and not node.keywords
             if last in ("to", "type"):

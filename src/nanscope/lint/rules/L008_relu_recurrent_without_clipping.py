@@ -37,6 +37,7 @@ from collections.abc import Iterator
 from nanscope.lint._types import Hit, Rule
 from nanscope.lint.inference import FileContext
 from nanscope.lint.scopes import Site, keyword
+from nanscope.lint.vocabulary import CLIPPING
 
 _RECURRENT = frozenset(
     {
@@ -58,23 +59,6 @@ _RECURRENT = frozenset(
     }
 )
 _RELU = frozenset({"relu", "leaky_relu", "elu", "selu", "ReLU", "LeakyReLU", "ELU", "SELU"})
-_CLIPPING = frozenset(
-    {
-        "clip_grad_norm_",
-        "clip_grad_norm",
-        "clip_grad_value_",
-        "clip_by_global_norm",
-        "clip_by_norm",
-        "clipnorm",
-        "clipvalue",
-        "global_clipnorm",
-        "gradient_clip_val",
-        "max_grad_norm",
-        "clip_gradients",
-        "clip_grad_by_norm",
-        "clip_by_average_norm",
-    }
-)
 
 
 def _relu_like(expr: ast.AST | None) -> bool:
@@ -105,8 +89,10 @@ class ReluRecurrentWithoutClipping(Rule):
     def check(self, node: ast.AST, site: Site, ctx: FileContext) -> Iterator[Hit]:
         assert isinstance(node, ast.Call)
         _root, last, recv = ctx.func_parts(node)
-        if last not in _RECURRENT or recv is not None or ctx.idents & _CLIPPING:
+        if last not in _RECURRENT or recv is not None or ctx.idents & CLIPPING:
             return
+        if ctx.project is not None and ctx.project.mentioned & CLIPPING:
+            return  # clipped in another file of the package (the training loop)
         candidates: list[ast.expr] = [a for a in node.args[1:] if not isinstance(a, ast.Starred)]
         for name in ("activation", "nonlinearity", "recurrent_activation"):
             value = keyword(node, name)

@@ -59,7 +59,7 @@ class StepWithoutZeroGrad(Rule):
 
     def check(self, node: ast.AST, site: Site, ctx: FileContext) -> Iterator[Hit]:
         assert isinstance(node, ast.Call)
-        if not site.loops or node.args or node.keywords or "backward" not in ctx.idents:
+        if node.args or node.keywords or "backward" not in ctx.idents:
             return
         _root, last, recv = ctx.func_parts(node)
         if last != "step" or recv is None:
@@ -67,12 +67,24 @@ class StepWithoutZeroGrad(Rule):
         name = recv.attr if isinstance(recv, ast.Attribute) else getattr(recv, "id", "")
         if not (_OPTIMIZER_NAME.match(name) or ctx.kind(recv, site.scope) & K.OPTIM):
             return
-        for loop in site.loops:
+        loops = list(site.loops)
+        if not loops:
+            # step() in a helper (`def train_step(...)`): the loops of the file that call it
+            helper = site.scope.name if site.scope.kind == "function" else None
+            if helper is None or helper in ctx.zero_funcs:
+                return
+            loops = [loop for loop, called in ctx.loop_nodes_calling(helper)]
+            if not loops:
+                return
+        for loop in loops:
             if id(loop) in ctx.zero_loops:
                 return
             if ctx.loop_calls.get(id(loop), set()) & ctx.zero_funcs:
                 return
         yield Hit(
             node,
-            "optimizer.step() in a loop that never clears the gradients",
+            "optimizer.step() in a loop that never clears the gradients"
+            if site.loops
+            else f"optimizer.step() in {site.scope.name}(), called in a loop that never clears "
+            "the gradients",
         )
