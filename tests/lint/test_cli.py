@@ -40,7 +40,9 @@ def test_findings_exit_one_in_ruff_format(
 ) -> None:
     assert main([str(bad_file)]) == 1
     out = capsys.readouterr().out.splitlines()
-    assert out[0] == f"{bad_file}:4:5: L005 update adds lr * gradient to the weights: gradient ascent"
+    assert out[0] == f"{bad_file}:4:5: L005 update adds lr * gradient to the weights: " + (
+        "gradient ascent"
+    )
     assert out[1].startswith("    fix: subtract the step: w -= lr * g")
     assert out[2].startswith(f"{bad_file}:5:12: L001 log of a sigmoid output")
     assert out[3].startswith("    fix: ") and "logsigmoid" in out[3]

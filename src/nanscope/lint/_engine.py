@@ -293,6 +293,8 @@ class _Target:
     config: LintConfig
     source: str = ""
     parsed: ast.Module | LintFinding | None = None
+    #: the path that picks the per-file ignores (the file, or ``--stdin-filename``)
+    named: Path | None = None
 
 
 @dataclass
@@ -365,7 +367,7 @@ def lint_paths(
         location = Path(filename)
         config = config_for(location)
         if not (options.force_exclude and config.excluded(location)):
-            targets.append(_Target(filename, None, config, source))
+            targets.append(_Target(filename, None, config, source, named=location))
     for given in paths:
         p = Path(given)
         if p.is_dir():
@@ -404,7 +406,7 @@ def lint_paths(
         report.files.append(target.shown)
         report.sources[target.shown] = target.source
         report.locations[target.shown] = target.location
-        selection = options.selection(target.config, target.location)
+        selection = options.selection(target.config, target.named or target.location)
         parsed = target.parsed
         if isinstance(parsed, LintFinding):
             if selection.enabled(SYNTAX_ERROR_CODE):

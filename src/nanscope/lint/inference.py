@@ -168,6 +168,8 @@ class FileContext(ScopeWalker):
             k = self.kind(entry[1], entry[2])
         elif isinstance(entry, tuple) and entry[2].kind == "function":
             k = self.param_kind(entry[2], e.id)
+            if not k and e.id == "y_pred" and "y_true" in entry[2].params:
+                k = K.PROB  # a Keras loss(y_true, y_pred): the model's predicted probability
         elif entry is None:
             cls = self.module.classes.get(e.id)
             if cls is not None:
@@ -221,7 +223,7 @@ class FileContext(ScopeWalker):
         k = 0
         for value in fscope.returns:
             k |= self.kind(value, fscope)
-        k &= K.PROBS | K.LINEAR | K.LOSS | K.SAFE | K.HALF
+        k &= K.PROBS | K.LINEAR | K.LOSS | K.SAFE | K.HALF | K.NORM | K.STD | K.VAR | K.EXP
         self._summaries[key] = k
         return k
 
@@ -478,7 +480,8 @@ class FileContext(ScopeWalker):
                 return K.SAFE | (kl & (K.HALF | K.LOSS | K.GRAD))
             if self.is_one(e.left, scope):
                 return kr & (K.PROBS | K.SAFE | K.ARITH)
-            return both & (K.ARITH | (kl & K.SAFE))
+            # a union `a.sum() + b.sum() - inter` is still a sum that can be 0
+            return both & (K.ARITH | (kl & (K.SAFE | K.SUM)))
         if op is ast.Mult:
             if same_expr(e.left, e.right):
                 return K.SQUARE | (kl & (K.HALF | K.LOSS | K.GRAD))

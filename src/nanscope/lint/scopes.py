@@ -33,6 +33,7 @@ __all__ = [
     "is_none",
     "is_number",
     "keyword",
+    "qualified_name",
     "ref_key",
     "same_expr",
 ]
@@ -328,7 +329,8 @@ class ScopeWalker:
         saved_guards = self._guards
         self._scope, self._loops, self._comps, self._guards = scope, (), (), ()
         self._no_grad = no_grad
-        self._func_names = (*self._func_names, name)
+        # a method is known by its class too: two classes' `_step` are different helpers
+        self._func_names = (*self._func_names, qualified_name(scope))
         self._set()
         if isinstance(node, ast.Lambda):
             scope.returns.append(node.body)
@@ -566,7 +568,9 @@ class ScopeWalker:
             if isinstance(func, ast.Name):
                 name = func.id
             elif isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name):
-                name = func.attr if func.value.id == "self" else None
+                cls = self._scope.cls
+                if func.value.id == "self" and cls is not None:
+                    name = f"{cls.name}.{func.attr}"
             if name is not None:
                 for loop in self._loops:
                     self.loop_calls.setdefault(id(loop), set()).add(name)
@@ -733,6 +737,14 @@ class ScopeWalker:
                 return expr, scope
             expr, scope, comps = entry[1], entry[2], ()
         return expr, scope
+
+
+def qualified_name(scope: Scope) -> str:
+    """``Trainer._step`` for a method, ``train`` for a function."""
+    parent = scope.parent
+    if parent is not None and parent.kind == "class":
+        return f"{parent.name}.{scope.name}"
+    return scope.name
 
 
 def is_none(node: ast.AST) -> bool:

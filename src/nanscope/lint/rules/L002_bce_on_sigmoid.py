@@ -48,8 +48,8 @@ class BceOnSigmoid(Rule):
     code = "L002"
     name = "bce-on-sigmoid"
     fix = (
-        "drop the sigmoid; BCEWithLogitsLoss / F.binary_cross_entropy_with_logits on the logits "
-        "(Keras: from_logits=True)"
+        "drop the sigmoid: BCEWithLogitsLoss or F.binary_cross_entropy_with_logits on the logits "
+        "(Keras: from_logits)"
     )
     node_types = (ast.Call,)
 

@@ -200,7 +200,7 @@ def _zero_default(node: ast.Call, name: str, keyword_name: str, ctx: FileContext
         edits = (insert_after(last_arg, f", {keyword_name}=1e-12"),)
     yield Hit(
         node,
-        f"{name} divides by the norms with {keyword_name}=0 by default: NaN for a zero vector",
+        f"{name} has {keyword_name}=0 by default: 0/0 = NaN for a zero vector",
         f"pass {keyword_name}=1e-12 (it clips the squared norms)",
         edits,
     )

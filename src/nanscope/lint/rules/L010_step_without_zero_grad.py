@@ -39,7 +39,7 @@ from collections.abc import Iterator
 
 from nanscope.lint._types import Hit, Rule
 from nanscope.lint.inference import FileContext
-from nanscope.lint.scopes import Site
+from nanscope.lint.scopes import Site, qualified_name
 from nanscope.lint.vocabulary import K
 
 _OPTIMIZER_NAME = re.compile(
@@ -70,7 +70,7 @@ class StepWithoutZeroGrad(Rule):
         loops = list(site.loops)
         if not loops:
             # step() in a helper (`def train_step(...)`): the loops of the file that call it
-            helper = site.scope.name if site.scope.kind == "function" else None
+            helper = qualified_name(site.scope) if site.scope.kind == "function" else None
             if helper is None or helper in ctx.zero_funcs:
                 return
             loops = [loop for loop, called in ctx.loop_nodes_calling(helper)]
