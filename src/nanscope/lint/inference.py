@@ -328,7 +328,8 @@ class FileContext(ScopeWalker):
                 return K.VAR
             if last in SUM_FUNCS or last in MEAN_FUNCS:
                 inner = self.kind(subject, scope, comps)
-                k = inner & (K.LOSS | K.HALF | K.GRAD | K.CONST)
+                # a sum of clamped values keeps the clamp's floor
+                k = inner & (K.LOSS | K.HALF | K.GRAD | K.CONST | K.SAFE)
                 if inner & (K.SQUARE | K.SUMSQ):
                     k |= K.SUMSQ
                 elif last in SUM_FUNCS:
@@ -682,6 +683,8 @@ class FileContext(ScopeWalker):
                 continue
             if isinstance(expr, ast.Call):
                 last = self.func_parts(expr)[1]
+                if last is not None and EPS_NAME.match(last):
+                    return True  # K.epsilon()
                 if last in ("float", "tensor", "as_tensor", "float32", "float64", "array") and (
                     len(expr.args) == 1
                 ):

@@ -80,7 +80,7 @@ class BceOnSigmoid(Rule):
         if k & K.PROB and k & (K.SIGMOID | K.SOFTMAX):
             yield Hit(
                 node,
-                "binary cross-entropy of a sigmoid output: log(0) once the sigmoid saturates",
+                "binary cross-entropy of a sigmoid output: log(0) once it saturates",
                 edits=_with_logits_fix(node, pred, root, site, ctx),
             )
 

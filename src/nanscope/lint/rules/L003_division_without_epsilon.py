@@ -114,7 +114,7 @@ class DivisionWithoutEpsilon(Rule):
             edit = plus_epsilon(denominator, ctx.source, "1e-12", operand=operand)
             yield Hit(
                 node,
-                "division by a norm with no epsilon is 0/0 = NaN for a zero vector",
+                "division by a norm with no epsilon: 0/0 = NaN for a zero vector",
                 "divide by (norm + eps), or F.normalize(x, dim=-1) / F.cosine_similarity / "
                 "tf.math.l2_normalize",
                 (edit,) if edit is not None and ctx.source else (),
@@ -123,14 +123,14 @@ class DivisionWithoutEpsilon(Rule):
             edit = plus_epsilon(denominator, ctx.source, "1e-8", operand=operand)
             yield Hit(
                 node,
-                "division by a standard deviation with no epsilon is NaN for a constant input",
+                "division by a standard deviation with no epsilon: NaN for a constant input",
                 "divide by (std + eps), or replace zero deviations first (s[s == 0] = 1)",
                 (edit,) if edit is not None and ctx.source else (),
             )
         else:
             yield Hit(
                 node,
-                "division by a sum or count with no epsilon is 0/0 = NaN when it is empty",
+                "division by a sum or count with no epsilon: 0/0 = NaN when it is empty",
                 "divide by s.clamp(min=1) / max(s, 1) or (s + eps)",
             )
 

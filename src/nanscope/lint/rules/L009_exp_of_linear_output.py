@@ -88,5 +88,5 @@ class ExpOfLinearOutput(Rule):
         if k & K.LINEAR and not k & K.SAFE and not ctx.looked_after(arg, site):
             yield Hit(
                 node,
-                "exp of a linear output overflows to inf past ~88 (float32), ~11 (float16)",
+                "exp of a linear output: inf past ~88 (float32), ~11 (float16)",
             )

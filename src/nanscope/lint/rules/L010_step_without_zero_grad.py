@@ -85,6 +85,5 @@ class StepWithoutZeroGrad(Rule):
             node,
             "optimizer.step() in a loop that never clears the gradients"
             if site.loops
-            else f"optimizer.step() in {site.scope.name}(), called in a loop that never clears "
-            "the gradients",
+            else "step() in a helper called from a loop that never clears the gradients",
         )
