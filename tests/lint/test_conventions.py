@@ -311,3 +311,24 @@ def test_the_package_fixture_is_linted_across_files(tmp_path: Path) -> None:
     ]
     # alone, train.py cannot know what the model returns
     assert lint_paths([package / "train.py"]).findings == []
+
+
+# ------------------------------------------------------------------ ranking
+
+
+def test_hazards_in_a_loss_rank_before_those_in_metrics(tmp_path: Path) -> None:
+    (tmp_path / "a_metrics.py").write_text(
+        "import torch\n"
+        "def evaluate(correct, total):\n"
+        "    return correct / total.sum()\n"
+    )
+    (tmp_path / "b_loss.py").write_text(
+        "import torch\n"
+        "def masked_loss(loss, mask):\n"
+        "    return (loss * mask).sum() / mask.sum()\n"
+    )
+    report = lint_paths([tmp_path])
+    assert [(Path(f.path).name, f.place) for f in report.findings] == [
+        ("b_loss.py", "loss"),
+        ("a_metrics.py", "metrics"),
+    ]

@@ -35,6 +35,7 @@ from nanscope.lint.noqa import Suppressions
 from nanscope.lint.project import Project
 from nanscope.lint.ranking import RANK, place_of
 from nanscope.lint.registry import RULES, SYNTAX_ERROR_CODE
+from nanscope.lint.scopes import NestingTooDeep
 
 __all__ = [
     "LintReport",
@@ -106,6 +107,10 @@ def lint_source(
     gc.disable()
     try:
         return _lint_tree(tree, source, path, suppressions, by_type, project)
+    except NestingTooDeep as exc:
+        if not check_syntax:
+            return []
+        return [_not_linted(path, f"could not analyse: {exc}", "split the deeply nested expression")]
     except RecursionError:
         if not check_syntax:
             return []
@@ -148,20 +153,12 @@ def _parse(source: str, path: str) -> ast.Module | LintFinding:
             message=f"file does not parse ({type(exc).__name__}: {msg}); no rule ran on it",
             fix="fix the syntax error so the file can be linted",
         )
-    if _depth(tree, MAX_DEPTH) > MAX_DEPTH:
-        return _not_linted(
-            path,
-            f"could not analyse: the syntax tree is nested more than {MAX_DEPTH} levels deep",
-            "split the deeply nested expression",
-        )
     return tree
 
 
 #: the largest source linted: bigger files (generated code, a data blob saved as .py) get one
 #: finding instead of minutes and gigabytes
 MAX_SOURCE_BYTES = 1 << 20
-#: the deepest syntax tree the (recursive) rules walk
-MAX_DEPTH = 1000
 
 
 def _too_large(path: str, size: int) -> LintFinding:
@@ -177,21 +174,6 @@ def _not_linted(path: str, message: str, fix: str) -> LintFinding:
     return LintFinding(SYNTAX_ERROR_CODE, "syntax-error", path, 1, 1, message, fix)
 
 
-def _depth(tree: ast.AST, limit: int) -> int:
-    """The nesting depth of ``tree`` without recursion; stops counting past ``limit``."""
-    deepest = 0
-    stack: list[tuple[ast.AST, int]] = [(tree, 1)]
-    while stack:
-        node, depth = stack.pop()
-        if depth > deepest:
-            deepest = depth
-            if deepest > limit:
-                return deepest
-        for child in ast.iter_child_nodes(node):
-            stack.append((child, depth + 1))
-    return deepest
-
-
 def _lint_tree(
     tree: ast.Module,
     source: str,
@@ -202,8 +184,6 @@ def _lint_tree(
 ) -> list[LintFinding]:
     ctx = FileContext(tree, frozenset(by_type), project=project, path=path)
     ctx.source = source
-    if project is not None:
-        project.register(path, ctx)
     findings: dict[tuple[str, int, int], LintFinding] = {}
     for node, site in ctx.sites:
         for rule in by_type[type(node)]:
@@ -387,6 +367,18 @@ def lint_paths(
                 report.skipped.append(str(given))
         else:
             raise InputError(f"{given}: no such file or directory")
+    # every parsed tree stays alive until the run ends (a file may ask about another's
+    # classes): with the cyclic collector on, each collection would walk all of them again
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _lint_targets(targets, options, report)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+
+
+def _lint_targets(targets: list[_Target], options: Options, report: LintReport) -> LintReport:
     project = Project()
     for target in targets:
         if target.location is not None:

@@ -14,6 +14,7 @@ import ast
 from pathlib import PurePath
 
 from nanscope.lint.inference import FileContext
+from nanscope.lint.scopes import NestingTooDeep
 from nanscope.lint.vocabulary import PACKAGE_WIDE
 
 __all__ = ["Project"]
@@ -49,10 +50,6 @@ class Project:
             if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
                 self._defined.setdefault(node.name, []).append(path)
 
-    def register(self, path: str, ctx: FileContext) -> None:
-        """Reuse the analysis the engine made of a file it lints."""
-        self._contexts.setdefault(path, ctx)
-
     def _context(self, path: str) -> FileContext:
         ctx = self._contexts.get(path)
         if ctx is None:
@@ -87,6 +84,8 @@ class Project:
         self._active.add(key)
         try:
             result = self._context(path).callee_of(name)
+        except (NestingTooDeep, RecursionError):
+            result = 0  # that file gets its own L000 finding
         finally:
             self._active.discard(key)
         self._answers[key] = result

@@ -25,7 +25,9 @@ from nanscope.lint.vocabulary import (
 )
 
 __all__ = [
+    "MAX_DEPTH",
     "Entry",
+    "NestingTooDeep",
     "Scope",
     "ScopeWalker",
     "Site",
@@ -107,6 +109,14 @@ def keyword(call: ast.Call, name: str) -> ast.expr | None:
         if kw.arg == name:
             return kw.value
     return None
+
+
+#: the deepest syntax tree walked (the rules recurse as deep as the tree)
+MAX_DEPTH = 1000
+
+
+class NestingTooDeep(Exception):
+    """Raised by the walk for a syntax tree nested more than :data:`MAX_DEPTH` levels deep."""
 
 
 class Scope:
@@ -217,6 +227,7 @@ class ScopeWalker:
         self.calls: dict[str, list[tuple[ast.Call, Site]]] = {}
         self._site = Site(self.module, (), (), False)
         self._parts: dict[int, tuple[str | None, str | None, ast.expr | None]] = {}
+        self._level = 0
         self._walk(tree)
 
     # ------------------------------------------------------------------ the walk
@@ -249,15 +260,19 @@ class ScopeWalker:
         self._set()
 
     def _walk(self, node: ast.AST) -> None:
+        self._level += 1
+        if self._level > MAX_DEPTH:
+            raise NestingTooDeep(f"the syntax tree is nested more than {MAX_DEPTH} levels deep")
         t = type(node)
         if t in self._wanted:
             self.sites.append((node, self._site))
         handler: Callable[[ScopeWalker, ast.AST], None] | None = _HANDLERS.get(t)
         if handler is not None:
             handler(self, node)
-            return
-        for child in ast.iter_child_nodes(node):
-            self._walk(child)
+        else:
+            for child in ast.iter_child_nodes(node):
+                self._walk(child)
+        self._level -= 1
 
     def _children(self, node: ast.AST) -> None:
         for child in ast.iter_child_nodes(node):

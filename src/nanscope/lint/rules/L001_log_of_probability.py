@@ -3,11 +3,17 @@
 What it does
     Flags `log` (`torch.log`, `np.log`, `tf.math.log`, `math.log`, `p.log()`) applied to the output
     of a sigmoid or softmax, to `1 - p` of one, or to a probability that was not clamped and has no
-    epsilon added. It follows simple assignments inside a function, so
-    `p = torch.sigmoid(z)` followed by `torch.log(p)` is flagged, while
-    `p = torch.sigmoid(z).clamp(1e-7, 1 - 1e-7)` is not. An entropy written as
-    `torch.special.entr(p)` or `torch.xlogy(p, p)` of such a probability is flagged too: finite at
-    0, its gradient `-(log p + 1)` is not.
+    epsilon added. It follows the value: through assignments (`p = torch.sigmoid(z)` then
+    `torch.log(p)`), into a method of the same class or a function of the file that receives it
+    as an argument, out of a function that returns it, through in-place ops (`x.sigmoid_()`), and
+    through `where(cond, p, 1)`, which selects and does not clamp. A Keras loss's `y_pred` is a
+    probability. `p.clamp(1e-7, 1 - 1e-7)`, `p + eps`, `log_softmax` are fine, and so is a log a
+    test looks after (`math.log(p) if p > 0 else -inf`, `if (p > 0).all():`,
+    `where(p > 0, p, 1).log()`). An entropy written as `torch.special.entr(p)` or
+    `torch.xlogy(p, p)` of such a probability is flagged too: finite at 0, its gradient
+    `-(log p + 1)` is not. `--fix` rewrites `log(softmax(x))` as `log_softmax(x)` and
+    `log(sigmoid(z))` / `log(1 - sigmoid(z))` as `logsigmoid(z)` / `logsigmoid(-z)` when the
+    probability is computed right there.
 
 Why is this bad?
     A sigmoid or softmax saturates to exactly 0.0 (or 1.0) in floating point once its input is

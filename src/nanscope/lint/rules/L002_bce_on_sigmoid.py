@@ -4,7 +4,11 @@ What it does
     Flags `nn.BCELoss` / `F.binary_cross_entropy` (and Keras `binary_crossentropy` /
     `BinaryCrossentropy()` called by hand) whose prediction argument is the output of a sigmoid:
     `torch.sigmoid(z)`, a variable assigned from one, an `nn.Sigmoid()` layer, an `nn.Sequential`
-    that ends in `nn.Sigmoid()`, or a model class whose `forward` returns a sigmoid.
+    that ends in `nn.Sigmoid()`, or a model class whose `forward` returns a sigmoid, also when the
+    class is defined in another file linted in the same run (`from .models import
+    Discriminator`) or the loss reaches the training function as an argument. `--fix` moves
+    `F.binary_cross_entropy(torch.sigmoid(z), y)` and `nn.BCELoss()` (or a criterion used only
+    there) applied to `sigmoid(z)` to the with-logits form on `z`.
 
 Why is this bad?
     The probability-space loss has to take `log(sigmoid(z))`: once the sigmoid saturates the

@@ -6,13 +6,25 @@ What it does
     norm (`x.norm()`, `np.linalg.norm`, `tf.norm`, `sqrt(sum(x ** 2))`), a product of norms (a
     hand-written cosine similarity), a standard deviation (`x.std()`, `np.std`, `sqrt(var)`), or a
     sum or count (`mask.sum()`, `np.count_nonzero`), with nothing keeping it away from zero. It
-    follows simple assignments, so `n = x.norm(dim=-1, keepdim=True)` then `x / n` is flagged.
-    `x / (n + eps)`, `x / n.clamp(min=eps)`, `max(n, eps)`, `np.where(...)` and a denominator
-    patched with `s[s == 0] = 1` are fine. NumPy feature standardisation (`np.std(X, axis=0)`,
-    `X.std(axis=0)`) is data preparation and is left to `nanscope scan`, which reports constant
-    columns; tensor code (`x.std(0)`, `x.std(dim=-1)`, `torch.std`) is flagged. It also flags an
+    follows values as L001 does, so `n = x.norm(dim=-1, keepdim=True)` then `x / n` is flagged,
+    and so is `p.div_(neuron_norm(p))` with a helper returning a norm.
+
+    What keeps a denominator away from 0: an epsilon that is a positive constant (`n + 1e-8`,
+    `n + eps`, `n + self.eps`; `x.sum() + y` is still a sum), a clamp (`n.clamp(min=eps)`,
+    `max(n, 1)`), `where(n == 0, 1, n)`, a boolean mask that looks at it (`t[v] / n[v]` with
+    `v = n > 0`), a patch (`s[s == 0] = 1`), a test on the path (`if n > 0:`, an earlier
+    `if n == 0: return` / `break` / `raise`, `assert n > 0`, `x / n if n else 0`), a later
+    `r = where(n > 0, r, 1)` that replaces the result, a `try` catching `ZeroDivisionError`, or
+    a value positive by construction (a length, a constant, a sum of exps or probabilities, a
+    random draw, a mask joined with ones). In data loading, metrics and inference code
+    (`__getitem__`, `evaluate`, `data/`, `metrics.py`, under `no_grad`) it asks for less: any
+    test of the denominator anywhere in the function, NaN-aware code (`nanmean`, `isnan`,
+    `errstate`) or weights made into a distribution (`w / w.sum()`) is enough. It also flags an
     epsilon set to zero where a library divides for you: `eps=0` (`epsilon=0`) given to an
-    adaptive optimizer (`Adam`, `AdamW`, `RMSprop`, `Adagrad`, ...) or a normalisation layer.
+    adaptive optimizer (`Adam`, `AdamW`, `RMSprop`, `Adagrad`, ...) or a normalisation layer,
+    and `optax.cosine_similarity` / `cosine_distance`, whose `epsilon` defaults to 0. `--fix`
+    adds an epsilon to a norm or a standard deviation that is divided by, removes `eps=0` and
+    passes `epsilon=1e-12` to optax.
 
 Why is this bad?
     A zero vector has norm 0, a constant feature or a batch of identical rows has standard

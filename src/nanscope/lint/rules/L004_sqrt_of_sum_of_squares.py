@@ -5,8 +5,10 @@ What it does
     Flags `torch.sqrt(s)`, `tf.sqrt(s)`, `s.sqrt()`, `s.rsqrt()` and `s ** 0.5` (in a file that
     imports torch, TensorFlow or JAX) where `s` is a sum or mean of squares
     (`(x ** 2).sum(-1)`, `torch.sum(d * d)`, `tf.reduce_sum(tf.square(x))`, `dx ** 2 + dy ** 2`)
-    with no epsilon added. Code under `torch.no_grad()` and NumPy code (no autograd) are not
-    flagged.
+    or a single square (`sqrt((x - y) ** 2)`, which is `|x - y|`) with no epsilon added. Code
+    with no backward pass is not flagged: under `torch.no_grad()`, NumPy code, data loading,
+    metrics and inference code, and grids built from constants (`torch.arange`). A test on the
+    path (`where(s > 0, s, 1).sqrt()`) is a guard. `--fix` adds the epsilon under the root.
 
 Why is this bad?
     The derivative of `sqrt(s)` is `1 / (2 sqrt(s))`, infinite at `s = 0`. A zero vector (two

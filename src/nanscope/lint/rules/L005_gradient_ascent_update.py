@@ -17,7 +17,9 @@ What it does
     `w -= lr * v`, `p.add_(buf, alpha=-lr)` and `p.sub_(lr * buf)` are descent. A buffer that
     already holds the step size is the step: `v = mu * v + lr * g; w += v` is ascent,
     `v = mu * v - lr * g; w += v` and `v = mu * v + lr * g; w -= v` are descent. The buffers
-    themselves and running sums are never the weights being checked.
+    themselves and running sums are never the weights being checked. A step proportional to the
+    weights themselves (`p.add_(p, alpha=-lr * wd)`, `w += -wd * w`) is weight decay, whatever
+    its sign.
 
 Why is this bad?
     Gradient descent subtracts the gradient. Adding it climbs the loss: the loss rises smoothly and

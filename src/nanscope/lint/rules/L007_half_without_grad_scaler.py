@@ -5,9 +5,11 @@ What it does
     In a file that trains (calls `.backward()` or uses a `GradientTape`), flags a model converted to
     float16 (`model.half()`, `model.to(torch.float16)`), a float16 autocast
     (`torch.autocast("cuda")`, `torch.cuda.amp.autocast()`, `dtype=torch.float16`), or a Keras
-    `mixed_float16` policy with a custom `GradientTape` loop, when the file has no gradient scaler
-    (`GradScaler`, `LossScaleOptimizer`). Independently, flags a loss computed from float16
-    values (`criterion(out.half(), y)`, `loss.half()`). bfloat16 is not flagged.
+    `mixed_float16` policy with a custom `GradientTape` loop, when neither the file nor another
+    file linted in the same run has a gradient scaler (`GradScaler`, `LossScaleOptimizer`).
+    Independently, flags a loss computed from float16 values (`criterion(out.half(), y)`,
+    `loss.half()`). bfloat16 and `autocast(enabled=False)` (a full-precision region) are not
+    flagged; a tensor cast to float16 is not a model.
 
 Why is this bad?
     float16 has a range of about 6e-5 to 65504. Activations, the loss or the gradients pass 65504

@@ -5,8 +5,9 @@ What it does
     Flags `nn.RNN(..., nonlinearity="relu")` / `nn.RNNCell`, TensorFlow and Keras recurrent layers
     and cells (`LSTMCell`, `LSTM`, `GRU`, `SimpleRNN`, ...) built with `activation=tf.nn.relu`,
     `activation="relu"` (or another unbounded activation such as `elu`), including through a list
-    comprehension over `(size, activation)` pairs, when the file never clips gradients
-    (`clip_grad_norm_`, `tf.clip_by_global_norm`, `clipnorm=`, `gradient_clip_val=`...).
+    comprehension over `(size, activation)` pairs, when neither the file nor another file linted
+    in the same run clips gradients (`clip_grad_norm_`, `tf.clip_by_global_norm`, `clipnorm=`,
+    `gradient_clip_val=`...).
 
 Why is this bad?
     A recurrent cell applies the same weights at every time step. With `tanh` the state stays in

@@ -2,11 +2,13 @@
 with no clamp and no max subtracted.
 
 What it does
-    Flags `torch.exp(self.fc(x))`, `np.exp(X @ w)`, `tf.exp(tf.matmul(x, W) + b)`, `z.exp()` and
-    friends where the argument is the output of a matrix product or a linear layer (followed
-    through simple assignments, sign changes and scalings) that was not clamped and had no
-    maximum subtracted. The numerically stable sigmoid `1 / (1 + exp(-z))` and the branches of a
-    `where(...)` are not flagged.
+    Flags `torch.exp(self.fc(x))`, `np.exp(X @ w)`, `tf.exp(tf.matmul(x, W) + b)`, `z.exp()`,
+    the in-place `z.exp_()` and friends where the argument is the output of a matrix product or a
+    linear layer (followed through assignments, sign changes and scalings) that was not clamped
+    and had no maximum subtracted (also a maximum passed through a collective:
+    `m = all_reduce(z.amax(-1), op=MAX)`; `z - m`). The numerically stable sigmoid
+    `1 / (1 + exp(-z))`, the branches of a `where(...)` and an exp a test looks after are not
+    flagged.
 
 Why is this bad?
     `exp` overflows to inf once its input passes about 88.7 in float32 (about 11 in float16), and a

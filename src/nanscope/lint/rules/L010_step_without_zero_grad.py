@@ -4,7 +4,9 @@ What it does
     In a file that calls `.backward()`, flags `optimizer.step()` inside a `for` / `while` loop when
     nothing in that loop clears the gradients: no `optimizer.zero_grad()`, `model.zero_grad()`,
     `p.grad = None`, `p.grad.zero_()`, and no call to a function of the same file that does one of
-    these. A `zero_grad()` before the loop does not count: it runs once.
+    these. A `zero_grad()` before the loop does not count: it runs once. A `step()` in a helper
+    (`def optimizer_step(self)`) is flagged when every loop of the file that calls the helper
+    leaves the gradients uncleared.
 
 Why is this bad?
     PyTorch *adds* each `backward()` into `.grad`. Without clearing, the gradient used at update `t`
