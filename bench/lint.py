@@ -11,6 +11,7 @@ analysis runs; ``DIR`` adds a real checkout (its ``tests`` and ``docs`` are lint
 from __future__ import annotations
 
 import ast
+import contextlib
 import sys
 import tempfile
 import time
@@ -90,10 +91,8 @@ def report(label: str, paths: list[Path], files: list[Path]) -> float:
 
     def parse_all() -> None:
         for s in sources:
-            try:
+            with contextlib.suppress(SyntaxError, ValueError, RecursionError):
                 ast.parse(s)
-            except (SyntaxError, ValueError, RecursionError):
-                pass
 
     base_wall, _ = timed(parse_all)
     result = lint_paths(paths, isolated=True)

@@ -110,7 +110,8 @@ def lint_source(
     except NestingTooDeep as exc:
         if not check_syntax:
             return []
-        return [_not_linted(path, f"could not analyse: {exc}", "split the deeply nested expression")]
+        fix = "split the deeply nested expression"
+        return [_not_linted(path, f"could not analyse: {exc}", fix)]
     except RecursionError:
         if not check_syntax:
             return []
