@@ -5,7 +5,8 @@ in a data loader, a metric or an inference script can only spoil a number that n
 :func:`place_of` says which, from what the source shows: the function and class a node is in
 (a loss class, an optimizer's ``step``, a ``Dataset.__getitem__``, an ``evaluate`` function), the
 name the statement stores its value in (``loss = ...``), whether it runs under ``no_grad``, and
-the file's path (``data/``, ``metrics.py``, ``inference/``). The findings are ranked by it
+the file's path (``data/``, ``metrics.py``, ``inference/``). A loss computed in a validation or
+evaluation function is a metric. The findings are ranked by it
 (:data:`RANK`), and the division rule asks for more in the last three places (nothing anywhere in
 the function bounds the denominator).
 """
@@ -79,7 +80,7 @@ _METRIC_PATH = re.compile(
 )
 _INFER_FUNC = re.compile(
     r"^(inference\w*|\w*_inference|predict\w*|\w*_predict|generate\w*|\w*_generate|sample\w*|"
-    r"decode\w*|infer\w*|beam\w*|\w*_search|search\w*|export\w*|postprocess\w*|"
+    r"infer\w*|beam\w*|\w*_search|search\w*|export\w*|postprocess\w*|"
     r"post_process\w*|demo\w*|test_\w+)$"
 )
 _INFER_PATH = re.compile(
@@ -125,8 +126,6 @@ def place_of(code: str, site: Site, ctx: FileContext) -> str:
                 return "update"
         elif _LOSS_FUNC.search(s.name):
             return "loss"
-    if site.sink and site.sink != "return" and LOSS_NAME.match(site.sink):
-        return "loss"
     if site.no_grad:
         return "inference"
     for s in enclosing:
@@ -137,9 +136,11 @@ def place_of(code: str, site: Site, ctx: FileContext) -> str:
         elif _DATA_FUNC.match(name):
             return "data"
         elif _METRIC_FUNC.match(name):
-            return "metrics"
+            return "metrics"  # a validation loss is a metric: nothing trains on it
         elif _INFER_FUNC.match(name):
             return "inference"
+    if site.sink and site.sink != "return" and LOSS_NAME.match(site.sink):
+        return "loss"
     by_path = _path_place(ctx.path)
     if by_path is not None:
         return by_path
