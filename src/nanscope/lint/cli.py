@@ -28,6 +28,17 @@ from nanscope.lint.registry import RULES, SYNTAX_ERROR_CODE
 __all__ = ["main"]
 
 
+#: the on/off options, as ruff names them
+_SWITCHES = (
+    ("--statistics", "print the number of findings per code"),
+    ("--exit-zero", "exit 0 even when there are findings"),
+    ("--fix", "apply the safe fixes ([*]) in place"),
+    ("--diff", "print the safe fixes as a diff; change nothing"),
+    ("--isolated", "read no [tool.nanscope.lint] configuration"),
+    ("--force-exclude", "apply 'exclude' to files named on the command line too (pre-commit)"),
+)
+
+
 def _parser() -> CommandParser:
     codes = "\n".join(f"  {code}  {rule.name}" for code, rule in RULES.items())
     parser = CommandParser(
@@ -64,28 +75,12 @@ def _parser() -> CommandParser:
         help="also write the findings as JSON to PATH ('-': print JSON instead of text)",
     )
     parser.add_argument(
-        "--statistics", action="store_true", help="print the number of findings per code"
-    )
-    parser.add_argument(
-        "--exit-zero", action="store_true", help="exit 0 even when there are findings"
-    )
-    parser.add_argument("--fix", action="store_true", help="apply the safe fixes ([*]) in place")
-    parser.add_argument(
-        "--diff", action="store_true", help="print the safe fixes as a diff; change nothing"
-    )
-    parser.add_argument(
         "--stdin-filename",
         metavar="PATH",
         help="the name of the source read from '-' (for its configuration and the findings)",
     )
-    parser.add_argument(
-        "--isolated", action="store_true", help="read no [tool.nanscope.lint] configuration"
-    )
-    parser.add_argument(
-        "--force-exclude",
-        action="store_true",
-        help="apply 'exclude' to files named on the command line too (pre-commit)",
-    )
+    for flag, text in _SWITCHES:
+        parser.add_argument(flag, action="store_true", help=text)
     return parser
 
 
