@@ -2,8 +2,8 @@
 code.
 
 What it does
-    Flags `torch.sqrt(s)`, `tf.sqrt(s)`, `s.sqrt()`, `s.rsqrt()` and `s ** 0.5` (in a file that
-    imports torch, TensorFlow or JAX) where `s` is a sum or mean of squares
+    In a file that imports torch, TensorFlow, JAX or Keras, flags `torch.sqrt(s)`, `tf.sqrt(s)`,
+    `s.sqrt()`, `s.rsqrt()` and `s ** 0.5` where `s` is a sum or mean of squares
     (`(x ** 2).sum(-1)`, `torch.sum(d * d)`, `tf.reduce_sum(tf.square(x))`, `dx ** 2 + dy ** 2`)
     or a single square (`sqrt((x - y) ** 2)`, which is `|x - y|`) with no epsilon added. Code
     with no backward pass is not flagged: under `torch.no_grad()`, NumPy code, data loading,
@@ -45,6 +45,12 @@ from nanscope.lint.vocabulary import K
 _AUTOGRAD = ("torch", "tensorflow", "jax", "keras")
 
 
+def _differentiates(ctx: FileContext) -> bool:
+    """Whether the file imports an autograd framework (else nothing it computes has a
+    gradient)."""
+    return any(v.split(".", 1)[0] in _AUTOGRAD for v in ctx.imports.values())
+
+
 class SqrtOfSumOfSquares(Rule):
     """Square root of a sum of squares with no epsilon, in differentiated code."""
 
@@ -54,7 +60,7 @@ class SqrtOfSumOfSquares(Rule):
     node_types = (ast.Call, ast.BinOp)
 
     def check(self, node: ast.AST, site: Site, ctx: FileContext) -> Iterator[Hit]:
-        if site.no_grad:
+        if site.no_grad or not _differentiates(ctx):
             return
         arg: ast.expr | None = None
         operand = True  # the receiver of .sqrt() or the base of ** 0.5
@@ -68,15 +74,8 @@ class SqrtOfSumOfSquares(Rule):
                 arg = recv
             elif root in _AUTOGRAD and node.args:
                 arg, operand = node.args[0], False
-        elif (
-            isinstance(node, ast.BinOp)
-            and isinstance(node.op, ast.Pow)
-            and is_number(node.right, 0.5)
-            and any(
-                r in ctx.imports.values()
-                or any(v.startswith(r + ".") for v in ctx.imports.values())
-                for r in _AUTOGRAD
-            )
+        elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.Pow) and is_number(
+            node.right, 0.5
         ):
             arg = node.left
         if arg is None:
