@@ -40,10 +40,13 @@ def test_findings_exit_one_in_ruff_format(
 ) -> None:
     assert main([str(bad_file)]) == 1
     out = capsys.readouterr().out.splitlines()
-    assert out[0].startswith(f"{bad_file}:4:5: L005  update adds lr * gradient")
-    assert out[1].startswith(f"{bad_file}:5:12: L001  log of a sigmoid output")
-    assert "logsigmoid" in out[1]  # the message carries the fix
-    assert out[-1].startswith("Found 2 problems in 1 file")
+    assert out[0] == f"{bad_file}:4:5: L005 update adds lr * gradient to the weights: " + (
+        "gradient ascent"
+    )
+    assert out[1].startswith("    fix: subtract the step: w -= lr * g")
+    assert out[2].startswith(f"{bad_file}:5:12: L001 log of a sigmoid output")
+    assert out[3].startswith("    fix: ") and "logsigmoid" in out[3]
+    assert out[4].startswith("Found 2 problems in 1 file")
 
 
 def test_dispatcher_routes_to_lint(bad_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -122,7 +125,7 @@ def test_syntax_error_is_a_finding_and_others_still_run(
     (tmp_path / "bad.py").write_text(BAD)
     assert main([str(tmp_path)]) == 1
     out = capsys.readouterr().out
-    assert "broken.py:1:7: L000  file does not parse (SyntaxError" in out
+    assert "broken.py:1:7: L000 file does not parse (SyntaxError" in out
     assert "bad.py:5:12: L001" in out
     assert "Found 3 problems in 2 files" in out
     assert main([str(tmp_path), "--ignore", "L000"]) == 1

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 LINT = Path(__file__).resolve().parents[2] / "src" / "nanscope" / "lint"
-SHARED = ("vocabulary", "scopes", "inference")
+SHARED = ("vocabulary", "scopes", "inference", "ranking", "fixes")
 RULE_FILES = sorted((LINT / "rules").glob("L*.py"))
 
 
@@ -46,3 +46,17 @@ def test_the_inference_builds_on_the_walker() -> None:
     from nanscope.lint.vocabulary import K
 
     assert ctx.kind(log.args[0], site.scope) & K.SIGMOID
+
+
+def test_the_linter_reads_source_only() -> None:
+    """No module of the linter imports numpy, torch or another framework: it is pure AST."""
+    for path in LINT.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names: list[str] = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                names = [node.module or ""]
+            for name in names:
+                root = name.split(".")[0]
+                assert root not in {"numpy", "torch", "tensorflow", "jax", "polars"}, path.name

@@ -150,3 +150,19 @@ def fit(X, y, lr=0.1, steps=200):
 @pytest.mark.parametrize("src", [HEALTHY_TORCH, HEALTHY_NUMPY], ids=["torch", "numpy"])
 def test_healthy_training_scripts_are_clean(src: str) -> None:
     assert [f.format() for f in lint_source(src)] == []
+
+
+RECALL = FIXTURES / "recall"
+
+
+def test_the_shapes_of_public_nan_fixes_are_flagged_and_their_fixes_are_not() -> None:
+    """Each file is the shape of a training-code change that fixed a NaN: the code before the fix
+    is flagged at the hazard, the code after it is clean (the recall figure of
+    docs/lint/precision.md)."""
+    from nanscope.lint import lint_paths
+
+    exp = {(p.name, line, code) for p in RECALL.glob("*.py") for line, code in expected(p)}
+    got = {(Path(f.path).name, f.line, f.code) for f in lint_paths([RECALL]).findings}
+    assert got - exp == set(), f"flagged but not expected: {sorted(got - exp)}"
+    assert exp - got == set(), f"missed: {sorted(exp - got)}"
+    assert len({name for name, _, _ in exp}) == len(list(RECALL.glob("*.py")))

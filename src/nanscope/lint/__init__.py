@@ -5,8 +5,11 @@
 ['L001']
 
 Rules have stable codes ``L001``... (table in :mod:`nanscope.lint.registry`); ``L000`` is a file
-that does not parse. ``# nanscope: noqa`` (or ``# nanscope: noqa: L001,L003``) on a line
-suppresses its findings.
+that does not parse. ``# noqa``, ``# noqa: L003`` or ``# nanscope: noqa: L001,L003`` on a line
+suppresses its findings, ``# nanscope: noqa`` on a line of its own the whole file
+(:mod:`nanscope.lint.noqa`); ``[tool.nanscope.lint]`` in ``pyproject.toml`` chooses the rules per
+file (:mod:`nanscope.lint.config`). A finding's ``edits`` are its safe fix
+(:mod:`nanscope.lint.fixes`), its ``place`` where it stands (:mod:`nanscope.lint.ranking`).
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["PYTHON_SUFFIXES", "GitIgnore", "iter_python_files"]
+__all__ = ["PYTHON_SUFFIXES", "GitIgnore", "iter_python_files", "translate_glob"]
 
 PYTHON_SUFFIXES = (".py", ".pyi")
 #: directories never walked into (they are not the user's training code)
@@ -39,7 +39,8 @@ SKIP_DIRS = frozenset(
 )
 
 
-def _translate(glob: str) -> str:
+def translate_glob(glob: str) -> str:
+    """A glob (``*``, ``?``, ``[...]``, ``**``) as the body of a regular expression on paths."""
     out: list[str] = []
     i, n = 0, len(glob)
     while i < n:
@@ -103,7 +104,7 @@ class GitIgnore:
                 continue
             anchored = "/" in line
             line = line.lstrip("/")
-            body = _translate(line)
+            body = translate_glob(line)
             regex = f"^{body}(?:/.*)?$" if anchored else f"^(?:.*/)?{body}(?:/.*)?$"
             self.patterns.append(_Pattern(re.compile(regex), negate, dir_only))
 

@@ -11,14 +11,31 @@ if TYPE_CHECKING:
     from nanscope.lint.inference import FileContext
     from nanscope.lint.scopes import Site
 
-__all__ = ["Hit", "LintFinding", "Rule"]
+__all__ = ["Edit", "Hit", "LintFinding", "Rule"]
+
+
+@dataclass(frozen=True)
+class Edit:
+    """Replace the source from (``line``, ``col``) to (``end_line``, ``end_col``) with ``text``.
+
+    Lines are 1-based and columns are UTF-8 byte offsets, as in :mod:`ast` nodes.
+    """
+
+    line: int
+    col: int
+    end_line: int
+    end_col: int
+    text: str
 
 
 @dataclass(frozen=True)
 class LintFinding:
     """One problem found in one file: a stable code, where it is, what is wrong and the fix.
 
-    ``line`` and ``col`` are 1-based, like every editor and like ruff.
+    ``line`` and ``col`` are 1-based, like every editor and like ruff. ``place`` says where the
+    hazard stands (``loss``, ``update``, ``model``, ``training``, ``other``, ``data``, ``metrics``,
+    ``inference``; see :mod:`nanscope.lint.ranking`). ``edits`` is the safe fix ``--fix`` applies,
+    empty when the fix needs a person.
     """
 
     code: str
@@ -30,22 +47,36 @@ class LintFinding:
     fix: str
     end_line: int | None = None
     end_col: int | None = None
+    place: str = "other"
+    edits: tuple[Edit, ...] = ()
+
+    @property
+    def fixable(self) -> bool:
+        return bool(self.edits)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The finding as plain data; the edits are summed up as ``fixable``."""
+        out = asdict(self)
+        del out["edits"]
+        out["fixable"] = self.fixable
+        return out
 
     def format(self) -> str:
-        """``path:line:col: L###  message``, the line a terminal or an editor understands."""
-        return f"{self.path}:{self.line}:{self.col}: {self.code}  {self.message}"
+        """``path:line:col: L### message`` (``[*]`` before the message when ``--fix`` can fix
+        it), the line a terminal or an editor understands."""
+        mark = "[*] " if self.edits else ""
+        return f"{self.path}:{self.line}:{self.col}: {self.code} {mark}{self.message}"
 
 
 @dataclass(frozen=True)
 class Hit:
-    """What a rule reports: the node it points at, the problem, and (optionally) a specific fix."""
+    """What a rule reports: the node it points at, the problem, (optionally) a specific fix text,
+    and the edits that make the fix when it is safe to make without a person."""
 
     node: ast.AST
     message: str
     fix: str | None = None
+    edits: tuple[Edit, ...] = ()
 
 
 class Rule:

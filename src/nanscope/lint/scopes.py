@@ -19,11 +19,15 @@ from nanscope.lint.vocabulary import (
     FRAMEWORKS,
     INPLACE_METHODS,
     INTERESTING_STRINGS,
+    REBINDING_METHODS,
+    SELECTIONS,
     ZERO_GRAD_ATTRS,
 )
 
 __all__ = [
+    "MAX_DEPTH",
     "Entry",
+    "NestingTooDeep",
     "Scope",
     "ScopeWalker",
     "Site",
@@ -31,6 +35,7 @@ __all__ = [
     "is_none",
     "is_number",
     "keyword",
+    "qualified_name",
     "ref_key",
     "same_expr",
 ]
@@ -106,22 +111,36 @@ def keyword(call: ast.Call, name: str) -> ast.expr | None:
     return None
 
 
+#: the deepest syntax tree walked (the rules recurse as deep as the tree)
+MAX_DEPTH = 1000
+
+
+class NestingTooDeep(Exception):
+    """Raised by the walk for a syntax tree nested more than :data:`MAX_DEPTH` levels deep."""
+
+
 class Scope:
     """A module, class or function body: its simple assignments and what it defines."""
 
     __slots__ = (
         "assigns",
         "attrs",
+        "bases",
+        "called",
         "classes",
         "cls",
+        "defaults",
         "functions",
         "guarded",
         "inplace",
         "kind",
         "name",
         "node",
+        "params",
         "parent",
         "returns",
+        "selections",
+        "tests",
     )
 
     def __init__(self, kind: str, name: str, parent: Scope | None, node: ast.AST | None) -> None:
@@ -143,15 +162,40 @@ class Scope:
         self.functions: dict[str, Scope] = {}
         self.classes: dict[str, Scope] = {}
         self.returns: list[ast.expr] = []
+        #: for a function: its parameter names in order (``self`` included) and their defaults
+        self.params: list[str] = []
+        self.defaults: dict[str, ast.expr] = {}
+        #: every test made in this body (``if``, ``while``, ``assert``, conditional expressions,
+        #: comprehension filters, ``where`` conditions) and every comparison, wherever it stands
+        self.tests: list[ast.expr] = []
+        #: the last names of the functions called in this body
+        self.called: set[str] = set()
+        #: the ``where(cond, a, b)`` calls of this body
+        self.selections: list[ast.Call] = []
+        #: for a class: the last names of its bases (``Module``, ``Dataset``, ``_Loss``)
+        self.bases: list[str] = []
 
 
 class Site(NamedTuple):
-    """Where a node was found."""
+    """Where a node was found.
+
+    ``guards`` are the tests known to hold (or to have failed) on the path to the node: the
+    enclosing ``if`` / ``while`` / conditional-expression tests, a ``where(cond, ...)`` condition
+    around a branch, the earlier operands of an ``and`` / ``or``, a comprehension's ``if``, an
+    earlier ``assert``, an earlier ``if ...: return/raise/break/continue`` or ``if ...: x = ...``
+    of the same block, and ``try`` bodies whose handler catches an arithmetic error (recorded as
+    the handler's type). Which way a test went is not kept: a test of a value is taken as that
+    value being looked after.
+    """
 
     scope: Scope
     loops: tuple[ast.AST, ...]
     comps: tuple[ast.comprehension, ...]
     no_grad: bool
+    guards: tuple[ast.expr, ...] = ()
+    #: the name the enclosing statement assigns (``loss = ...`` gives ``loss``), ``return`` for a
+    #: return statement, else empty
+    sink: str = ""
 
 
 Entry = tuple[tuple[int, int], "ast.expr | None", Scope]
@@ -168,6 +212,8 @@ class ScopeWalker:
         self.zero_loops: set[int] = set()
         self.zero_funcs: set[str] = set()
         self.loop_calls: dict[int, set[str]] = {}
+        #: id of a loop -> the loop node
+        self.loop_nodes: dict[int, ast.AST] = {}
         self.module = Scope("module", "<module>", None, tree)
         self._wanted = wanted
         self._scope = self.module
@@ -175,25 +221,58 @@ class ScopeWalker:
         self._comps: tuple[ast.comprehension, ...] = ()
         self._no_grad = False
         self._func_names: tuple[str, ...] = ()
+        self._guards: tuple[ast.expr, ...] = ()
+        self._sink = ""
+        #: the last name of every called function -> the calls, with the site they are made at
+        self.calls: dict[str, list[tuple[ast.Call, Site]]] = {}
         self._site = Site(self.module, (), (), False)
         self._parts: dict[int, tuple[str | None, str | None, ast.expr | None]] = {}
+        self._level = 0
         self._walk(tree)
 
     # ------------------------------------------------------------------ the walk
 
     def _set(self) -> None:
-        self._site = Site(self._scope, self._loops, self._comps, self._no_grad)
+        self._site = Site(
+            self._scope, self._loops, self._comps, self._no_grad, self._guards, self._sink
+        )
+
+    def _test(self, test: ast.expr) -> tuple[ast.expr, ...]:
+        self._scope.tests.append(test)
+        return (*self._guards, test)
+
+    def _block(self, stmts: list[ast.stmt]) -> None:
+        """Walk a statement list; the guards its early exits add end with it."""
+        saved = self._guards
+        for stmt in stmts:
+            self._walk(stmt)
+        if self._guards is not saved:
+            self._guards = saved
+            self._set()
+
+    def _guarded(self, tests: tuple[ast.expr, ...], node: ast.AST) -> None:
+        """Walk ``node`` with ``tests`` added to the guards."""
+        saved = self._guards
+        self._guards = saved + tests
+        self._set()
+        self._walk(node)
+        self._guards = saved
+        self._set()
 
     def _walk(self, node: ast.AST) -> None:
+        self._level += 1
+        if self._level > MAX_DEPTH:
+            raise NestingTooDeep(f"the syntax tree is nested more than {MAX_DEPTH} levels deep")
         t = type(node)
         if t in self._wanted:
             self.sites.append((node, self._site))
         handler: Callable[[ScopeWalker, ast.AST], None] | None = _HANDLERS.get(t)
         if handler is not None:
             handler(self, node)
-            return
-        for child in ast.iter_child_nodes(node):
-            self._walk(child)
+        else:
+            for child in ast.iter_child_nodes(node):
+                self._walk(child)
+        self._level -= 1
 
     def _children(self, node: ast.AST) -> None:
         for child in ast.iter_child_nodes(node):
@@ -251,21 +330,30 @@ class ScopeWalker:
         if not isinstance(node, ast.Lambda):
             outer.functions[name] = scope
         pos = (node.lineno, node.col_offset)
-        for arg in [*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg]:
+        positional = [*args.posonlyargs, *args.args]
+        for arg in [*positional, *args.kwonlyargs, args.vararg, args.kwarg]:
             if arg is not None:
                 scope.assigns.setdefault(arg.arg, []).append((pos, None, scope))
+        scope.params = [a.arg for a in positional]
+        for arg, default in zip(positional[len(positional) - len(args.defaults) :], args.defaults):
+            scope.defaults[arg.arg] = default
+        for arg, kw_default in zip(args.kwonlyargs, args.kw_defaults):
+            if kw_default is not None:
+                scope.defaults[arg.arg] = kw_default
         saved = (self._scope, self._loops, self._comps, self._no_grad, self._func_names)
-        self._scope, self._loops, self._comps = scope, (), ()
+        saved_guards = self._guards
+        self._scope, self._loops, self._comps, self._guards = scope, (), (), ()
         self._no_grad = no_grad
-        self._func_names = (*self._func_names, name)
+        # a method is known by its class too: two classes' `_step` are different helpers
+        self._func_names = (*self._func_names, qualified_name(scope))
         self._set()
         if isinstance(node, ast.Lambda):
             scope.returns.append(node.body)
             self._walk(node.body)
         else:
-            for stmt in node.body:
-                self._walk(stmt)
+            self._block(node.body)
         self._scope, self._loops, self._comps, self._no_grad, self._func_names = saved
+        self._guards = saved_guards
         self._set()
 
     def _v_class(self, node: ast.ClassDef) -> None:
@@ -273,13 +361,15 @@ class ScopeWalker:
             self._walk(expr)
         outer = self._scope
         scope = Scope("class", node.name, outer, node)
+        scope.bases = [
+            b.attr if isinstance(b, ast.Attribute) else getattr(b, "id", "") for b in node.bases
+        ]
         outer.classes[node.name] = scope
-        saved = self._scope, self._loops
-        self._scope, self._loops = scope, ()
+        saved = self._scope, self._loops, self._guards
+        self._scope, self._loops, self._guards = scope, (), ()
         self._set()
-        for stmt in node.body:
-            self._walk(stmt)
-        self._scope, self._loops = saved
+        self._block(node.body)
+        self._scope, self._loops, self._guards = saved
         self._set()
 
     def _v_loop(self, node: ast.For | ast.AsyncFor | ast.While) -> None:
@@ -289,15 +379,15 @@ class ScopeWalker:
             self._walk(node.iter)
             self._bind(node.target, None, (node.lineno, node.col_offset))
             self._walk(node.target)
-        saved = self._loops
+        saved, saved_guards = self._loops, self._guards
         self._loops = (*saved, node)
+        if isinstance(node, ast.While) and not _is_constant_true(node.test):
+            self._guards = self._test(node.test)
         self._set()
-        for stmt in node.body:
-            self._walk(stmt)
-        self._loops = saved
+        self._block(node.body)
+        self._loops, self._guards = saved, saved_guards
         self._set()
-        for stmt in node.orelse:
-            self._walk(stmt)
+        self._block(node.orelse)
 
     def _v_with(self, node: ast.With | ast.AsyncWith) -> None:
         no_grad = False
@@ -310,13 +400,82 @@ class ScopeWalker:
         saved = self._no_grad
         self._no_grad = saved or no_grad
         self._set()
-        for stmt in node.body:
-            self._walk(stmt)
+        self._block(node.body)
         self._no_grad = saved
         self._set()
 
+    def _v_if(self, node: ast.If) -> None:
+        self._walk(node.test)
+        saved = self._guards
+        self._guards = self._test(node.test)
+        self._set()
+        self._block(node.body)
+        self._block(node.orelse)
+        self._guards = saved
+        # `if not ok: return` / `if s == 0: s = 1`: what follows in the block is looked after
+        if (
+            _terminates(node.body)
+            or (node.orelse and _terminates(node.orelse))
+            or _patches(node.body, node.test)
+        ):
+            self._guards = (*saved, node.test)
+        self._set()
+
+    def _v_compare(self, node: ast.Compare) -> None:
+        self._scope.tests.append(node)
+        self._children(node)
+
+    def _v_assert(self, node: ast.Assert) -> None:
+        self._children(node)
+        self._guards = self._test(node.test)
+        self._set()
+
+    def _v_ifexp(self, node: ast.IfExp) -> None:
+        self._walk(node.test)
+        self._scope.tests.append(node.test)
+        self._guarded((node.test,), node.body)
+        self._guarded((node.test,), node.orelse)
+
+    def _v_boolop(self, node: ast.BoolOp) -> None:
+        before: tuple[ast.expr, ...] = ()
+        self._scope.tests.extend(node.values[:-1])
+        for value in node.values:
+            if before:
+                self._guarded(before, value)
+            else:
+                self._walk(value)
+            before = (*before, value)
+
+    def _v_try(self, node: ast.Try) -> None:
+        caught = tuple(
+            h.type for h in node.handlers if h.type is not None and _catches_arithmetic(h.type)
+        )
+        saved = self._guards
+        self._guards = saved + caught
+        self._set()
+        self._block(node.body)
+        self._guards = saved
+        self._set()
+        for handler in node.handlers:
+            if handler.type is not None:
+                self._walk(handler.type)
+            if handler.name:
+                self._bind(ast.Name(id=handler.name), None, (handler.lineno, handler.col_offset))
+            self._block(handler.body)
+        self._block(node.orelse)
+        self._block(node.finalbody)
+
+    def _sunk(self, name: str, node: ast.AST) -> None:
+        """Walk ``node`` knowing the statement stores its value in ``name``."""
+        saved = self._sink
+        self._sink = name
+        self._set()
+        self._walk(node)
+        self._sink = saved
+        self._set()
+
     def _v_assign(self, node: ast.Assign) -> None:
-        self._walk(node.value)
+        self._sunk(_target_name(node.targets[0]), node.value)
         end = (node.end_lineno or node.lineno, node.end_col_offset or 0)
         value = node.value if len(node.targets) == 1 else None
         for target in node.targets:
@@ -325,12 +484,12 @@ class ScopeWalker:
 
     def _v_annassign(self, node: ast.AnnAssign) -> None:
         if node.value is not None:
-            self._walk(node.value)
+            self._sunk(_target_name(node.target), node.value)
             self._bind(node.target, node.value, (node.end_lineno or node.lineno, 0))
         self._walk(node.target)
 
     def _v_augassign(self, node: ast.AugAssign) -> None:
-        self._walk(node.value)
+        self._sunk(_target_name(node.target), node.value)
         self._walk(node.target)
         target = node.target
         if isinstance(target, (ast.Name, ast.Attribute)):
@@ -357,13 +516,13 @@ class ScopeWalker:
     def _v_return(self, node: ast.Return) -> None:
         if node.value is not None:
             self._scope.returns.append(node.value)
-            self._walk(node.value)
+            self._sunk("return", node.value)
 
     def _v_comp(self, node: ast.ListComp | ast.SetComp | ast.GeneratorExp | ast.DictComp) -> None:
         gens = node.generators
         if gens:
             self._walk(gens[0].iter)
-        saved = self._comps
+        saved, saved_guards = self._comps, self._guards
         for i, gen in enumerate(gens):
             if i:
                 self._walk(gen.iter)
@@ -372,12 +531,14 @@ class ScopeWalker:
             self._walk(gen.target)
             for cond in gen.ifs:
                 self._walk(cond)
+                self._guards = self._test(cond)
+                self._set()
         if isinstance(node, ast.DictComp):
             self._walk(node.key)
             self._walk(node.value)
         else:
             self._walk(node.elt)
-        self._comps = saved
+        self._comps, self._guards = saved, saved_guards
         self._set()
 
     def _v_import(self, node: ast.Import) -> None:
@@ -413,15 +574,22 @@ class ScopeWalker:
 
     def _v_call(self, node: ast.Call) -> None:
         func = node.func
+        last = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+        if last is not None:
+            self.calls.setdefault(last, []).append((node, self._site))
+            self._scope.called.add(last)
         if self._loops:
             name = None
             if isinstance(func, ast.Name):
                 name = func.id
             elif isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name):
-                name = func.attr if func.value.id == "self" else None
+                cls = self._scope.cls
+                if func.value.id == "self" and cls is not None:
+                    name = f"{cls.name}.{func.attr}"
             if name is not None:
                 for loop in self._loops:
                     self.loop_calls.setdefault(id(loop), set()).add(name)
+                    self.loop_nodes[id(loop)] = loop
         if isinstance(func, ast.Attribute):
             attr = func.attr
             if attr in INPLACE_METHODS:
@@ -433,6 +601,23 @@ class ScopeWalker:
                 attr in ("zero_", "fill_", "detach_") and _mentions_grad(func.value)
             ):
                 self._mark_zero()
+            if attr in REBINDING_METHODS and isinstance(func.value, (ast.Name, ast.Attribute)):
+                # `x.sigmoid_()` / `x.clamp_(min=eps)`: from here on `x` holds what the call made
+                self._children(node)
+                end = (node.end_lineno or node.lineno, node.end_col_offset or 0)
+                self._bind(func.value, node, end)
+                return
+        if last in SELECTIONS and len(node.args) >= 2 and self.func_parts(node)[0] in FRAMEWORKS:
+            # where(cond, a, b): each branch is evaluated knowing the condition
+            self._walk(func)
+            self._walk(node.args[0])
+            self._scope.tests.append(node.args[0])
+            self._scope.selections.append(node)
+            for arg in node.args[1:]:
+                self._guarded((node.args[0],), arg)
+            for kw in node.keywords:
+                self._walk(kw)
+            return
         self._children(node)
 
     def _v_delete(self, node: ast.Delete) -> None:
@@ -480,6 +665,14 @@ class ScopeWalker:
                 return full.split(".", 1)[0], full.rsplit(".", 1)[-1], None
             return None, func.id, None
         return None, None, None
+
+    def loop_nodes_calling(self, name: str) -> list[tuple[ast.AST, set[str]]]:
+        """The loops that call the function or method ``name``, with what each calls."""
+        return [
+            (self.loop_nodes[key], called)
+            for key, called in self.loop_calls.items()
+            if name in called and key in self.loop_nodes
+        ]
 
     def is_framework_call(self, call: ast.Call, names: frozenset[str] | set[str]) -> bool:
         """A call of ``names`` from a framework (``torch.log``) or as a method (``p.log()``)."""
@@ -561,6 +754,14 @@ class ScopeWalker:
         return expr, scope
 
 
+def qualified_name(scope: Scope) -> str:
+    """``Trainer._step`` for a method, ``train`` for a function."""
+    parent = scope.parent
+    if parent is not None and parent.kind == "class":
+        return f"{parent.name}.{scope.name}"
+    return scope.name
+
+
 def is_none(node: ast.AST) -> bool:
     return isinstance(node, ast.Constant) and node.value is None
 
@@ -570,6 +771,70 @@ def _is_no_grad(expr: ast.AST) -> bool:
     return isinstance(target, (ast.Attribute, ast.Name)) and (
         getattr(target, "attr", None) or getattr(target, "id", None)
     ) in ("no_grad", "inference_mode")
+
+
+def _target_name(target: ast.expr) -> str:
+    """``loss`` for ``loss = ...``, ``self.loss = ...``, ``losses["ce"] = ...``."""
+    while isinstance(target, ast.Subscript):
+        target = target.value
+    if isinstance(target, ast.Name):
+        return target.id
+    if isinstance(target, ast.Attribute):
+        return target.attr
+    if isinstance(target, (ast.Tuple, ast.List)) and target.elts:
+        return _target_name(target.elts[0])
+    return ""
+
+
+def _is_constant_true(expr: ast.expr) -> bool:
+    return isinstance(expr, ast.Constant) and bool(expr.value)
+
+
+_EXITS = (ast.Return, ast.Raise, ast.Break, ast.Continue)
+
+
+def _terminates(stmts: list[ast.stmt]) -> bool:
+    """Whether a block always leaves (its last statement returns, raises, breaks or continues,
+    or calls ``sys.exit`` / ``exit``)."""
+    if not stmts:
+        return False
+    last = stmts[-1]
+    if isinstance(last, _EXITS):
+        return True
+    if isinstance(last, ast.Expr) and isinstance(last.value, ast.Call):
+        func = last.value.func
+        name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+        return name in ("exit", "_exit", "abort")
+    if isinstance(last, ast.If):
+        return _terminates(last.body) and bool(last.orelse) and _terminates(last.orelse)
+    return False
+
+
+def _patches(body: list[ast.stmt], test: ast.expr) -> bool:
+    """``if s == 0: s = 1``: the block reassigns a name its test looks at."""
+    tested = {n.id for n in ast.walk(test) if isinstance(n, ast.Name)}
+    for stmt in body:
+        targets: list[ast.expr] = []
+        if isinstance(stmt, ast.Assign):
+            targets = stmt.targets
+        elif isinstance(stmt, (ast.AugAssign, ast.AnnAssign)):
+            targets = [stmt.target]
+        for target in targets:
+            if isinstance(target, ast.Name) and target.id in tested:
+                return True
+    return False
+
+
+_ARITHMETIC_ERRORS = frozenset({"ZeroDivisionError", "ArithmeticError", "FloatingPointError"})
+
+
+def _catches_arithmetic(handler_type: ast.expr) -> bool:
+    names = handler_type.elts if isinstance(handler_type, ast.Tuple) else [handler_type]
+    for name in names:
+        ident = name.attr if isinstance(name, ast.Attribute) else getattr(name, "id", "")
+        if ident in _ARITHMETIC_ERRORS:
+            return True
+    return False
 
 
 def _mentions_grad(expr: ast.AST) -> bool:
@@ -607,4 +872,10 @@ _HANDLERS: dict[type[ast.AST], Any] = {
     ast.Constant: ScopeWalker._v_constant,
     ast.Call: ScopeWalker._v_call,
     ast.Delete: ScopeWalker._v_delete,
+    ast.If: ScopeWalker._v_if,
+    ast.Compare: ScopeWalker._v_compare,
+    ast.Assert: ScopeWalker._v_assert,
+    ast.IfExp: ScopeWalker._v_ifexp,
+    ast.BoolOp: ScopeWalker._v_boolop,
+    ast.Try: ScopeWalker._v_try,
 }

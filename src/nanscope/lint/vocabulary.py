@@ -12,7 +12,11 @@ import re
 
 __all__ = [
     "CLAMPS",
+    "CLIPPING",
+    "COLLECTIVES",
+    "CONSTRUCTORS",
     "DEFAULT_ROOTS",
+    "EPS_NAME",
     "FN_TO_VALUE",
     "FRAMEWORKS",
     "GRAD_NAME",
@@ -27,9 +31,14 @@ __all__ = [
     "MEAN_FUNCS",
     "MSE_NAMES",
     "OPTIMIZERS",
+    "PACKAGE_WIDE",
     "PASS_FUNCS",
     "PASS_METHODS",
     "PROB_NAME",
+    "RANDOM_DRAWS",
+    "REBINDING_METHODS",
+    "SCALERS",
+    "SELECTIONS",
     "SUM_FUNCS",
     "VALUE_TO_FN",
     "ZERO_GRAD_ATTRS",
@@ -70,12 +79,16 @@ class K:
     FN_BCE = 1 << 25  # torch BCELoss: prediction is argument 0
     FN_BCE_TF = 1 << 26  # keras BinaryCrossentropy: prediction is argument 1
     FN_MSE = 1 << 27
+    NONZERO = 1 << 28  # nonzero by construction: a random draw, a mask with a row of ones
 
     RISK = PROB | NORM | STD | SUM | SUMSQ | SQUARE | VAR
     ZERO = NORM | STD | SUM
     ARITH = LINEAR | HALF | LOSS | GRAD
     PROBS = PROB | SIGMOID | SOFTMAX
-    CARRY = PROBS | SAFE | LINEAR | HALF | LOSS | GRAD | NORM | STD | SUM | EXP | SUMEXP | VAR
+    CARRY = (
+        PROBS | SAFE | LINEAR | HALF | LOSS | GRAD | NORM | STD | SUM | EXP | SUMEXP | VAR | MAX
+        | NONZERO
+    )  # fmt: skip
 
 
 FRAMEWORKS = frozenset({"torch", "numpy", "tensorflow", "keras", "jax", "math", "scipy", "cupy"})
@@ -102,6 +115,12 @@ GRAD_NAME = re.compile(
     r"dl_?d\w+|dloss\w*)$",
     re.I,
 )
+#: a name that holds a small positive constant added to keep a value away from zero
+EPS_NAME = re.compile(
+    r"^_*(eps|epsilon|\w+_eps|eps_\w+|\w+_epsilon|epsilon_\w+|tiny|\w+_tiny|smooth\w*|"
+    r"\w+_smooth\w*|floor|\w+_floor|min_(norm|std|denom\w*|value|val))$",
+    re.I,
+)
 LOGIT_NAME = re.compile(r"^(logits?|\w+_logits?|logits?_\w+)$")
 
 SUM_FUNCS = frozenset({"sum", "reduce_sum", "nansum", "count_nonzero"})
@@ -119,7 +138,6 @@ CLAMPS = frozenset(
         "minimum",
         "fmax",
         "fmin",
-        "where",
         "nan_to_num",
         "relu",
         "softplus",
@@ -166,6 +184,9 @@ PASS_METHODS = frozenset(
         "take",
         "take_along_dim",
         "diagonal",
+        "repeat",
+        "repeat_interleave",
+        "tile",
         "masked_select",
         "type",
     }
@@ -304,6 +325,76 @@ INPLACE_METHODS = frozenset(
     }
 )
 ZERO_GRAD_ATTRS = frozenset({"zero_grad", "clear_grad", "clear_gradients"})
+#: loss scalers: with one, float16 gradients are kept in range
+SCALERS = frozenset({"GradScaler", "LossScaleOptimizer", "DynamicLossScale", "ShardedGradScaler"})
+#: gradient clipping, by function, option or keyword
+CLIPPING = frozenset(
+    {
+        "clip_grad_norm_",
+        "clip_grad_norm",
+        "clip_grad_value_",
+        "clip_by_global_norm",
+        "clip_by_norm",
+        "clipnorm",
+        "clipvalue",
+        "global_clipnorm",
+        "gradient_clip_val",
+        "max_grad_norm",
+        "clip_gradients",
+        "clip_grad_by_norm",
+        "clip_by_average_norm",
+    }
+)
+#: the names a run looks for in every file of the package (a scaler or clipping set up elsewhere)
+PACKAGE_WIDE = SCALERS | CLIPPING
+
+#: functions whose result is built from constants (it has no gradient)
+CONSTRUCTORS = frozenset(
+    {"arange", "linspace", "logspace", "meshgrid", "zeros", "ones", "full", "eye", "range"}
+)
+#: random draws: a continuous one is nonzero almost surely
+RANDOM_DRAWS = frozenset(
+    {"rand", "randn", "normal", "uniform", "standard_normal", "random", "rand_like", "randn_like"}
+)
+#: in-place methods after which the receiver holds a different kind of value (``x.sigmoid_()``
+#: makes ``x`` a probability, ``x.clamp_(min=eps)`` makes it safe); the plain arithmetic ones
+#: (``add_``...) are the update steps of :data:`INPLACE_METHODS` instead
+REBINDING_METHODS = frozenset(
+    {
+        "sigmoid_",
+        "exp_",
+        "clamp_",
+        "clamp_min_",
+        "clamp_max_",
+        "clip_",
+        "log_",
+        "sqrt_",
+        "relu_",
+        "tanh_",
+        "nan_to_num_",
+        "softmax_",
+    }
+)
+#: element selections ``where(cond, a, b)``: a value from either branch, not a clamp
+SELECTIONS = frozenset({"where", "select", "switch"})
+#: collective communication calls: what they return is a value of the same kind as their input
+#: (an all-reduced max is still a max)
+COLLECTIVES = frozenset(
+    {
+        "all_reduce",
+        "all_reduce_",
+        "reduce",
+        "broadcast",
+        "all_gather",
+        "all_gather_tensor",
+        "all_reduce_coalesced",
+        "reduce_scatter",
+        "reduce_scatter_tensor",
+        "psum",
+        "pmax",
+        "pmean",
+    }
+)
 INTERESTING_STRINGS = frozenset({"mixed_float16", "float16", "16-mixed", "fp16"})
 
 FN_TO_VALUE = (

@@ -2,11 +2,13 @@
 code.
 
 What it does
-    Flags `torch.sqrt(s)`, `tf.sqrt(s)`, `s.sqrt()`, `s.rsqrt()` and `s ** 0.5` (in a file that
-    imports torch, TensorFlow or JAX) where `s` is a sum or mean of squares
+    In a file that imports torch, TensorFlow, JAX or Keras, flags `torch.sqrt(s)`, `tf.sqrt(s)`,
+    `s.sqrt()`, `s.rsqrt()` and `s ** 0.5` where `s` is a sum or mean of squares
     (`(x ** 2).sum(-1)`, `torch.sum(d * d)`, `tf.reduce_sum(tf.square(x))`, `dx ** 2 + dy ** 2`)
-    with no epsilon added. Code under `torch.no_grad()` and NumPy code (no autograd) are not
-    flagged.
+    or a single square (`sqrt((x - y) ** 2)`, which is `|x - y|`) with no epsilon added. Code
+    with no backward pass is not flagged: under `torch.no_grad()`, NumPy code, data loading,
+    metrics and inference code, and grids built from constants (`torch.arange`). A test on the
+    path (`where(s > 0, s, 1).sqrt()`) is a guard. `--fix` adds the epsilon under the root.
 
 Why is this bad?
     The derivative of `sqrt(s)` is `1 / (2 sqrt(s))`, infinite at `s = 0`. A zero vector (two
@@ -34,11 +36,19 @@ import ast
 from collections.abc import Iterator
 
 from nanscope.lint._types import Hit, Rule
+from nanscope.lint.fixes import plus_epsilon
 from nanscope.lint.inference import FileContext
+from nanscope.lint.ranking import QUIET_PLACES, place_of
 from nanscope.lint.scopes import Site, is_number
 from nanscope.lint.vocabulary import K
 
 _AUTOGRAD = ("torch", "tensorflow", "jax", "keras")
+
+
+def _differentiates(ctx: FileContext) -> bool:
+    """Whether the file imports an autograd framework (else nothing it computes has a
+    gradient)."""
+    return any(v.split(".", 1)[0] in _AUTOGRAD for v in ctx.imports.values())
 
 
 class SqrtOfSumOfSquares(Rule):
@@ -50,9 +60,10 @@ class SqrtOfSumOfSquares(Rule):
     node_types = (ast.Call, ast.BinOp)
 
     def check(self, node: ast.AST, site: Site, ctx: FileContext) -> Iterator[Hit]:
-        if site.no_grad:
+        if site.no_grad or not _differentiates(ctx):
             return
         arg: ast.expr | None = None
+        operand = True  # the receiver of .sqrt() or the base of ** 0.5
         if isinstance(node, ast.Call):
             root, last, recv = ctx.func_parts(node)
             if last not in ("sqrt", "rsqrt"):
@@ -62,24 +73,21 @@ class SqrtOfSumOfSquares(Rule):
                     return
                 arg = recv
             elif root in _AUTOGRAD and node.args:
-                arg = node.args[0]
-        elif (
-            isinstance(node, ast.BinOp)
-            and isinstance(node.op, ast.Pow)
-            and is_number(node.right, 0.5)
-            and any(
-                r in ctx.imports.values()
-                or any(v.startswith(r + ".") for v in ctx.imports.values())
-                for r in _AUTOGRAD
-            )
+                arg, operand = node.args[0], False
+        elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.Pow) and is_number(
+            node.right, 0.5
         ):
             arg = node.left
         if arg is None:
             return
         k = ctx.kind(arg, site.scope, site.comps)
-        if k & K.SUMSQ and not k & K.SAFE:
-            yield Hit(
-                node,
-                "sqrt of a sum of squares has an infinite gradient at 0: NaN after "
-                "backward for a zero vector",
-            )
+        if not k & (K.SUMSQ | K.SQUARE) or k & (K.SAFE | K.CONST) or ctx.looked_after(arg, site):
+            return  # built from constants (an arange grid): no gradient
+        if place_of(self.code, site, ctx) in QUIET_PLACES:
+            return  # data, metrics, inference: no backward pass
+        edit = plus_epsilon(arg, ctx.source, "1e-12", operand=operand) if ctx.source else None
+        if k & K.SUMSQ:
+            message = "sqrt of a sum of squares: its gradient is infinite for a zero vector"
+        else:
+            message = "sqrt of a square is |x|, and its gradient is 0/0 = NaN at x == 0"
+        yield Hit(node, message, edits=(edit,) if edit is not None else ())

@@ -17,7 +17,9 @@ What it does
     `w -= lr * v`, `p.add_(buf, alpha=-lr)` and `p.sub_(lr * buf)` are descent. A buffer that
     already holds the step size is the step: `v = mu * v + lr * g; w += v` is ascent,
     `v = mu * v - lr * g; w += v` and `v = mu * v + lr * g; w -= v` are descent. The buffers
-    themselves and running sums are never the weights being checked.
+    themselves and running sums are never the weights being checked. A step proportional to the
+    weights themselves (`p.add_(p, alpha=-lr * wd)`, `w += -wd * w`) is weight decay, whatever
+    its sign.
 
 Why is this bad?
     Gradient descent subtracts the gradient. Adding it climbs the loss: the loss rises smoothly and
@@ -109,6 +111,15 @@ def _factors(expr: ast.expr, sign: int = 1) -> tuple[int, list[ast.expr]]:
     return sign, [expr]
 
 
+def _decays(increment: ast.expr, target: ast.AST) -> bool:
+    """``p.add_(p, alpha=-wd)``, ``w += -wd * w``: a step proportional to the weights themselves
+    is weight decay, whatever its sign, not a step along the gradient."""
+    key = ref_key(target)
+    if key is None:
+        return False
+    return any(ref_key(f) == key for f in _factors(increment)[1])
+
+
 def _scaled_product(call: ast.Call) -> ast.expr | None:
     """``x.addcdiv_(t1, t2, value=v)`` adds ``v * t1 / t2``, ``x.addcmul_(t1, t2, value=v)``
     adds ``v * t1 * t2``: the product whose sign is the step's (a divisor is a positive
@@ -184,6 +195,8 @@ class GradientAscentUpdate(Rule):
         sign = 0
         if isinstance(node, ast.AugAssign):
             target = node.target
+            if _decays(node.value, target):
+                return
             if isinstance(node.op, ast.Add):
                 sign = self._sign(node.value, site, ctx)
             elif isinstance(node.op, ast.Sub):
@@ -206,6 +219,8 @@ class GradientAscentUpdate(Rule):
                 product: ast.expr = parts[0]
                 for extra in parts[1:]:
                     product = ast.BinOp(left=product, op=ast.Mult(), right=extra)
+                if _decays(product, recv):
+                    return
                 sign = self._sign(product, site, ctx)
                 if last in _SUB_METHODS:
                     sign = -sign
@@ -223,8 +238,7 @@ class GradientAscentUpdate(Rule):
             return
         yield Hit(
             node,
-            "update adds lr * gradient to the weights: gradient ascent, the loss "
-            "will rise from the first update",
+            "update adds lr * gradient to the weights: gradient ascent",
         )
 
     def _is_gradient(self, target: ast.AST, site: Site, ctx: FileContext) -> bool:

@@ -73,8 +73,8 @@ class NanMasking(Rule):
     code = "L006"
     name = "nan-masking"
     fix = (
-        "let it fail loudly (raise, or skip the batch with a warning) and find the cause "
-        "(nanscope run) instead"
+        "let it fail loudly (raise, or skip the batch with a warning); find the cause: "
+        "nanscope run"
     )
     node_types = (ast.Call, ast.Assign, ast.If)
 
@@ -89,8 +89,7 @@ class NanMasking(Rule):
                 if self._is_target(subject, site, ctx):
                     yield Hit(
                         node,
-                        "nan_to_num on a loss or gradient hides the NaN instead of "
-                        "fixing its cause",
+                        "nan_to_num on a loss or gradient hides the NaN and its cause",
                     )
             elif last == "where" and root in ("torch", "numpy", "tensorflow", "jax") and node.args:
                 subjects = nan_subjects(ctx, node.args[0])
@@ -99,8 +98,7 @@ class NanMasking(Rule):
                 ):
                     yield Hit(
                         node,
-                        "where(isnan(...)) on a loss or gradient hides the NaN "
-                        "instead of fixing its cause",
+                        "where(isnan(...)) on a loss or gradient hides the NaN and its cause",
                     )
             elif (
                 last in _MASKED_FILL
@@ -111,8 +109,7 @@ class NanMasking(Rule):
             ):
                 yield Hit(
                     node,
-                    "masked_fill(isnan(...)) on a loss or gradient hides the NaN "
-                    "instead of fixing its cause",
+                    "masked_fill(isnan(...)) on a loss or gradient hides the NaN",
                 )
         elif isinstance(node, ast.Assign):
             for target in node.targets:
@@ -123,8 +120,7 @@ class NanMasking(Rule):
                 ):
                     yield Hit(
                         node,
-                        "overwriting the NaN entries of a loss or gradient hides the "
-                        "failure instead of fixing its cause",
+                        "overwriting the NaN entries of a loss or gradient hides the failure",
                     )
         elif isinstance(node, ast.If):
             tested = [s for s in nan_subjects(ctx, node.test) if self._is_target(s, site, ctx)]
@@ -137,8 +133,7 @@ class NanMasking(Rule):
                     if any(ast.dump(_load(t)) in names for t in targets):
                         yield Hit(
                             node,
-                            "replacing a NaN loss or gradient with a value hides the "
-                            "failure instead of fixing its cause",
+                            "replacing a NaN loss or gradient with a value hides the failure",
                         )
                         return
 

@@ -5,9 +5,11 @@ What it does
     In a file that trains (calls `.backward()` or uses a `GradientTape`), flags a model converted to
     float16 (`model.half()`, `model.to(torch.float16)`), a float16 autocast
     (`torch.autocast("cuda")`, `torch.cuda.amp.autocast()`, `dtype=torch.float16`), or a Keras
-    `mixed_float16` policy with a custom `GradientTape` loop, when the file has no gradient scaler
-    (`GradScaler`, `LossScaleOptimizer`). Independently, flags a loss computed from float16
-    values (`criterion(out.half(), y)`, `loss.half()`). bfloat16 is not flagged.
+    `mixed_float16` policy with a custom `GradientTape` loop, when neither the file nor another
+    file linted in the same run has a gradient scaler (`GradScaler`, `LossScaleOptimizer`).
+    Independently, flags a loss computed from float16 values (`criterion(out.half(), y)`,
+    `loss.half()`). bfloat16 and `autocast(enabled=False)` (a full-precision region) are not
+    flagged; a tensor cast to float16 is not a model.
 
 Why is this bad?
     float16 has a range of about 6e-5 to 65504. Activations, the loss or the gradients pass 65504
@@ -45,9 +47,8 @@ from collections.abc import Iterator
 from nanscope.lint._types import Hit, Rule
 from nanscope.lint.inference import FileContext
 from nanscope.lint.scopes import Site, keyword
-from nanscope.lint.vocabulary import K
+from nanscope.lint.vocabulary import SCALERS, K
 
-_SCALERS = frozenset({"GradScaler", "LossScaleOptimizer", "DynamicLossScale", "ShardedGradScaler"})
 _TRAINING = frozenset({"backward", "GradientTape", "apply_gradients"})
 _MODEL_NAME = re.compile(
     r"^(self|model|net|network|module|encoder|decoder|backbone|classifier|policy|\w+_model|"
@@ -71,10 +72,7 @@ class HalfWithoutGradScaler(Rule):
 
     code = "L007"
     name = "half-without-grad-scaler"
-    fix = (
-        "use torch.amp.GradScaler (Keras: LossScaleOptimizer) with float32 weights, or "
-        "bfloat16 autocast"
-    )
+    fix = "torch.amp.GradScaler (Keras: LossScaleOptimizer) with float32 weights, or bfloat16"
     node_types = (ast.Call,)
 
     def check(self, node: ast.AST, site: Site, ctx: FileContext) -> Iterator[Hit]:
@@ -82,7 +80,11 @@ class HalfWithoutGradScaler(Rule):
         root, last, recv = ctx.func_parts(node)
         if last is None:
             return
-        unscaled = not (ctx.idents & _SCALERS) and bool(ctx.idents & _TRAINING)
+        unscaled = (
+            not ctx.idents & SCALERS
+            and bool(ctx.idents & _TRAINING)
+            and not (ctx.project is not None and ctx.project.mentioned & SCALERS)
+        )
         if recv is not None and last in ("half", "to", "type"):
             is_half = last == "half" and not node.args and not node.keywords
             if last in ("to", "type"):
@@ -96,7 +98,7 @@ class HalfWithoutGradScaler(Rule):
             if k & K.LOSS and not k & K.MODEL:
                 yield Hit(
                     node,
-                    "the loss is cast to float16: it overflows past 65504 and loses precision",
+                    "the loss is cast to float16: it overflows past 65504",
                     "compute and reduce the loss in float32",
                 )
                 return
@@ -107,16 +109,14 @@ class HalfWithoutGradScaler(Rule):
             if unscaled and (k & K.MODEL or _MODEL_NAME.match(name)):
                 yield Hit(
                     node,
-                    "model converted to float16 with no GradScaler in the file: "
-                    "gradients overflow to inf or underflow to 0",
+                    "model converted to float16 and no GradScaler in the file",
                 )
             return
         if last == "autocast" and (root == "torch" or (recv is not None and _dtype(recv) == "amp")):
             if unscaled and self._autocast_is_fp16(node, ctx):
                 yield Hit(
                     node,
-                    "float16 autocast with no GradScaler in the file: gradients "
-                    "overflow to inf or underflow to 0",
+                    "float16 autocast and no GradScaler in the file",
                 )
             return
         if last in ("set_global_policy", "Policy", "set_policy") and "mixed_float16" in ctx.strings:
@@ -129,10 +129,9 @@ class HalfWithoutGradScaler(Rule):
             ):
                 yield Hit(
                     node,
-                    "mixed_float16 policy with a custom GradientTape loop and no "
-                    "LossScaleOptimizer: gradients overflow or underflow",
-                    "wrap the optimizer in keras.mixed_precision.LossScaleOptimizer and "
-                    "scale the loss, or use mixed_bfloat16",
+                    "mixed_float16 policy, a GradientTape loop and no LossScaleOptimizer",
+                    "wrap the optimizer in keras.mixed_precision.LossScaleOptimizer, or use "
+                    "mixed_bfloat16",
                 )
             return
         if (
@@ -144,13 +143,14 @@ class HalfWithoutGradScaler(Rule):
             if any(ctx.kind(a, site.scope, site.comps) & K.HALF for a in args):
                 yield Hit(
                     node,
-                    "the loss is computed from float16 values: it overflows past "
-                    "65504 and loses precision",
-                    "cast the inputs of the loss to float32 (out.float()) or compute it "
-                    "under autocast, which runs losses in float32",
+                    "the loss is computed from float16 values: it overflows past 65504",
+                    "cast its inputs to float32 (out.float()), or compute it under autocast",
                 )
 
     def _autocast_is_fp16(self, node: ast.Call, ctx: FileContext) -> bool:
+        enabled = keyword(node, "enabled")
+        if isinstance(enabled, ast.Constant) and not enabled.value:
+            return False  # autocast(enabled=False): a full-precision region
         dtype = _dtype(keyword(node, "dtype"))
         if dtype is None and len(node.args) > 1:
             dtype = _dtype(node.args[1])

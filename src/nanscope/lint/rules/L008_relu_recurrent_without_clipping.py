@@ -5,8 +5,9 @@ What it does
     Flags `nn.RNN(..., nonlinearity="relu")` / `nn.RNNCell`, TensorFlow and Keras recurrent layers
     and cells (`LSTMCell`, `LSTM`, `GRU`, `SimpleRNN`, ...) built with `activation=tf.nn.relu`,
     `activation="relu"` (or another unbounded activation such as `elu`), including through a list
-    comprehension over `(size, activation)` pairs, when the file never clips gradients
-    (`clip_grad_norm_`, `tf.clip_by_global_norm`, `clipnorm=`, `gradient_clip_val=`...).
+    comprehension over `(size, activation)` pairs, when neither the file nor another file linted
+    in the same run clips gradients (`clip_grad_norm_`, `tf.clip_by_global_norm`, `clipnorm=`,
+    `gradient_clip_val=`...).
 
 Why is this bad?
     A recurrent cell applies the same weights at every time step. With `tanh` the state stays in
@@ -37,6 +38,7 @@ from collections.abc import Iterator
 from nanscope.lint._types import Hit, Rule
 from nanscope.lint.inference import FileContext
 from nanscope.lint.scopes import Site, keyword
+from nanscope.lint.vocabulary import CLIPPING
 
 _RECURRENT = frozenset(
     {
@@ -58,23 +60,6 @@ _RECURRENT = frozenset(
     }
 )
 _RELU = frozenset({"relu", "leaky_relu", "elu", "selu", "ReLU", "LeakyReLU", "ELU", "SELU"})
-_CLIPPING = frozenset(
-    {
-        "clip_grad_norm_",
-        "clip_grad_norm",
-        "clip_grad_value_",
-        "clip_by_global_norm",
-        "clip_by_norm",
-        "clipnorm",
-        "clipvalue",
-        "global_clipnorm",
-        "gradient_clip_val",
-        "max_grad_norm",
-        "clip_gradients",
-        "clip_grad_by_norm",
-        "clip_by_average_norm",
-    }
-)
 
 
 def _relu_like(expr: ast.AST | None) -> bool:
@@ -97,16 +82,18 @@ class ReluRecurrentWithoutClipping(Rule):
     code = "L008"
     name = "relu-recurrent-without-clipping"
     fix = (
-        "keep the default tanh activation, or clip the gradient norm "
-        "(clip_grad_norm_ / tf.clip_by_global_norm / clipnorm=1.0)"
+        "keep tanh, or clip the gradient norm (clip_grad_norm_, tf.clip_by_global_norm, "
+        "clipnorm=1.0)"
     )
     node_types = (ast.Call,)
 
     def check(self, node: ast.AST, site: Site, ctx: FileContext) -> Iterator[Hit]:
         assert isinstance(node, ast.Call)
         _root, last, recv = ctx.func_parts(node)
-        if last not in _RECURRENT or recv is not None or ctx.idents & _CLIPPING:
+        if last not in _RECURRENT or recv is not None or ctx.idents & CLIPPING:
             return
+        if ctx.project is not None and ctx.project.mentioned & CLIPPING:
+            return  # clipped in another file of the package (the training loop)
         candidates: list[ast.expr] = [a for a in node.args[1:] if not isinstance(a, ast.Starred)]
         for name in ("activation", "nonlinearity", "recurrent_activation"):
             value = keyword(node, name)
@@ -116,9 +103,7 @@ class ReluRecurrentWithoutClipping(Rule):
             if self._relu(cand, site, ctx):
                 yield Hit(
                     node,
-                    "recurrent cell with an unbounded (relu) activation and no "
-                    "gradient clipping in the file: the state and gradients explode "
-                    "through time",
+                    "recurrent cell with a relu activation and no gradient clipping",
                 )
                 return
 

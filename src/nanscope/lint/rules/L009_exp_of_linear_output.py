@@ -2,11 +2,13 @@
 with no clamp and no max subtracted.
 
 What it does
-    Flags `torch.exp(self.fc(x))`, `np.exp(X @ w)`, `tf.exp(tf.matmul(x, W) + b)`, `z.exp()` and
-    friends where the argument is the output of a matrix product or a linear layer (followed
-    through simple assignments, sign changes and scalings) that was not clamped and had no
-    maximum subtracted. The numerically stable sigmoid `1 / (1 + exp(-z))` and the branches of a
-    `where(...)` are not flagged.
+    Flags `torch.exp(self.fc(x))`, `np.exp(X @ w)`, `tf.exp(tf.matmul(x, W) + b)`, `z.exp()`,
+    the in-place `z.exp_()` and friends where the argument is the output of a matrix product or a
+    linear layer (followed through assignments, sign changes and scalings) that was not clamped
+    and had no maximum subtracted (also a maximum passed through a collective:
+    `m = all_reduce(z.amax(-1), op=MAX)`; `z - m`). The numerically stable sigmoid
+    `1 / (1 + exp(-z))`, the branches of a `where(...)` and an exp a test looks after are not
+    flagged.
 
 Why is this bad?
     `exp` overflows to inf once its input passes about 88.7 in float32 (about 11 in float16), and a
@@ -39,7 +41,7 @@ from nanscope.lint.inference import FileContext
 from nanscope.lint.scopes import Site
 from nanscope.lint.vocabulary import K
 
-_EXP = frozenset({"exp", "exp2"})
+_EXP = frozenset({"exp", "exp2", "exp_"})
 _FRAMEWORKS = ("torch", "numpy", "tensorflow", "jax", "keras", "cupy", "math")
 
 
@@ -49,8 +51,8 @@ class ExpOfLinearOutput(Rule):
     code = "L009"
     name = "exp-of-linear-output"
     fix = (
-        "clamp the input first (z.clamp(max=20)), subtract the max, or stay in log space "
-        "(log_softmax, logsumexp, softplus, poisson_nll_loss(log_input=True))"
+        "clamp the input (z.clamp(max=20)), subtract the max, or stay in log space "
+        "(log_softmax, logsumexp)"
     )
     node_types = (ast.BinOp, ast.Call)
 
@@ -85,9 +87,8 @@ class ExpOfLinearOutput(Rule):
         if arg is None:
             return
         k = ctx.kind(arg, site.scope, site.comps)
-        if k & K.LINEAR and not k & K.SAFE:
+        if k & K.LINEAR and not k & K.SAFE and not ctx.looked_after(arg, site):
             yield Hit(
                 node,
-                "exp of an unbounded linear output overflows to inf (past ~88 in "
-                "float32, ~11 in float16)",
+                "exp of a linear output: inf past ~88 (float32), ~11 (float16)",
             )

@@ -4,7 +4,9 @@ What it does
     In a file that calls `.backward()`, flags `optimizer.step()` inside a `for` / `while` loop when
     nothing in that loop clears the gradients: no `optimizer.zero_grad()`, `model.zero_grad()`,
     `p.grad = None`, `p.grad.zero_()`, and no call to a function of the same file that does one of
-    these. A `zero_grad()` before the loop does not count: it runs once.
+    these. A `zero_grad()` before the loop does not count: it runs once. A `step()` in a helper
+    (`def optimizer_step(self)`) is flagged when every loop of the file that calls the helper
+    leaves the gradients uncleared.
 
 Why is this bad?
     PyTorch *adds* each `backward()` into `.grad`. Without clearing, the gradient used at update `t`
@@ -39,7 +41,7 @@ from collections.abc import Iterator
 
 from nanscope.lint._types import Hit, Rule
 from nanscope.lint.inference import FileContext
-from nanscope.lint.scopes import Site
+from nanscope.lint.scopes import Site, qualified_name
 from nanscope.lint.vocabulary import K
 
 _OPTIMIZER_NAME = re.compile(
@@ -59,7 +61,7 @@ class StepWithoutZeroGrad(Rule):
 
     def check(self, node: ast.AST, site: Site, ctx: FileContext) -> Iterator[Hit]:
         assert isinstance(node, ast.Call)
-        if not site.loops or node.args or node.keywords or "backward" not in ctx.idents:
+        if node.args or node.keywords or "backward" not in ctx.idents:
             return
         _root, last, recv = ctx.func_parts(node)
         if last != "step" or recv is None:
@@ -67,13 +69,23 @@ class StepWithoutZeroGrad(Rule):
         name = recv.attr if isinstance(recv, ast.Attribute) else getattr(recv, "id", "")
         if not (_OPTIMIZER_NAME.match(name) or ctx.kind(recv, site.scope) & K.OPTIM):
             return
-        for loop in site.loops:
+        loops = list(site.loops)
+        if not loops:
+            # step() in a helper (`def train_step(...)`): the loops of the file that call it
+            helper = qualified_name(site.scope) if site.scope.kind == "function" else None
+            if helper is None or helper in ctx.zero_funcs:
+                return
+            loops = [loop for loop, called in ctx.loop_nodes_calling(helper)]
+            if not loops:
+                return
+        for loop in loops:
             if id(loop) in ctx.zero_loops:
                 return
             if ctx.loop_calls.get(id(loop), set()) & ctx.zero_funcs:
                 return
         yield Hit(
             node,
-            "optimizer.step() in a loop that never clears the gradients: they "
-            "accumulate across updates and the effective step keeps growing",
+            "optimizer.step() in a loop that never clears the gradients"
+            if site.loops
+            else "step() in a helper called from a loop that never clears the gradients",
         )
