@@ -14,7 +14,14 @@ from typing import Any
 
 from nanscope.diagnose import CAUSES, Diagnosis
 from nanscope.diagnose.diagnosis import set_html_renderer as _set_html_renderer
-from nanscope.errors import DivergenceError, InputError, NanscopeError, TraceError, UsageError
+from nanscope.errors import (
+    DivergenceError,
+    InputError,
+    MissingExtraError,
+    NanscopeError,
+    TraceError,
+    UsageError,
+)
 from nanscope.loading import diagnose
 from nanscope.monitor import Monitor
 from nanscope.trace import Trace, read_trace
@@ -26,6 +33,7 @@ __all__ = [
     "Diagnosis",
     "DivergenceError",
     "InputError",
+    "MissingExtraError",
     "Monitor",
     "NanscopeError",
     "Trace",
@@ -61,6 +69,14 @@ def __getattr__(name: str) -> Any:
     if name in _LAZY:
         import importlib
 
+        from nanscope._extras import needs
+
         module_name, attr = _LAZY[name]
-        return getattr(importlib.import_module(module_name), attr)
+        with needs(f"nanscope.{name}"):
+            return getattr(importlib.import_module(module_name), attr)
     raise AttributeError(f"module 'nanscope' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    # the public names, the lazy ones included (not the helpers this module imports)
+    return sorted(set(__all__) | set(_LAZY))

@@ -20,8 +20,10 @@ __all__ = ["SCHEMA", "ColumnStats", "Finding", "ScanReport", "check_codes", "ren
 
 def scan(obj: Any, target: str | int | None = None, **kwargs: Any) -> ScanReport:
     """Scan ``obj`` (path, array, frame, torch Dataset); see ``nanscope.data._engine.scan``."""
-    from nanscope.data._engine import scan as _scan
+    from nanscope._extras import needs
 
+    with needs("nanscope.scan"):
+        from nanscope.data._engine import scan as _scan
     return _scan(obj, target, **kwargs)
 
 

@@ -39,8 +39,12 @@ import contextlib
 import os
 from typing import Any
 
-import keras
 import numpy as np
+
+from nanscope._extras import needs
+
+with needs("nanscope.integrations.keras"):
+    import keras
 
 from nanscope.errors import DivergenceError
 from nanscope.integrations import split_batch

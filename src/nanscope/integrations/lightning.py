@@ -29,7 +29,10 @@ from __future__ import annotations
 import os
 from typing import Any
 
-import lightning.pytorch as pl
+from nanscope._extras import needs
+
+with needs("nanscope.integrations.lightning"):
+    import lightning.pytorch as pl
 
 from nanscope.integrations import TorchSteps, split_batch
 from nanscope.monitor import Monitor

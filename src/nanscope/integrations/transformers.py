@@ -38,7 +38,10 @@ import math
 import os
 from typing import Any
 
-import transformers
+from nanscope._extras import needs
+
+with needs("nanscope.integrations.transformers"):
+    import transformers
 
 from nanscope.errors import UsageError
 from nanscope.integrations import TorchSteps

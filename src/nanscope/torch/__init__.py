@@ -24,7 +24,10 @@ def __getattr__(name: str) -> Any:
     if name in __all__:
         import importlib
 
-        module = importlib.import_module("nanscope.torch.watch")
+        from nanscope._extras import needs
+
+        with needs(f"nanscope.torch.{name}"):
+            module = importlib.import_module("nanscope.torch.watch")
         # importing the submodule bound ``watch`` to it on this package: bind the function back
         globals().update(watch=module.watch, Watcher=module.Watcher)
         return globals()[name]

@@ -95,10 +95,11 @@ def disarm() -> None:
             watcher.close()
         _WATCHERS.clear()
         _MANUAL.close()
-        from nanscope.torch import _hooks
-
-        _hooks.unregister(_COLLECTOR)  # (else every backward still walks the graph for them)
-        _hooks.unregister(_MANUAL)
+        # a script that never imported torch never registered them (and _hooks imports torch)
+        _hooks = sys.modules.get("nanscope.torch._hooks")
+        if _hooks is not None:
+            _hooks.unregister(_COLLECTOR)  # (else every backward still walks the graph for them)
+            _hooks.unregister(_MANUAL)
         _SEEN.clear()
         _BOUND.clear()
         _ENABLED = False
