@@ -23,7 +23,10 @@ __all__ = [
     "clean",
     "hold_warnings",
     "install_warning_format",
+    "quiet",
     "release_warnings",
+    "set_quiet",
+    "status",
     "warn",
 ]
 
@@ -74,6 +77,28 @@ def _is_ours(message: Warning | str, category: type[Warning], filename: str) -> 
     except (OSError, ValueError):
         inside = False
     return inside or str(message).startswith("nanscope")
+
+
+#: ``-q``: status and progress lines are not printed (results, warnings and errors still are)
+_QUIET = False
+
+
+def set_quiet(value: bool) -> None:
+    """``-q`` given (or not) to the command that runs now."""
+    global _QUIET
+    _QUIET = bool(value)
+
+
+def quiet() -> bool:
+    """Whether ``-q`` silenced status and progress lines."""
+    return _QUIET
+
+
+def status(text: str) -> None:
+    """A status or progress line on stderr (``nanscope run``'s memory line, a rollback, a
+    sweep's factor done), unless ``-q``; stderr, so ``nanscope X > out.txt`` keeps the result."""
+    if not _QUIET:
+        print(text, file=sys.stderr, flush=True)
 
 
 #: the formatters installed (so installing twice wraps nothing twice)

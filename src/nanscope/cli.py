@@ -15,7 +15,14 @@ import sys
 import traceback
 from collections.abc import Callable, Sequence
 
-from nanscope._messages import clean, hold_warnings, install_warning_format, release_warnings
+from nanscope._extras import install_hint, missing
+from nanscope._messages import (
+    clean,
+    hold_warnings,
+    install_warning_format,
+    release_warnings,
+    set_quiet,
+)
 from nanscope.errors import InputError, UsageError
 
 __all__ = ["COMMANDS", "main"]
@@ -106,6 +113,11 @@ def _debug() -> bool:
 
 def _error_line(name: str, exc: BaseException) -> str:
     prefix = f"nanscope {name}: error: " if name else "nanscope: error: "
+    lacking = missing(exc, f"nanscope {name}")
+    if lacking is not None:
+        return prefix + f"needs {lacking.name}, which is not installed here: " + install_hint(
+            lacking.name or ""
+        )
     if isinstance(exc, (UsageError, InputError)):
         return prefix + clean(exc, limit=500)
     if isinstance(exc, OSError):
@@ -125,8 +137,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
 
     install_warning_format()
+    set_quiet(False)  # until the command's own parser reads -q
     if not args or args[0] in ("-h", "--help", "help"):
-        print(_usage())
+        # asked for: the help is the result (stdout, 0); no command at all is a usage error
+        print(_usage(), file=sys.stdout if args else sys.stderr)
         return EXIT_OK if args else EXIT_USAGE
     if args[0] in ("-V", "--version"):
         from nanscope import __version__
@@ -141,17 +155,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if not any(a in ("-h", "--help") for a in rest):
             _precheck(name, rest)
-        try:
-            command = _load(COMMANDS[name][0])
-        except ModuleNotFoundError as exc:
-            if not (exc.name or "").startswith("nanscope"):
-                print(
-                    f"nanscope: '{name}' needs a package that is not installed ({exc.name}); "
-                    f"install nanscope with its extras, e.g. pip install 'nanscope[all]'",
-                    file=sys.stderr,
-                )
-                return EXIT_USAGE
-            raise
+        command = _load(COMMANDS[name][0])
         if name in _QUICK:
             hold_warnings()
         result = int(command(rest) or 0)

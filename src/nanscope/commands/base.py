@@ -22,7 +22,14 @@ import sys
 from pathlib import Path
 from typing import Any, NoReturn, TextIO
 
-from nanscope._messages import NanscopeWarning, clean, install_warning_format, warn
+from nanscope._messages import (
+    NanscopeWarning,
+    clean,
+    install_warning_format,
+    set_quiet,
+    status,
+    warn,
+)
 from nanscope.errors import UsageError
 
 __all__ = [
@@ -40,7 +47,16 @@ class CommandParser(argparse.ArgumentParser):
     """``argparse`` whose errors are one :class:`UsageError` line (exit 2 from the dispatcher).
 
     ``--help`` still prints the help and exits 0 (a ``SystemExit`` the dispatcher passes on).
+    Every command has ``-q/--quiet``: no status or progress lines (results, warnings and errors
+    are still printed).
     """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.add_argument(
+            "-q", "--quiet", action="store_true",
+            help="no status or progress lines (the result, warnings and errors only)",
+        )  # fmt: skip
 
     def error(self, message: str) -> NoReturn:
         raise UsageError(f"{clean(message)} (see '{self.prog} --help')")
@@ -48,7 +64,10 @@ class CommandParser(argparse.ArgumentParser):
     def parse_known_args(  # type: ignore[override]
         self, args: Any = None, namespace: Any = None
     ) -> tuple[argparse.Namespace, list[str]]:
-        return super().parse_known_args(self._join_values(args), namespace)
+        parsed, rest = super().parse_known_args(self._join_values(args), namespace)
+        if getattr(parsed, "quiet", False):
+            set_quiet(True)
+        return parsed, rest
 
     def _join_values(self, args: Any) -> Any:
         """``--factors -1,0`` as ``--factors=-1,0``: a value that starts with ``-`` but is no
@@ -83,8 +102,9 @@ def say(text: str = "", *, file: TextIO | None = None) -> None:
 
 
 def progress(text: str) -> None:
-    """A progress or status line: stderr, so ``nanscope X > out.txt`` keeps only the result."""
-    print(text, file=sys.stderr, flush=True)
+    """A progress or status line: stderr, so ``nanscope X > out.txt`` keeps only the result;
+    nothing under ``-q``."""
+    status(text)
 
 
 def check_writable(path: str | os.PathLike[str] | None, option: str = "output") -> None:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import nanscope
+from nanscope._messages import quiet, status
 from nanscope.errors import InputError, UsageError
 from nanscope.experiment.child import Target, parse_target
 from nanscope.experiment.sweep import (
@@ -259,11 +260,9 @@ class _Display:
         if self.progress is not None:
             self.progress.update(self.tasks[result.factor], state=result.outcome)
         else:
-            print(
+            status(
                 f"nanscope sweep: lr ×{result.factor:g}: {result.phrase()} "
-                f"({result.updates} updates, {result.duration:.1f} s)",
-                file=sys.stderr,
-                flush=True,
+                f"({result.updates} updates, {result.duration:.1f} s)"
             )
 
     def stop(self) -> None:
@@ -304,7 +303,7 @@ def run_sweep(
         _Child(factor=f, out=root / f"factor-{i}.json", log=root / f"factor-{i}.log")
         for i, f in enumerate(factor_list)
     ]
-    live = sys.stderr.isatty() if progress is None else progress
+    live = sys.stderr.isatty() and not quiet() if progress is None else progress
     display = _Display(children, updates, live=bool(live))
     stopping = threading.Event()
     results: dict[float, tuple[FactorResult, dict[str, Any]]] = {}

@@ -16,8 +16,9 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
+from nanscope.commands.base import CommandParser
 from nanscope.diagnose.diagnosis import SCHEMA, Diagnosis
 from nanscope.errors import InputError, UsageError
 from nanscope.trace import Trace
@@ -25,13 +26,8 @@ from nanscope.trace import Trace
 __all__ = ["load_inputs", "main"]
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        raise UsageError(f"{message} (see 'nanscope report --help')")
-
-
 def _parser() -> argparse.ArgumentParser:
-    parser = _Parser(
+    parser = CommandParser(
         prog="nanscope report",
         description="Write one self-contained HTML report (verdict, evidence, actions, per-update "
         "plots) for a run directory, a trace or a training log.",
