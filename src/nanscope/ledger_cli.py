@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from nanscope._console import columns, rich_text, table
 from nanscope.commands.base import CommandParser, clean
 from nanscope.errors import UsageError
 
@@ -19,7 +20,7 @@ __all__ = ["main", "render"]
 _HEADERS = (
     "started", "script", "outcome", "update", "optimizer", "lr", "best loss", "lr that worked",
 )  # fmt: skip
-
+_NUMERIC = ("update", "lr", "best loss", "lr that worked")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -81,29 +82,26 @@ def _cells(run: dict[str, Any], names: dict[str, str] | None = None) -> list[str
     ]
 
 
-def render(runs: list[dict[str, Any]], *, rich: bool) -> str:
-    """The runs as a rich table (``rich``) or as aligned plain text."""
+def render(runs: list[dict[str, Any]], *, rich: bool, width: int | None = None) -> str:
+    """The runs as a table at ``width`` columns (``None``: no limit), in colour when ``rich``.
+
+    A column no run fills is left out; on a narrow terminal the headers and the dates wrap at
+    their spaces, and a value (a cause, a number, a script's name) is never split."""
     names = _script_names(runs)
     rows = [_cells(r, names) for r in runs]
-    if rich:
-        from rich.console import Console
-        from rich.table import Table
+    keep = [j for j in range(len(_HEADERS)) if any(row[j] for row in rows)]
+    headers = [_HEADERS[j] for j in keep]
+    right = {i for i, j in enumerate(keep) if _HEADERS[j] in _NUMERIC}
+    lines = table(headers, [[row[j] for j in keep] for row in rows], width, right=right)
+    if not rich:
+        return "".join(line + "\n" for line, _ in lines)
+    from rich.text import Text
 
-        table = Table(title="nanscope history", title_justify="left")
-        for name in _HEADERS:
-            table.add_column(name)
-        for run, cells in zip(runs, rows):
-            style = "green" if run.get("outcome") == "healthy" else None
-            table.add_row(*cells, style=style)
-        console = Console(record=True, width=120, force_terminal=True)
-        with console.capture() as capture:
-            console.print(table)
-        return capture.get()
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(_HEADERS)]
-    lines = ["  ".join(h.ljust(w) for h, w in zip(_HEADERS, widths)).rstrip()]
-    for cells in rows:
-        lines.append("  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip())
-    return "\n".join(lines) + "\n"
+    texts = [Text("nanscope history", style="bold")]
+    for line, index in lines:
+        healthy = index >= 0 and runs[index].get("outcome") == "healthy"
+        texts.append(Text(line, style="bold" if index < 0 else ("green" if healthy else "")))
+    return rich_text(*texts, width=None, color=True)
 
 
 def main(argv: list[str]) -> int:
@@ -131,5 +129,5 @@ def main(argv: list[str]) -> int:
         which = f" of {args.script}" if args.script else ""
         print(f"no runs{which} in the ledger ({path})")
         return 0
-    sys.stdout.write(render(runs, rich=sys.stdout.isatty()))
+    sys.stdout.write(render(runs, rich=sys.stdout.isatty(), width=columns(sys.stdout)))
     return 0

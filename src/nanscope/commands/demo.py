@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from nanscope._console import columns, wrap
 from nanscope.commands.base import CommandParser, check_folder
 from nanscope.diagnose.diagnosis import Diagnosis
 from nanscope.errors import DivergenceError
@@ -59,13 +60,24 @@ def fit_value_model(
     return w
 
 
-def _say(text: str = "") -> None:
-    """The demo's story is its result: stdout (``nanscope demo > story.txt`` keeps it)."""
-    print(text, file=sys.stdout)
+def _say(text: str = "", indent: str = "") -> None:
+    """The demo's story is its result: stdout (``nanscope demo > story.txt`` keeps it), each
+    paragraph wrapped to the terminal, its later lines under its text."""
+    if not text:
+        print(file=sys.stdout)
+        return
+    for line in wrap(text, columns(sys.stdout), indent):
+        print(line, file=sys.stdout)
 
 
 def main(argv: list[str]) -> int:
-    parser = CommandParser(prog="nanscope demo", description=__doc__)
+    parser = CommandParser(
+        prog="nanscope demo",
+        description="Watch a fit diverge, be diagnosed, and be fixed: an ad-click value model "
+        "whose spend_usd column holds raw dollars, fit at lr 1.0, stopped before the first inf "
+        "as step_size_too_large; then the tenfold lr cut on standardised features, and the fit "
+        "at the lr that worked, recorded in the ledger.",
+    )
     parser.add_argument("--no-color", action="store_true")
     parser.add_argument("--run-dir", metavar="DIR", help="where the demo's runs go")
     args = parser.parse_args(argv)
@@ -74,12 +86,13 @@ def main(argv: list[str]) -> int:
     color = False if args.no_color else None
     remembered = _remembered()
     if remembered:
-        _say(f"nanscope remembers: {remembered}")
+        _say(remembered, "nanscope remembers: ")
         _say()
     X, y = ad_clicks()
+    width = columns(sys.stdout)
     _say("nanscope demo: an ad-click value model, least squares, full-batch gradient descent.")
-    _say(f"  {len(y)} ads; features {', '.join(COLUMNS)}; spend_usd holds raw dollars "
-         f"(max {X[:, 0].max():,.0f}).")  # fmt: skip
+    _say(f"{len(y)} ads; features {', '.join(COLUMNS)}; spend_usd holds raw dollars "
+         f"(max {X[:, 0].max():,.0f}).", "  ")  # fmt: skip
     _say()
     _say("1) lr = 1.0 on the raw features")
     monitor = Monitor(name="demo-lr1", run_dir=None if root is None else root / "lr1")
@@ -90,34 +103,41 @@ def main(argv: list[str]) -> int:
     except DivergenceError as stop:
         diagnosis = stop.diagnosis
         step = stop.diagnosis.step if stop.diagnosis else "?"
-        _say(f"   stopped: DivergenceError at update {step}"
-             " (before any weight became inf)")  # fmt: skip
+        _say(f"stopped: DivergenceError at update {step} (before any weight became inf)",
+             "   ")  # fmt: skip
     assert diagnosis is not None
     print_report(diagnosis, monitor.trace, file=sys.stdout, color=color)
     _say()
-    _say("2) the decisive experiment: standardise spend_usd as the report says, then cut the")
-    _say("   learning rate tenfold and tenfold again (50 updates each)")
+    _say("the decisive experiment: standardise spend_usd as the report says, then cut the "
+         "learning rate tenfold and tenfold again (50 updates each)", "2) ")  # fmt: skip
     mean, std = X.mean(axis=0), X.std(axis=0)
     Xs = (X - mean) / std
     result = sweep(lambda lr, mon: fit_value_model(Xs, y, lr, mon), lrs=[1.0, 0.1, 0.01],
                    updates=50)  # fmt: skip
-    for r in result.results:
-        curve = sparkline([math.nan if v is None else v for v in r.losses], width=40)
-        _say(f"   lr {r.lr:<5g} {r.phrase():<28} {curve}")
-    _say(f"   -> {result.text()}")
+    phrases = [r.phrase() for r in result.results]
+    room = max(len(p) for p in phrases)
+    for r, phrase in zip(result.results, phrases):
+        head = f"   lr {r.lr:<5g} {phrase:<{room}}  "
+        fit = 40 if width is None else max(8, min(40, width - len(head)))
+        curve = sparkline([math.nan if v is None else v for v in r.losses], width=fit)
+        _say(head + curve)
+    _say(result.text(), "   -> ")
     diagnosis.extra["experiment"] = result.to_dict()
     best = result.recommended_lr or 0.01
     _say()
-    _say(f"3) the fix: standardised features, lr = {best:g}, 400 updates")
+    _say(f"the fix: standardised features, lr = {best:g}, 400 updates", "3) ")
     good = Monitor(name=f"demo-lr{best:g}", run_dir=None if root is None else root / "fixed")
     fit_value_model(Xs, y, best, good, updates=400)
     healthy = good.close()
     loss = good.trace.column("loss")
-    _say(f"   loss per update: {sparkline(loss)}")
-    _say(f"   {healthy.headline()}; loss {loss[0]:.4g} -> {loss[-1]:.4g}")
+    label = "   loss per update: "
+    fit = 60 if width is None else max(8, min(60, width - len(label)))
+    _say(label + sparkline(loss, width=fit))
+    _say(f"{healthy.headline()}; loss {loss[0]:.4g} -> {loss[-1]:.4g}", "   ")
     _record(diagnosis, monitor, best)
     _say()
-    _say("Same model, same loss, same rows: only the step size and the feature scale changed.")
+    _say("Same model, same loss, same rows: only the step size and the feature scale "
+         "changed.")  # fmt: skip
     return 0
 
 
@@ -135,4 +155,4 @@ def _record(diagnosis: Diagnosis, monitor: Monitor, lr: float) -> None:
     except ImportError:  # pragma: no cover
         return
     if record_diagnosis(diagnosis, monitor, script=__file__, lr=1.0) is not None:
-        _say(f"   recorded in the ledger: lr {lr:g} worked (see `nanscope history`)")
+        _say(f"recorded in the ledger: lr {lr:g} worked (see `nanscope history`)", "   ")

@@ -1,16 +1,25 @@
-"""The terminal report: findings first, then one row per column. Rich, or plain text."""
+"""The terminal report: findings first, then one row per column; in colour or plain text.
+
+Sized to the terminal (``width``, see :mod:`nanscope._console`): each finding is a paragraph
+wrapped at spaces under its message, and the column table, when it is wider than the terminal,
+is printed as two tables (the counts, then the statistics), each with the column names. With no
+width (a file, a pipe) nothing is wrapped or split.
+"""
 
 from __future__ import annotations
 
-import io
 import math
 
+from nanscope._console import rich_text, wrap
 from nanscope._messages import clean
 from nanscope.data._model import ColumnStats, Finding, ScanReport
 
 __all__ = ["render"]
 
 _STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
+
+#: one output line: its pieces of text and the style of each ("" for none)
+_Segments = list[tuple[str, str]]
 
 
 def _n(x: float) -> str:
@@ -26,17 +35,10 @@ def _n(x: float) -> str:
     return f"{x:.4g}"
 
 
-def _rows(f: Finding) -> str:
-    if not f.rows:
-        return ""
-    shown = ", ".join(str(r) for r in f.rows[:5])
-    return shown + (", ..." if f.count > 5 or len(f.rows) > 5 else "")
-
-
 def _summary(report: ScanReport) -> str:
     c = report.counts()
     ncol = len(report.columns)
-    head = f"nanscope scan: {report.source}: {report.n_rows:,} rows x {ncol} columns"
+    head = f"{report.source}: {report.n_rows:,} rows x {ncol} columns"
     if report.target:
         head += f", target `{report.target}`"
     if not report.findings:
@@ -63,64 +65,72 @@ def _col_cells(c: ColumnStats) -> list[str]:
 
 
 _COL_HEAD = ["column", "dtype", "null", "nan", "inf", "min", "max", "mean", "std", "median"]
+#: the two halves of the column table on a narrow terminal (each keeps the name)
+_COUNTS = [0, 1, 2, 3, 4]
+_STATS = [0, 5, 6, 7, 8, 9]
 
 
 def render(report: ScanReport, *, color: bool | None = None, width: int | None = None) -> str:
-    if color:
-        return _render_rich(report, width or 120)
-    return _render_plain(report)
+    """The report as text at ``width`` columns (``None``: no limit), with ANSI colours when
+    ``color``."""
+    lines = _lines(report, width)
+    if not color:
+        return "\n".join("".join(text for text, _ in line).rstrip() for line in lines) + "\n"
+    from rich.text import Text
+
+    texts = []
+    for line in lines:
+        text = Text()
+        for piece, style in line:
+            text.append(piece, style=style or None)
+        texts.append(text)
+    return rich_text(*texts, width=None, color=True)
 
 
-def _render_plain(report: ScanReport) -> str:
-    lines = [_summary(report), ""]
+def _lines(report: ScanReport, width: int | None) -> list[_Segments]:
+    out: list[_Segments] = []
+    for i, line in enumerate(wrap(_summary(report), width, "nanscope scan: ")):
+        out.append([(line, "bold")] if i else [("nanscope scan: ", "bold"), (line[15:], "bold")])
+    out.append([])
     for note in report.notes:
-        lines.extend([f"note: {note}", ""])
+        out.extend([[(line, "")] for line in wrap(clean(note, 2000), width, "note: ")])
+        out.append([])
     if report.findings:
-        lines.append("findings:")
+        out.append([("findings", "bold")])
         for f in report.findings:
-            lines.append(f"  {f.severity:<7} {f.code} {f.message}")
-            lines.append(f"          fix: {f.fix}")
-        lines.append("")
-    cells = [_COL_HEAD] + [_col_cells(c) for c in report.columns.values()]
-    widths = [max(len(row[j]) for row in cells) for j in range(len(_COL_HEAD))]
-    for row in cells:
-        lines.append("  " + "  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip())
+            out.extend(_finding(f, width))
+        out.append([])
+    rows = [_COL_HEAD] + [_col_cells(c) for c in report.columns.values()]
+    flagged = {clean(f.column, 60) for f in report.findings if f.severity != "info" and f.column}
+    styles = [""] + ["yellow" if clean(c.name, 60) in flagged else ""
+                     for c in report.columns.values()]  # fmt: skip
+    widths = [max(len(row[j]) for row in rows) for j in range(len(_COL_HEAD))]
+    whole = 2 + sum(widths) + 2 * (len(widths) - 1)
+    parts = [list(range(len(_COL_HEAD)))] if width is None or whole <= width else [_COUNTS, _STATS]
+    for k, part in enumerate(parts):
+        if k:
+            out.append([])
+        out.append([("columns" + ("" if len(parts) == 1 else f" ({k + 1}/2)"), "bold")])
+        for row, style in zip(rows, styles):
+            cells = [row[j].ljust(widths[j]) if j < 2 else row[j].rjust(widths[j]) for j in part]
+            text = "  " + "  ".join(cells)
+            out.append([(text.rstrip(), "bold" if row is rows[0] else style)])
     if any(not c.robust_exact for c in report.columns.values()):
-        lines.append("")
-        lines.append("  ~ median from an evenly strided sample; counts, min, max, mean, std exact")
-    return "\n".join(lines) + "\n"
+        out.append([])
+        text = "~ median from an evenly strided sample; counts, min, max, mean, std exact"
+        out.extend([[(line, "dim")] for line in wrap(text, width, "  ")])
+    return out
 
 
-def _render_rich(report: ScanReport, width: int) -> str:
-    from rich.console import Console
-    from rich.table import Table
-
-    buf = io.StringIO()
-    console = Console(file=buf, width=width, force_terminal=True, color_system="standard")
-    console.print(_summary(report), style="bold", highlight=False)
-    for note in report.notes:
-        console.print(f"note: {note}", markup=False, highlight=False)
-    if report.findings:
-        ft = Table(title="findings", title_justify="left", show_lines=False)
-        for h in ("severity", "code", "column", "message", "rows", "fix"):
-            ft.add_column(h, overflow="fold")
-        for f in report.findings:
-            ft.add_row(
-                f"[{_STYLE[f.severity]}]{f.severity}[/]",
-                f.code,
-                f.column or "",
-                f.message,
-                _rows(f),
-                f.fix,
-            )
-        console.print(ft, highlight=False)
-    ct = Table(title="columns", title_justify="left")
-    for h in _COL_HEAD:
-        ct.add_column(h, justify="left" if h in ("column", "dtype") else "right")
-    flagged = {f.column for f in report.findings if f.severity != "info"}
-    for c in report.columns.values():
-        ct.add_row(*_col_cells(c), style="yellow" if c.name in flagged else None)
-    console.print(ct, highlight=False)
-    if any(not c.robust_exact for c in report.columns.values()):
-        console.print("~ median from an evenly strided sample; counts, min, max, mean, std exact")
-    return buf.getvalue()
+def _finding(f: Finding, width: int | None) -> list[_Segments]:
+    """``  error   S001 column `ctr` has 2 NaN values ...`` and its fix, wrapped under the text."""
+    label = f"  {f.severity:<7} {f.code} "
+    lines: list[_Segments] = []
+    for i, line in enumerate(wrap(f.message, width, label)):
+        if i:
+            lines.append([(line, "")])
+        else:
+            lines.append([(f"  {f.severity:<7}", _STYLE[f.severity]), (line[9:], "")])
+    indent = " " * len(label)
+    lines.extend([[(line, "dim")] for line in wrap(f.fix, width, indent + "fix: ")])
+    return lines

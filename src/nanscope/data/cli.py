@@ -9,6 +9,7 @@ import argparse
 import json
 import sys
 
+from nanscope._console import columns
 from nanscope.commands.base import CommandParser
 from nanscope.errors import UsageError
 
@@ -44,7 +45,7 @@ def main(argv: list[str]) -> int:
         loss=args.loss,
         num_classes=args.num_classes,
         max_rows=args.max_rows,
-        progress=False if args.no_progress else None,
+        progress=False if args.no_progress or args.quiet else None,
     )
     if args.json:
         text = json.dumps(report.to_dict(), indent=2, allow_nan=False)
@@ -58,5 +59,5 @@ def main(argv: list[str]) -> int:
                 raise UsageError(f"cannot write --json {args.json}: {exc.strerror}") from exc
     if args.json != "-":
         color = sys.stdout.isatty() and not args.no_color
-        sys.stdout.write(render(report, color=color))
+        sys.stdout.write(render(report, color=color, width=columns(sys.stdout)))
     return report.exit_code

@@ -13,6 +13,7 @@ import os
 import sys
 from typing import Any
 
+from nanscope._console import columns, rich_text, table, wrap
 from nanscope.commands.base import CommandParser
 from nanscope.errors import UsageError
 from nanscope.experiment.sweep import FactorResult, SweepResult, _fmt
@@ -115,28 +116,41 @@ def _row(r: FactorResult, best: FactorResult | None) -> list[str]:
     ]
 
 
-def render(result: SweepResult, *, color: bool = False, width: int = 110) -> str:
-    """The sweep as a table and the one-line conclusion (rich; plain when ``color`` is off)."""
-    from rich.console import Console
-    from rich.table import Table
+def _style(r: FactorResult) -> str:
+    if r.outcome == "descended":
+        return "green"
+    return "red" if r.ascends else ""
 
-    table = Table(title=f"lr sweep over the first {result.updates} updates", title_justify="left")
-    for name in ("factor", "lr", "outcome", "updates", "final loss", "best loss", "curve"):
-        table.add_column(name, justify="right" if name in ("updates",) else "left")
+
+def render(result: SweepResult, *, color: bool = False, width: int | None = None) -> str:
+    """The sweep as a table and the one-line conclusion, at ``width`` columns (``None``: no
+    limit; the outcome wraps at its spaces, the curve shrinks to the room left), in colour
+    when ``color``."""
+    headers = ["factor", "lr", "outcome", "updates", "final loss", "best loss", "curve"]
     best = result.recommended
-    for r in sorted(result.results, key=lambda r: -r.factor):
-        style = "green" if r.outcome == "descended" else ("red" if r.ascends else None)
-        table.add_row(*_row(r, best), style=style)
-    console = Console(
-        record=True, width=width, color_system="standard" if color else None, force_terminal=color
-    )
-    with console.capture() as capture:
-        console.print(table)
-        console.print(result.text(), highlight=False)
-        for r in result.results:
-            if r.note:
-                console.print(f"  lr ×{r.factor:g}: {r.note}", highlight=False)
-    return capture.get()
+    ordered = sorted(result.results, key=lambda r: -r.factor)
+    rows = [_row(r, best) for r in ordered]
+    if width is not None:
+        # the curve takes what the other columns leave, 8 to 24 characters
+        others = sum(max(len(h.split()[-1]), *(len(row[j]) for row in rows))
+                     for j, h in enumerate(headers[:-1]))  # fmt: skip
+        room = max(8, min(24, width - others - 2 * (len(headers) - 1)))
+        for row, r in zip(rows, ordered):
+            row[-1] = _spark(r.losses, room)
+    lines = table(headers, rows, width, right={3})
+    texts: list[tuple[str, str]] = [(f"lr sweep over the first {result.updates} updates", "bold")]
+    for line, index in lines:
+        texts.append((line, _style(ordered[index]) if index >= 0 else "bold"))
+    for line in wrap(result.text(), width):
+        texts.append((line, ""))
+    for r in result.results:
+        if r.note:
+            texts.extend((line, "") for line in wrap(r.note, width, f"  lr ×{r.factor:g}: "))
+    if not color:
+        return "".join(text + "\n" for text, _ in texts)
+    from rich.text import Text
+
+    return rich_text(*(Text(text, style=style) for text, style in texts), width=None, color=True)
 
 
 def main(argv: list[str]) -> int:
@@ -169,7 +183,7 @@ def main(argv: list[str]) -> int:
         jobs=jobs,
         seed=seed,
         timeout=args.timeout,
-        progress=False if args.no_progress else None,
+        progress=False if args.no_progress or args.quiet else None,
     )
     if args.json:
         payload: dict[str, Any] = result.to_dict()
@@ -184,5 +198,5 @@ def main(argv: list[str]) -> int:
                 raise UsageError(f"cannot write --json {args.json}: {exc.strerror}") from exc
     if args.json != "-":
         color = sys.stdout.isatty() and not args.no_color
-        sys.stdout.write(render(result, color=color))
+        sys.stdout.write(render(result, color=color, width=columns(sys.stdout)))
     return 0 if result.recommended is not None else 1

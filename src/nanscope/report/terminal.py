@@ -1,24 +1,28 @@
 """The terminal report: verdict, cause, update, evidence table, a loss sparkline, actions.
 
 Rendered with rich when writing to a terminal; plain text (same content, no colour) otherwise or
-with ``color=False``. :func:`render` returns the text so tests can compare it.
+with ``color=False``. Either way each paragraph is wrapped to the terminal's width (``$COLUMNS``)
+at spaces only, its later lines under its text (a hanging indent); written to a file or a pipe,
+paragraphs stay on one line. :func:`render` returns the text so tests can compare it.
 """
 
 from __future__ import annotations
 
 import io
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import IO, Any
 
 import numpy as np
 
+from nanscope._console import columns, wrap
 from nanscope.diagnose.diagnosis import Diagnosis
-from nanscope.formatting import number as num
 from nanscope.formatting import row as row_text
 from nanscope.trace import Trace
 
-__all__ = ["print_report", "render", "sparkline"]
+__all__ = ["print_report", "recovery_text", "render", "shown_path", "sparkline"]
 
 _BARS = "▁▂▃▄▅▆▇█"
 _VERDICT_STYLE = {
@@ -63,135 +67,123 @@ def _unit(diagnosis: Diagnosis) -> str:
     return "epoch" if diagnosis.granularity == "epoch" else "update"
 
 
-def _plain(diagnosis: Diagnosis, trace: Trace | None) -> str:
-    lines = [f"nanscope: {diagnosis.headline()}"]
+@dataclass
+class _Line:
+    """One paragraph of the report: a label (``  1. ``, ``  [D001] ``) and its text, wrapped
+    under the text's first word."""
+
+    label: str
+    text: str = ""
+    label_style: str = ""
+    text_style: str = ""
+
+
+def shown_path(path: object) -> str:
+    """A path as the report shows it: relative to the current folder when inside it (shorter)."""
+    text = str(path)
+    try:
+        relative = Path(text).resolve().relative_to(Path.cwd().resolve())
+    except (OSError, ValueError):
+        return text
+    return str(relative) if str(relative) != "." else text
+
+
+def _lines(diagnosis: Diagnosis, trace: Trace | None, width: int | None) -> list[_Line]:
+    style = _VERDICT_STYLE.get(diagnosis.verdict, "bold")
+    out = [_Line("nanscope: ", diagnosis.headline(), "bold", style)]
+    unit = _unit(diagnosis)
     if diagnosis.first_nonfinite:
         fn = diagnosis.first_nonfinite
-        lines.append(f"first non-finite: {fn.get('what')} at {_unit(diagnosis)} {fn.get('step')}")
+        out.append(_Line("first non-finite: ", f"{fn.get('what')} at {unit} {fn.get('step')}"))
     if trace is not None and len(trace):
-        lines.append(f"loss per {_unit(diagnosis)}: {sparkline(trace.column('loss'))}")
+        label = f"loss per {unit}: "
+        room = 60 if width is None else max(10, min(60, width - len(label)))
+        out.append(_Line(label, sparkline(trace.column("loss"), width=room), "", "cyan"))
     if diagnosis.evidence:
-        lines.append("evidence:")
+        out.append(_Line("evidence:", label_style="bold"))
         for item in diagnosis.evidence:
-            lines.append(f"  [{item.rule}] {item.text}")
+            out.append(_Line(f"  [{item.rule}] ", item.text, "dim"))
     if diagnosis.located:
         loc = diagnosis.located
         src = loc.get("source") or {}
-        where = ", ".join(
-            f"{k} {v}" for k, v in (("phase", loc.get("phase")), ("op", loc.get("op")),
-                                    ("module", loc.get("module"))) if v
-        )  # fmt: skip
+        parts = [f"{k} {loc[k]}" for k in ("phase", "op", "module") if loc.get(k)]
         if src.get("file"):
-            where += f", {src['file']}:{src.get('line')}"
-        lines.append(f"where: {where}")
+            parts.append(f"{shown_path(src['file'])}:{src.get('line')}")
+        out.append(_Line("where: ", ", ".join(parts), "bold"))
     if diagnosis.rows:
-        lines.append("rows:")
+        out.append(_Line("rows:", label_style="bold"))
         for row in diagnosis.rows[:5]:
-            lines.append(f"  {row_text(row)} ({row.get('why')}, update {row.get('step')})")
+            why = f" ({row.get('why')}, {unit} {row.get('step')})"
+            out.append(_Line("  ", row_text(row) + why))
+        if len(diagnosis.rows) > 5:
+            out.append(_Line("  ", f"... {len(diagnosis.rows)} rows in all (see --json)"))
     if diagnosis.contributing:
-        lines.append("contributing:")
+        out.append(_Line("contributing:", label_style="bold"))
         for note in diagnosis.contributing:
-            lines.append(f"  {note.get('text')}")
+            out.append(_Line("  ", str(note.get("text"))))
     if diagnosis.alternatives:
         alts = ", ".join(f"{a['cause']} ({a['confidence']:.2f})" for a in diagnosis.alternatives)
-        lines.append(f"alternatives: {alts}")
+        out.append(_Line("alternatives: ", alts, "dim"))
     experiment = diagnosis.extra.get("experiment")
     if isinstance(experiment, dict) and experiment.get("text"):
-        lines.append(f"experiment: {experiment['text']}")
+        out.append(_Line("experiment: ", str(experiment["text"]), "bold"))
     for entry in diagnosis.confirmation:
-        lines.append(f"confirm [{entry.get('change')}]: {entry.get('text')}")
+        out.append(_Line(f"confirm [{entry.get('change')}]: ", str(entry.get("text")), "bold"))
     for entry in diagnosis.extra.get("rollbacks") or []:
-        lines.append(f"rolled back: update {entry.get('step')}: {entry.get('why')}")
+        out.append(_Line("recovered: ", recovery_text(entry), "bold yellow"))
     if diagnosis.actions:
-        lines.append("what to do:")
+        out.append(_Line("what to do:", label_style="bold"))
         for i, action in enumerate(diagnosis.actions, 1):
-            lines.append(f"  {i}. {action}")
+            out.append(_Line(f"  {i}. ", action))
     if diagnosis.run.get("dir"):
-        lines.append(f"run: {diagnosis.run['dir']}")
+        out.append(_Line("run: ", shown_path(diagnosis.run["dir"]), "dim", "dim"))
+    return out
+
+
+def recovery_text(entry: Mapping[str, Any]) -> str:
+    """One rollback in words: ``update 31: skipped the batch (dataset row 300 holds nan)``."""
+    what = entry.get("action") or "restored the last good state"
+    why = entry.get("why")
+    return f"{_unit_word(entry)} {entry.get('step')}: {what}" + (f" ({why})" if why else "")
+
+
+def _unit_word(entry: Mapping[str, Any]) -> str:
+    return "epoch" if entry.get("granularity") == "epoch" else "update"
+
+
+def _plain(diagnosis: Diagnosis, trace: Trace | None, width: int | None = None) -> str:
+    lines: list[str] = []
+    for line in _lines(diagnosis, trace, width):
+        lines.extend(wrap(line.text, width, line.label) if line.text else [line.label])
     return "\n".join(lines) + "\n"
 
 
 def _rich(diagnosis: Diagnosis, trace: Trace | None, file: IO[str], width: int | None) -> None:
     from rich.console import Console
-    from rich.table import Table
     from rich.text import Text
 
-    console = Console(file=file, width=width, highlight=False, soft_wrap=False)
-    style = _VERDICT_STYLE.get(diagnosis.verdict, "bold")
-    title = Text("nanscope  ", style="bold")
-    title.append(diagnosis.headline(), style=style)
-    console.print(title)
-    if diagnosis.first_nonfinite:
-        fn = diagnosis.first_nonfinite
-        console.print(
-            f"first non-finite: [bold]{fn.get('what')}[/] at {_unit(diagnosis)} {fn.get('step')}"
-        )
-    if trace is not None and len(trace):
-        line = Text(f"loss per {_unit(diagnosis)}  ")
-        for ch in sparkline(trace.column("loss")):
-            line.append(ch, style="red" if ch == "×" else "cyan")
-        console.print(line)
-    if diagnosis.evidence:
-        table = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
-        table.add_column("rule", style="dim", no_wrap=True)
-        table.add_column("evidence")
-        for item in diagnosis.evidence:
-            table.add_row(item.rule, Text(item.text))
-        console.print(table)
-    if diagnosis.located:
-        loc = diagnosis.located
-        src = loc.get("source") or {}
-        where = Text("where: ", style="bold")
-        for key in ("phase", "op", "module"):
-            if loc.get(key):
-                where.append(f"{key} ", style="dim")
-                where.append(f"{loc[key]}  ")
-        if src.get("file"):
-            where.append(f"{src['file']}:{src.get('line')}")
-        console.print(where)
-    if diagnosis.rows:
-        table = Table(show_header=True, header_style="bold", box=None, title=None)
-        for col in ("update", "source", "batch row", "dataset row", "column", "value", "why"):
-            table.add_column(col)
-        for row in diagnosis.rows[:8]:
-            table.add_row(
-                str(row.get("step", "")),
-                str(row.get("source", "")),
-                str(row.get("batch_row", "")),
-                str(row.get("dataset_row", "")),
-                str(row.get("column", "")),
-                num(row.get("value")),
-                str(row.get("why", "")) + (f" z={num(row['z'])}" if row.get("z") else ""),
-            )
-        console.print(table)
-    for note in diagnosis.contributing:
-        console.print(Text("contributing: ", style="bold") + Text(str(note.get("text"))))
-    if diagnosis.alternatives:
-        alts = ", ".join(f"{a['cause']} ({a['confidence']:.2f})" for a in diagnosis.alternatives)
-        console.print(Text("alternatives: ", style="dim") + Text(alts))
-    experiment = diagnosis.extra.get("experiment")
-    if isinstance(experiment, dict) and experiment.get("text"):
-        console.print(Text("experiment: ", style="bold") + Text(str(experiment["text"])))
-    for entry in diagnosis.confirmation:
-        label = Text(f"confirm [{entry.get('change')}]: ", style="bold")
-        console.print(label + Text(str(entry.get("text"))))
-    for entry in diagnosis.extra.get("rollbacks") or []:
-        what = f"update {entry.get('step')}: {entry.get('why')}"
-        console.print(Text("rolled back: ", style="bold yellow") + Text(what))
-    if diagnosis.actions:
-        console.print(Text("what to do", style="bold"))
-        for i, action in enumerate(diagnosis.actions, 1):
-            console.print(Text(f"  {i}. ") + Text(action))
-    if diagnosis.run.get("dir"):
-        console.print(Text(f"run: {diagnosis.run['dir']}", style="dim"))
+    console = Console(file=file, width=width, highlight=False, soft_wrap=True)
+    fit = width or console.width
+    for line in _lines(diagnosis, trace, fit):
+        wrapped = wrap(line.text, fit, line.label) if line.text else [line.label]
+        first = Text(line.label, style=line.label_style)
+        first.append(wrapped[0][len(line.label):], style=line.text_style)
+        console.print(first)
+        for more in wrapped[1:]:
+            console.print(Text(more, style=line.text_style))
 
 
 def render(
-    diagnosis: Diagnosis, trace: Trace | None = None, *, color: bool = False, width: int = 100
+    diagnosis: Diagnosis,
+    trace: Trace | None = None,
+    *,
+    color: bool = False,
+    width: int | None = None,
 ) -> str:
-    """The report as a string (plain text unless ``color``)."""
+    """The report as a string (plain text unless ``color``), wrapped to ``width`` columns with
+    hanging indents (``None``: paragraphs stay on one line)."""
     if not color:
-        return _plain(diagnosis, trace)
+        return _plain(diagnosis, trace, width)
     buffer = io.StringIO()
     _rich(diagnosis, trace, buffer, width)
     return buffer.getvalue()
@@ -210,7 +202,8 @@ def print_report(
     stream: Any = file if file is not None else sys.stderr
     if color is None:
         color = bool(getattr(stream, "isatty", lambda: False)()) and not os.environ.get("NO_COLOR")
+    width = columns(stream)
     if color:
-        _rich(diagnosis, trace, stream, None)
+        _rich(diagnosis, trace, stream, width)
     else:
-        stream.write(_plain(diagnosis, trace))
+        stream.write(_plain(diagnosis, trace, width))
