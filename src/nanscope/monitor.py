@@ -57,6 +57,7 @@ import numpy as np
 
 from nanscope import trace as trace_module
 from nanscope._guard import FaultGuard
+from nanscope._messages import status
 from nanscope.capture.arrays import (
     BatchChecker,
     ParamTracker,
@@ -77,6 +78,8 @@ __all__ = ["DEFER_RECORDS", "DEFER_SECONDS", "POLICIES", "DetectorChain", "Monit
            "active_monitors", "observers", "set_defaults"]  # fmt: skip
 
 POLICIES = ("raise", "warn", "rollback")
+#: causes the rollback policy recovers from by skipping the batch alone (the lr is kept)
+DATA_CAUSES = ("nonfinite_input", "extreme_batch")
 
 #: records of updates no detector can fire on are judged together, at most this many ...
 DEFER_RECORDS = 8
@@ -610,9 +613,19 @@ class Monitor:
     # ------------------------------------------------------------------ policy
 
     def _try_rollback(self, alarm: Alarm, rec: dict[str, Any]) -> bool:
-        """Policy rollback: let the adapter restore the last good state; record what it did."""
+        """Policy rollback: recover as the diagnosis of this failure says, through the adapter.
+
+        A data row (``nonfinite_input``, ``extreme_batch``): the batch is skipped, the learning
+        rate kept (a smaller step cannot help a bad row), and the rows are named. Any other cause
+        (a step size): the batch is skipped and the adapter cuts the learning rate. What it did
+        is one status line, an entry of :attr:`rollbacks`, and the record's ``extra.rollback``;
+        the rows go into the record, so the final diagnosis names them too.
+        """
         if self.policy != "rollback" or self.rollback_handler is None:
             return False
+        cause, rows = self._recovery_cause(alarm, rec)
+        data = cause in DATA_CAUSES
+        alarm.data["lr_factor"] = 1.0 if data else None  # None: the adapter's own cut
         try:
             handled = bool(self.rollback_handler(self, alarm))
         except Exception as exc:
@@ -620,15 +633,44 @@ class Monitor:
             handled = False
         if not handled:
             return False
-        entry = {"step": alarm.step, "kind": alarm.kind, "why": alarm.text,
-                 "action": "restored the last good state, skipped the batch, lr x 0.1"}  # fmt: skip
+        action = _recovery_action(alarm, rows, data)
+        entry: dict[str, Any] = {"step": alarm.step, "kind": alarm.kind, "cause": cause,
+                                 "why": alarm.text, "action": action}  # fmt: skip
+        if rows:
+            entry["rows"] = rows[:5]
+        for key in ("lr_before", "lr_after"):
+            if alarm.data.get(key) is not None:
+                entry[key] = alarm.data[key]
         self.rollbacks.append(entry)
         rec.setdefault("events", []).append("rollback")
         rec.setdefault("extra", {})["rollback"] = entry
-        print(f"nanscope: rolled back update {alarm.step} ({alarm.text}); lr x 0.1, batch "
-              f"skipped [{len(self.rollbacks)} rollback(s)]", file=sys.stderr)  # fmt: skip
+        status(f"nanscope: recovered update {alarm.step} ({cause}): {entry['action']}")
         self.reset_detectors()
         return True
+
+    def _recovery_cause(
+        self, alarm: Alarm, rec: dict[str, Any]
+    ) -> tuple[str, list[dict[str, Any]]]:
+        """The cause of this failure, diagnosed from the records since the last recovery (the
+        detectors' own window), with the bad rows of its batch; ``unknown`` when the rules
+        cannot run."""
+        seen = {(r.get("source"), r.get("batch_row"), r.get("why")) for r in rec.get("rows") or []}
+        rows = [r for r in self._probe_rows(last=1)
+                if (r.get("source"), r.get("batch_row"), r.get("why")) not in seen]  # fmt: skip
+        if rows:
+            rec["rows"] = list(rec.get("rows") or []) + rows
+        rows = list(rec.get("rows") or [])
+        since = self.rollbacks[-1]["step"] if self.rollbacks else None
+        # the records judged so far (read without handing over pending ones: we are judging one)
+        window = [r for r in self.trace._records if since is None or (r.get("step") or 0) > since]
+        try:
+            from nanscope.diagnose import diagnose
+
+            found = diagnose(Trace([*window, rec], meta=self.meta), evidence={"rows": rows})
+            return found.cause, rows
+        except Exception as exc:
+            self._internal_fault("rollback diagnosis", exc)
+            return "unknown", rows
 
     def _fire(self, alarm: Alarm) -> None:
         first = self.alarm is None
@@ -774,6 +816,23 @@ class Monitor:
     def _internal_fault(self, where: str, exc: BaseException) -> None:
         # only the measures turn off: the detectors, writes and probes run again next update
         self.guard.fault(where, exc, disable=where == "measure", stacklevel=4)
+
+
+def _recovery_action(alarm: Alarm, rows: list[dict[str, Any]], data: bool) -> str:
+    """What one recovery did, in words (one line): the row it skipped, or the lr it cut."""
+    from nanscope.formatting import lr as lr_text
+    from nanscope.formatting import row as row_text
+
+    if data:
+        if rows:
+            more = f" and {len(rows) - 1} more row(s)" if len(rows) > 1 else ""
+            held = f"which holds {row_text(rows[0])}{more}"
+        else:
+            held = "whose inputs or targets hold the bad values"
+        return f"skipped its batch, {held}; weights and lr unchanged"
+    before, after = alarm.data.get("lr_before"), alarm.data.get("lr_after")
+    cut = f" ({lr_text(before)} -> {lr_text(after)})" if before is not None else ""
+    return f"skipped its batch and cut the lr tenfold{cut}"
 
 
 def _loss_value(loss: Any) -> tuple[float, int]:

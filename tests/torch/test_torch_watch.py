@@ -421,16 +421,42 @@ def test_rollback_recovers_a_run_with_one_poisoned_batch_and_reports_it(tmp_path
             scheduler.step()
             losses.append(float(loss))
     assert all(torch.isfinite(p).all() for p in model.parameters())  # the NaN never landed
-    assert opt.param_groups[0]["lr"] == pytest.approx(0.001)  # cut tenfold once
+    # a bad row: the batch is skipped, the lr kept (a smaller step cannot help a NaN row)
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.01)
     monitor = watcher.monitor
     assert [r["step"] for r in monitor.rollbacks] == [8]
+    entry = monitor.rollbacks[0]
+    assert entry["cause"] == "nonfinite_input" and entry["rows"][0]["batch_row"] == 5
+    assert "batch row 5, column 2 = nan" in entry["action"] and "lr unchanged" in entry["action"]
     diagnosis = watcher.close()
     assert diagnosis.extra["rollbacks"][0]["step"] == 8
+    # the final advice still names the row it skipped
+    assert diagnosis.cause == "nonfinite_input" and diagnosis.rows[0]["batch_row"] == 5
     # the trace on disk says what was done at that update
     trace = nanscope.read_trace(tmp_path / "trace.jsonl")
     marked = [r for r in trace if "rollback" in (r.get("events") or [])]
     assert [r["step"] for r in marked] == [8] and marked[0]["extra"]["rollback"]["action"]
     assert losses[-1] < losses[0]  # and the fit went on descending
+
+
+def test_rollback_cuts_the_lr_of_a_step_size_and_says_it_in_one_line(tmp_path, capsys):
+    x, y = _data(n=256, scale=10.0)  # a step too long for these features: it diverges
+    model = nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    watcher = nanscope.watch(model, opt, policy="rollback", run_dir=tmp_path)
+    for i in range(60):
+        batch = slice((i % 16) * 16, (i % 16 + 1) * 16)
+        opt.zero_grad()
+        nn.functional.mse_loss(model(x[batch]), y[batch]).backward()
+        opt.step()
+    recoveries = watcher.monitor.rollbacks
+    assert recoveries and recoveries[0]["cause"] == "step_size_too_large"
+    assert recoveries[0]["lr_before"] == 0.05 and recoveries[0]["lr_after"] == pytest.approx(0.005)
+    assert opt.param_groups[0]["lr"] < 0.05
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if "recovered" in ln]
+    assert len(lines) == len(recoveries)  # one line per recovery, no warning beside it
+    assert "cut the lr tenfold (0.05 -> 0.005)" in lines[0]
+    watcher.close()
 
 
 def test_deferred_reads_find_the_exact_update_and_restore(tmp_path):

@@ -129,8 +129,11 @@ def _lines(diagnosis: Diagnosis, trace: Trace | None, width: int | None) -> list
         out.append(_Line("experiment: ", str(experiment["text"]), "bold"))
     for entry in diagnosis.confirmation:
         out.append(_Line(f"confirm [{entry.get('change')}]: ", str(entry.get("text")), "bold"))
-    for entry in diagnosis.extra.get("rollbacks") or []:
+    recoveries = list(diagnosis.extra.get("rollbacks") or [])
+    for entry in recoveries[:5]:
         out.append(_Line("recovered: ", recovery_text(entry), "bold yellow"))
+    if len(recoveries) > 5:
+        out.append(_Line("recovered: ", f"... {len(recoveries)} recoveries in all (see --json)"))
     if diagnosis.actions:
         out.append(_Line("what to do:", label_style="bold"))
         for i, action in enumerate(diagnosis.actions, 1):
@@ -141,9 +144,11 @@ def _lines(diagnosis: Diagnosis, trace: Trace | None, width: int | None) -> list
 
 
 def recovery_text(entry: Mapping[str, Any]) -> str:
-    """One rollback in words: ``update 31: skipped the batch (dataset row 300 holds nan)``."""
-    what = entry.get("action") or "restored the last good state"
-    why = entry.get("why")
+    """One recovery of the rollback policy in words: ``update 31: skipped its batch, which holds
+    batch row 4 (dataset row 300), column 2 = nan; weights and lr unchanged``; an lr cut says
+    why (the detector's words)."""
+    what = entry.get("action") or "rolled back"
+    why = entry.get("why") if not entry.get("rows") else None
     return f"{_unit_word(entry)} {entry.get('step')}: {what}" + (f" ({why})" if why else "")
 
 

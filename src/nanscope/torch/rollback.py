@@ -5,13 +5,14 @@ of the last good update: :meth:`LastGood.save` writes them to ``run_dir/last_goo
 late stop on an accelerator it first puts back the last verified snapshot, see
 :mod:`nanscope.torch.deferred`). Under ``policy="rollback"`` :meth:`LastGood.rollback` skips the
 offending update instead: its gradients are dropped, so the model, the optimizer state, the scaler
-and the scheduler stay those of the last good update, and the learning rate is cut by
-:data:`ROLLBACK_LR_FACTOR`. After :data:`ROLLBACK_LIMIT` rollbacks the next failure stops the fit.
+and the scheduler stay those of the last good update, and -- unless the Monitor diagnosed a bad row
+in the batch, which only needs the batch skipped -- the learning rate is cut by
+:data:`ROLLBACK_LR_FACTOR`. After :data:`ROLLBACK_LIMIT` lr cuts (or :data:`ROW_SKIP_LIMIT` skipped
+batches) the next failure stops the fit. The Monitor prints one line per recovery.
 """
 
 from __future__ import annotations
 
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -21,24 +22,28 @@ from nanscope.monitor import Monitor
 from nanscope.torch import sharded
 from nanscope.torch.deferred import DeferredReads
 
-__all__ = ["ROLLBACK_LIMIT", "ROLLBACK_LR_FACTOR", "LastGood", "nonfinite"]
+__all__ = ["ROLLBACK_LIMIT", "ROLLBACK_LR_FACTOR", "ROW_SKIP_LIMIT", "LastGood", "nonfinite"]
 
 #: what the rollback policy multiplies the learning rate by
 ROLLBACK_LR_FACTOR = 0.1
-#: how many rollbacks the rollback policy makes before giving up
+#: how many lr cuts the rollback policy makes before giving up
 ROLLBACK_LIMIT = 3
+#: how many batches holding a bad row it skips before giving up (the data needs fixing)
+ROW_SKIP_LIMIT = 100
 
 
 class LastGood:
     """Saves the last good weights of one model and makes the rollbacks of its optimizer.
 
-    ``path``: where the weights were saved (None until a stop); ``rollbacks``: how many so far.
+    ``path``: where the weights were saved (None until a stop); ``rollbacks``: how many lr cuts
+    so far, ``skips``: how many batches skipped for a bad row.
     """
 
     def __init__(self, monitor: Monitor) -> None:
         self.monitor = monitor
         self.path: Path | None = None
         self.rollbacks = 0
+        self.skips = 0
 
     def save(
         self,
@@ -98,29 +103,39 @@ class LastGood:
     def rollback(
         self, optimizer: Any, params: list[torch.Tensor], failing: dict[str, Any], alarm: Alarm
     ) -> bool:
-        """Skip the offending update and cut the learning rate; False when it cannot.
+        """Skip the offending update and, unless ``alarm.data["lr_factor"]`` is 1 (the Monitor
+        diagnosed a bad row: only the batch is skipped), cut the learning rate by that factor
+        (default :data:`ROLLBACK_LR_FACTOR`); False when it cannot.
 
         It cannot after a late stop (the weights moved on), when the weights are already
-        non-finite, or after :data:`ROLLBACK_LIMIT` rollbacks.
+        non-finite, after :data:`ROLLBACK_LIMIT` lr cuts or :data:`ROW_SKIP_LIMIT` skipped batches.
+        The lr before and after go into ``alarm.data`` (``lr_before``, ``lr_after``).
         """
         if failing.get("late") or failing.get("nf_params"):
             return False
-        self.rollbacks += 1
-        if self.rollbacks > ROLLBACK_LIMIT:
-            return False
+        factor = alarm.data.get("lr_factor")
+        factor = ROLLBACK_LR_FACTOR if factor is None else float(factor)
+        if factor == 1.0:
+            self.skips += 1
+            if self.skips > ROW_SKIP_LIMIT:
+                return False
+        else:
+            self.rollbacks += 1
+            if self.rollbacks > ROLLBACK_LIMIT:
+                return False
         for p in params:
             p.grad = None
-        for group in optimizer.param_groups:
+        if factor == 1.0:
+            return True
+        for i, group in enumerate(optimizer.param_groups):
             if isinstance(group.get("lr"), (int, float)):
-                group["lr"] = group["lr"] * ROLLBACK_LR_FACTOR
+                if i == 0:
+                    alarm.data["lr_before"] = float(group["lr"])
+                group["lr"] = group["lr"] * factor
+                if i == 0:
+                    alarm.data["lr_after"] = float(group["lr"])
             if isinstance(group.get("initial_lr"), (int, float)):
-                group["initial_lr"] = group["initial_lr"] * ROLLBACK_LR_FACTOR
-        warnings.warn(
-            f"nanscope: update {alarm.step} rolled back ({alarm.text}): batch skipped, weights "
-            f"left as they were, lr x {ROLLBACK_LR_FACTOR}",
-            RuntimeWarning,
-            stacklevel=3,
-        )
+                group["initial_lr"] = group["initial_lr"] * factor
         return True
 
 
