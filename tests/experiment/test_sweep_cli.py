@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -184,3 +185,20 @@ def test_run_experiment_confirms_a_sign_error_and_survives_a_broken_script() -> 
     broken = run_experiment({"cause": "step_size_too_large", "step": 5}, argv, progress=False)
     assert broken is not None and "no optimizer step seen" in broken["error"]
     assert broken["recommended_factor"] is None and broken["text"].startswith("the lr sweep")
+
+
+def test_after_run_experiment_the_advice_is_the_sweeps_result(tmp_path: Path) -> None:
+    """The tenfold cut already ran: the advice names the lr that descended, never "cut the lr
+    tenfold and rerun" (nor `nanscope sweep`) again."""
+    out = tmp_path / "d.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "nanscope", "run", "--experiment", "--json", str(out), "--",
+         "python", str(SCRIPTS / "numpy_fit.py"), "60"],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 3, proc.stderr[-2000:]
+    d = json.loads(out.read_text())
+    assert d["cause"] == "step_size_too_large" and d["experiment"]["recommended_lr"] == 0.1
+    assert d["actions"][0].startswith("Use lr 0.1 and rerun: the tenfold cut already ran")
+    assert not any("nanscope sweep" in a or "Cut the learning rate" in a for a in d["actions"])
+    assert "1. Use lr 0.1 and rerun" in proc.stdout

@@ -429,10 +429,11 @@ def _enrich(diagnosis: Diagnosis, args: argparse.Namespace, target: Target) -> N
     """Add what later stages know: the sweep, the data scan, the lint near the located line."""
     if args.experiment and diagnosis.cause in EXPERIMENT_CAUSES:
         try:
-            from nanscope.experiment import run_experiment
+            from nanscope.experiment import advise, run_experiment
 
             progress("nanscope: running the tenfold learning-rate cut...")
             diagnosis.extra["experiment"] = run_experiment(diagnosis, target.argv)
+            advise(diagnosis)
         except Exception as exc:
             warn(f"the experiment could not run ({exc})")
     if args.data and diagnosis.cause in ("nonfinite_input", "extreme_batch", "step_size_too_large"):

@@ -13,7 +13,7 @@ framework-free fit multiplies its own learning rate by :func:`lr_factor`.
 
 from __future__ import annotations
 
-from nanscope.experiment._experiment import TRIGGERS, run_experiment
+from nanscope.experiment._experiment import TRIGGERS, advise, run_experiment
 from nanscope.experiment.lrpatch import lr_factor
 from nanscope.experiment.sweep import OUTCOMES, FactorResult, SweepResult, classify, sweep
 
@@ -22,6 +22,7 @@ __all__ = [
     "TRIGGERS",
     "FactorResult",
     "SweepResult",
+    "advise",
     "classify",
     "lr_factor",
     "run_experiment",

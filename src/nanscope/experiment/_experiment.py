@@ -6,8 +6,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from nanscope.errors import NanscopeError
+from nanscope.formatting import lr as format_lr
 
-__all__ = ["TRIGGERS", "run_experiment"]
+__all__ = ["TRIGGERS", "advise", "run_experiment"]
 
 #: the causes a learning-rate sweep decides
 TRIGGERS = ("step_size_too_large", "exploding_gradients", "update_sign_error")
@@ -95,3 +96,34 @@ def run_experiment(
         "sign_error_confirmed": confirmed,
         "text": text,
     }
+
+
+def advise(diagnosis: Any) -> None:
+    """After ``run --experiment`` ran the sweep, the advice says what it found: the action that
+    asked for the tenfold cut (it names ``nanscope sweep``) becomes the lr to use, or the news
+    that no cut descended; a sweep that could not run leaves the advice as it was."""
+    experiment = diagnosis.extra.get("experiment")
+    if not isinstance(experiment, Mapping) or experiment.get("error"):
+        return
+    found = str(experiment.get("text") or "").rstrip(".")
+    best = experiment.get("recommended_lr")
+    if best is not None:
+        action = (f"Use lr {format_lr(best)} and rerun: the tenfold cut already ran ({found}); "
+                  "the ledger remembers it for this script (`nanscope history`).")  # fmt: skip
+    elif experiment.get("sign_error_confirmed") and experiment.get("cause") == "update_sign_error":
+        action = (f"Fix the sign of the update: the tenfold cut already ran and every lr still "
+                  f"climbs ({found}).")  # fmt: skip
+    else:
+        action = (f"No lr of the tenfold cut descended ({found}): the step size alone does not "
+                  "explain it; follow the other actions.")  # fmt: skip
+    actions = list(diagnosis.actions)
+    if best is not None:  # the ledger did it already
+        actions = [a for a in actions if not a.startswith("Record the learning rate that worked")]
+    asked = [i for i, a in enumerate(actions) if "nanscope sweep" in a]
+    if asked:
+        actions[asked[0]] = action
+        actions = [a for i, a in enumerate(actions) if i not in asked[1:]]
+    else:
+        actions.insert(0, action)
+    diagnosis.actions = actions
+
