@@ -25,7 +25,7 @@ from nanscope._messages import (
 )
 from nanscope.errors import InputError, UsageError
 
-__all__ = ["COMMANDS", "main"]
+__all__ = ["COMMANDS", "error_line", "main"]
 
 EXIT_OK = 0
 EXIT_FINDINGS = 1
@@ -111,7 +111,8 @@ def _debug() -> bool:
     return os.environ.get("NANSCOPE_DEBUG", "").strip() not in ("", "0", "false", "no")
 
 
-def _error_line(name: str, exc: BaseException) -> str:
+def error_line(name: str, exc: BaseException) -> str:
+    """The one line an error of command ``name`` is: ``nanscope NAME: error: what and where``."""
     prefix = f"nanscope {name}: error: " if name else "nanscope: error: "
     lacking = missing(exc, f"nanscope {name}")
     if lacking is not None:
@@ -175,7 +176,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         held = release_warnings(show=_debug())
         if _debug():
             traceback.print_exc()
-        line = _error_line(name, exc)
+        line = error_line(name, exc)
         if held:
             # what went wrong on the way there is the reason: still one line
             line += f" ({clean(held[0], 200)}" + (f"; {len(held) - 1} more warnings)"

@@ -5,7 +5,7 @@
     ledger = Ledger()                      # $NANSCOPE_LEDGER, else the user's data directory
     run_id = record_diagnosis(diagnosis, monitor, script="train.py")
     ledger.set_sweep_lr(run_id, 0.1)       # what `nanscope run --experiment` found
-    remembered_line("train.py")            # "last run of train.py (2026-12-02 15:10): ..."
+    remembered_line("train.py")            # "previous run of train.py (2026-12-02 15:10): ..."
 
 Where: ``$NANSCOPE_LEDGER`` if set, else ``$XDG_DATA_HOME/nanscope/ledger.db`` (default
 ``~/.local/share``) on Linux, ``~/Library/Application Support/nanscope/ledger.db`` on macOS,
@@ -564,8 +564,8 @@ def remembered_line(
     script: str | os.PathLike[str], ledger: Ledger | None = None
 ) -> str | None:
     """The line ``nanscope run`` prints when a script with a known history starts, or ``None``:
-    ``"last run of train.py (2026-12-02 15:10): step_size_too_large at update 7; lr 0.1 worked"``.
-    Never raises."""
+    ``"previous run of train.py (2026-12-02 15:10): step_size_too_large at update 7 with lr 1.0;
+    lr 0.1 worked"``. Never raises."""
     try:
         ledger = ledger if ledger is not None else Ledger()
         last = ledger.last_for(script)
@@ -573,7 +573,7 @@ def remembered_line(
         return None
     if last is None:
         return None
-    line = f"last run of {Path(script).name} ({_when(last.get('started'))}): {describe(last)}"
+    line = f"previous run of {Path(script).name} ({_when(last.get('started'))}): {describe(last)}"
     digest = file_hash(script)
     if digest is not None and last.get("script_hash") not in (None, digest):
         line += " (the script has changed since)"

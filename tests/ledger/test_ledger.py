@@ -231,7 +231,7 @@ def test_record_diagnosis_from_a_real_fit(tmp_path: Path, script: Path) -> None:
     assert row["sweep_lr"] == 0.1 and row["duration"] >= 0
     line = remembered_line(script, ledger)
     assert line is not None
-    assert line.startswith("last run of train.py (")
+    assert line.startswith("previous run of train.py (")
     tail = f"): {diagnosis.cause} at update {diagnosis.step} with lr 1.0; lr 0.1 worked"
     assert line.endswith(tail)
     script.write_text("print('changed')\n")

@@ -129,6 +129,27 @@ def check_writable(path: str | os.PathLike[str] | None, option: str = "output") 
         raise UsageError(f"cannot write {where}: {clean(existing)} is a file, not a folder")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise UsageError(f"cannot write {where}: the folder {clean(existing)} is not writable")
+    _try_create(target, existing, where)
+
+
+def _try_create(target: Path, existing: Path, where: str) -> None:
+    """Create and remove what the command will write (the file, or the first folder it will
+    make): the only sure test, where permissions say yes and the system says no (``/proc``, a
+    read-only mount, root)."""
+    try:
+        if existing == (target.parent if str(target.parent) else Path(".")):
+            os.close(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+            os.unlink(target)
+        else:
+            first = target
+            while first.parent != existing:
+                first = first.parent
+            os.mkdir(first)
+            os.rmdir(first)
+    except FileExistsError:
+        return  # made meanwhile by someone else: it can be written to, or the write says why
+    except OSError as exc:
+        raise UsageError(f"cannot write {where}: {exc.strerror or exc}") from None
 
 
 def check_folder(path: str | os.PathLike[str] | None, option: str) -> None:
@@ -144,6 +165,8 @@ def check_folder(path: str | os.PathLike[str] | None, option: str) -> None:
         raise UsageError(f"cannot use {where}: {clean(existing)} is a file, not a folder")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise UsageError(f"cannot use {where}: the folder {clean(existing)} is not writable")
+    if existing != target:
+        _try_create(target / "probe", existing, where)
 
 
 def parse_values(argv: list[str], options: tuple[str, ...]) -> dict[str, Any]:

@@ -5,13 +5,14 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 from nanscope.commands.base import warn
 from nanscope.diagnose.diagnosis import Diagnosis
 from nanscope.errors import UsageError
 from nanscope.trace import Trace
 
-__all__ = ["add_output_options", "show", "write_json"]
+__all__ = ["add_output_options", "show", "write_html", "write_json", "write_json_list"]
 
 
 def add_output_options(parser: argparse.ArgumentParser) -> None:
@@ -23,7 +24,10 @@ def add_output_options(parser: argparse.ArgumentParser) -> None:
 def write_json(diagnosis: Diagnosis, path: str | None) -> None:
     if not path:
         return
-    text = diagnosis.to_json() + "\n"
+    _write_text(diagnosis.to_json() + "\n", path)
+
+
+def _write_text(text: str, path: str) -> None:
     if path == "-":
         sys.stdout.write(text)
         sys.stdout.flush()
@@ -34,6 +38,13 @@ def write_json(diagnosis: Diagnosis, path: str | None) -> None:
         target.write_text(text)
     except OSError as exc:
         raise UsageError(f"cannot write --json {path}: {exc.strerror}") from None
+
+
+def write_json_list(items: list[dict[str, Any]], path: str) -> None:
+    """Several diagnoses (``nanscope diagnose a.log b.log --json PATH``) as one JSON list."""
+    import json
+
+    _write_text(json.dumps(items, indent=2, allow_nan=False) + "\n", path)
 
 
 def write_html(diagnosis: Diagnosis, trace: Trace | None, path: str | None) -> None:

@@ -159,6 +159,11 @@ def split_command(command: list[str]) -> Target:
             return Target(None, None, command[2:], code=command[1])
         script = command[0]
         path = Path(script)
+        if path.is_dir():
+            if not (path / "__main__.py").is_file():
+                raise UsageError(f"{clean(script)}: is a directory with no __main__.py, so "
+                                 "Python cannot run it")  # fmt: skip
+            return Target(script, None, command[1:])  # python runs its __main__.py
         if not path.is_file():
             raise UsageError(f"{clean(script)}: no such script")
         if not _looks_python(path) and path.suffix not in (".py", ".pyw"):
@@ -173,7 +178,9 @@ def split_command(command: list[str]) -> Target:
             return Target(script, None, command[1:])
         return Target(None, None, command[1:], program=list(command))
     if path.is_dir():
-        raise UsageError(f"{clean(script)}: is a directory, not a script")
+        if (path / "__main__.py").is_file():
+            return Target(script, None, command[1:])
+        raise UsageError(f"{clean(script)}: is a directory with no __main__.py, not a script")
     if shutil.which(script) is not None:
         return Target(None, None, command[1:], program=list(command))
     raise UsageError(f"{clean(script)}: no such script or program")
@@ -234,8 +241,8 @@ def _user_traceback(exc: BaseException) -> None:
     tb = exc.__traceback__
     while tb is not None and _is_ours(tb.tb_frame.f_code.co_filename):
         tb = tb.tb_next
-    if tb is not None:
-        exc.__traceback__ = tb
+    # none of the script's own (it did not compile): Python prints the error alone, so do we
+    exc.__traceback__ = tb
     traceback.print_exception(exc)
 
 
@@ -309,7 +316,8 @@ def _execute(target: Target, signals: _Signals) -> tuple[int, DivergenceError | 
         else:
             assert target.script is not None
             sys.argv = [target.script, *target.args]
-            sys.path.insert(0, str(Path(target.script).resolve().parent))
+            if not Path(target.script).is_dir():  # (run_path puts a folder first itself)
+                sys.path.insert(0, str(Path(target.script).resolve().parent))
             runpy.run_path(target.script, run_name="__main__")
         return 0, None
     except SystemExit as exc:
@@ -340,21 +348,50 @@ def _execute(target: Target, signals: _Signals) -> tuple[int, DivergenceError | 
         sys.argv, sys.path[:] = saved_argv, saved_path
 
 
-def _pick(
+def _ranked(
     monitors: list[Monitor], stop: DivergenceError | None
-) -> tuple[Diagnosis | None, Monitor | None]:
-    """The diagnosis to report: the one that stopped the run, else the worst of the monitors."""
-    if stop is not None and stop.diagnosis is not None:
-        owner = next((m for m in monitors if m.diagnosis is stop.diagnosis), None)
-        return stop.diagnosis, owner
-    order = {"nonfinite": 0, "diverging": 1, "suspect": 2, "interrupted": 3, "healthy": 4,
-             "unobserved": 5}  # fmt: skip
-    best: tuple[Diagnosis | None, Monitor | None] = (None, None)
-    for monitor in monitors:
-        diagnosis = monitor.close()
-        if best[0] is None or order.get(diagnosis.verdict, 9) < order.get(best[0].verdict, 9):
-            best = (diagnosis, monitor)
-    return best
+) -> list[tuple[Diagnosis, Monitor | None]]:
+    """Every run's diagnosis, the one to report first: the one that stopped the run, then the
+    worst verdict (the first made among equals)."""
+    from nanscope.diagnose.diagnosis import VERDICT_RANK
+
+    stopped = stop.diagnosis if stop is not None else None
+    ranked: list[tuple[Diagnosis, Monitor | None]] = [
+        (monitor.close(), monitor) for monitor in monitors
+        if stopped is None or monitor.diagnosis is not stopped
+    ]  # fmt: skip
+    ranked.sort(key=lambda pair: VERDICT_RANK.get(pair[0].verdict, 9))
+    if stopped is not None:
+        owner = next((m for m in monitors if m.diagnosis is stopped), None)
+        ranked.insert(0, (stopped, owner))
+    return ranked
+
+
+def runs_summary(
+    diagnoses: list[Diagnosis], monitors: list[Monitor | None]
+) -> list[dict[str, Any]]:
+    """One entry per run of the script (the ``runs`` field of ``--json``), in the order given:
+    its verdict, cause and update, what it watched, and where its own diagnosis is."""
+    out = []
+    for diagnosis, monitor in zip(diagnoses, monitors):
+        meta = monitor.meta if monitor is not None else {}
+        folder = diagnosis.run.get("dir") or (str(monitor.run_dir) if monitor else None)
+        written = monitor is not None and monitor.writes
+        out.append({
+            "id": diagnosis.run.get("id") or (monitor.run_id if monitor else None),
+            "name": monitor.name if monitor is not None else None,
+            "model": meta.get("model"),
+            "optimizer": meta.get("optimizer"),
+            "lr": meta.get("optimizer_lr"),
+            "verdict": diagnosis.verdict,
+            "cause": diagnosis.cause,
+            "confidence": round(float(diagnosis.confidence), 3),
+            "step": diagnosis.step,
+            "headline": diagnosis.headline(),
+            "dir": folder,
+            "diagnosis": str(Path(folder) / "diagnosis.json") if written and folder else None,
+        })  # fmt: skip
+    return out
 
 
 def _arm_torch() -> None:
@@ -402,7 +439,8 @@ def _remembered(target: Target) -> None:
     except Exception:
         return
     if line:
-        progress(f"nanscope: {line}")
+        # before the script's own output, so labelled as the ledger's (not this run's result)
+        progress(f"nanscope: the ledger's {line}")
 
 
 def _record(diagnosis: Diagnosis, monitor: Monitor | None, target: Target, started: float) -> None:
@@ -466,7 +504,9 @@ def link_scan(path: str, diagnosis: Diagnosis) -> dict[str, object]:
     }
 
 
-def _unobserved(reason: str, *, program: bool = False, crashed: bool = False) -> Diagnosis:
+def _unobserved(
+    reason: str, *, program: bool = False, crashed: bool = False, refused: bool = False
+) -> Diagnosis:
     """The diagnosis of a run nanscope could not watch: never healthy, the reason said (by the
     engine, from an empty trace; built here when this engine has no such verdict)."""
     from nanscope.diagnose.diagnosis import Evidence
@@ -486,7 +526,9 @@ def _unobserved(reason: str, *, program: bool = False, crashed: bool = False) ->
             confidence=0.0,
             evidence=[Evidence("run", reason, {"updates": 0})],
         )
-    if program or not diagnosis.actions:
+    if refused:
+        diagnosis.actions = ["Fix the command line (the error above), then run it again."]
+    elif program or not diagnosis.actions:
         diagnosis.actions = [
             "Run the Python training script itself under nanscope (nanscope run -- python "
             "train.py): a Python fit is watched through torch.optim or nanscope.Monitor.",
@@ -555,10 +597,15 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--data", metavar="PATH", help="the data file, to link scan findings")
     parser.add_argument("--run-dir", metavar="DIR", help="root folder for run directories")
     args = parser.parse_args(options)
-    check_folder(args.run_dir, "--run-dir")
-    if args.data and not Path(args.data).exists():
-        raise UsageError(f"--data {clean(args.data)}: no such file or directory")
-    target = split_command(command)
+    try:
+        check_folder(args.run_dir, "--run-dir")
+        if args.data and not Path(args.data).exists():
+            raise UsageError(f"--data {clean(args.data)}: no such file or directory")
+        target = split_command(command)
+    except UsageError as exc:
+        if args.json:  # the --json file is promised whatever happens: it says why nothing ran
+            write_json(_unobserved(f"nothing ran: {exc}", refused=True), args.json)
+        raise
     set_defaults(policy=args.policy, root=args.run_dir, keep=True)
     if args.policy:
         os.environ["NANSCOPE_POLICY"] = args.policy
@@ -586,7 +633,8 @@ def main(argv: list[str]) -> int:
     if signals.caught and stop is None:
         for monitor in monitors:
             monitor.record_event("interrupted", signal=signals.caught, step=_last_step(monitor))
-    diagnosis, owner = _pick(monitors, stop)
+    ranked = _ranked(monitors, stop)
+    diagnosis, owner = ranked[0] if ranked else (None, None)
     if target.program is None:
         _disarm_torch()  # (run in process, as tests and notebooks do: the hooks go with it)
     if ranks and diagnosis is not None:
@@ -617,6 +665,9 @@ def main(argv: list[str]) -> int:
         _interrupted(diagnosis, signals.caught, _last_step(owner) if owner else None)
     trace = owner.trace if owner is not None else None
     _enrich(diagnosis, args, target)
+    if len(ranked) > 1:  # several optimizers or Monitors: every run is named, the worst first
+        diagnosis.extra["runs"] = runs_summary([diagnosis] + [d for d, _ in ranked[1:]],
+                                               [owner] + [m for _, m in ranked[1:]])  # fmt: skip
     if owner is not None:
         owner.save_diagnosis(diagnosis)
     write_json(diagnosis, args.json)  # first: the file is there whatever happens next

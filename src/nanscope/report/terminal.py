@@ -19,6 +19,7 @@ import numpy as np
 
 from nanscope._console import columns, wrap
 from nanscope.diagnose.diagnosis import Diagnosis
+from nanscope.formatting import lr as lr_text
 from nanscope.formatting import row as row_text
 from nanscope.trace import Trace
 
@@ -91,6 +92,17 @@ def shown_path(path: object) -> str:
 def _lines(diagnosis: Diagnosis, trace: Trace | None, width: int | None) -> list[_Line]:
     style = _VERDICT_STYLE.get(diagnosis.verdict, "bold")
     out = [_Line("nanscope: ", diagnosis.headline(), "bold", style)]
+    runs = [r for r in diagnosis.extra.get("runs") or [] if isinstance(r, Mapping)]
+    if len(runs) > 1:
+        out.append(_Line(f"{len(runs)} runs in this script, the worst first (this report is "
+                         "the first's):", label_style="bold"))  # fmt: skip
+        for i, run in enumerate(runs, 1):
+            what = ", ".join(str(run[k]) for k in ("model", "optimizer") if run.get(k))
+            if run.get("lr") is not None:
+                what += f" lr {lr_text(run['lr'])}"
+            where = shown_path(run["dir"]) if run.get("dir") else ""
+            tail = "; ".join(t for t in (what, where) if t)
+            out.append(_Line(f"  {i}. ", str(run.get("headline")) + (f" ({tail})" if tail else "")))
     unit = _unit(diagnosis)
     if diagnosis.first_nonfinite:
         fn = diagnosis.first_nonfinite
