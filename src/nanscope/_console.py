@@ -31,9 +31,10 @@ import os
 import sys
 import textwrap
 from collections.abc import Collection, Sequence
+from pathlib import Path
 from typing import IO, Any
 
-__all__ = ["NO_LIMIT", "columns", "rich_text", "table", "wrap"]
+__all__ = ["NO_LIMIT", "columns", "rich_text", "shown_path", "table", "wrap"]
 
 #: the width a rich console gets when there is no terminal to fit: tables take their own width
 NO_LIMIT = 4000
@@ -52,6 +53,16 @@ def columns(stream: IO[str] | None = None) -> int | None:
     except (AttributeError, OSError, ValueError):
         pass
     return None
+
+
+def shown_path(path: object) -> str:
+    """A path as a report shows it: relative to the current folder when inside it (shorter)."""
+    text = str(path)
+    try:
+        relative = Path(text).resolve().relative_to(Path.cwd().resolve())
+    except (OSError, ValueError):
+        return text
+    return str(relative) if str(relative) != "." else text
 
 
 def wrap(text: str, width: int | None, first: str = "", rest: str | None = None) -> list[str]:

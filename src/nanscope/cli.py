@@ -41,6 +41,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "lint": ("nanscope.lint.cli:main", "lint training code for numerical hazards"),
     "report": ("nanscope.report.cli:main", "write an HTML report for a run, trace or log"),
     "history": ("nanscope.ledger_cli:main", "list past runs and the learning rates that worked"),
+    "runs": ("nanscope.commands.runs:main", "list the run folders, or prune them (--keep N)"),
     "demo": ("nanscope.commands.demo:main", "watch a fit diverge, be diagnosed, and be fixed"),
 }
 
@@ -70,7 +71,7 @@ def _load(target: str) -> Callable[[list[str]], int]:
 
 
 #: commands that finish quickly: their warnings are held, so an error is still one line
-_QUICK = ("diagnose", "scan", "lint", "report", "history")
+_QUICK = ("diagnose", "scan", "lint", "report", "history", "runs")
 
 #: options whose value is a file the command writes; checked before any work starts
 _OUTPUTS = ("--json", "--html", "-o", "--output")

@@ -201,6 +201,24 @@ def _default_root() -> Path:
     return Path(root) if root else Path.cwd() / ".nanscope" / "runs"
 
 
+#: what nanscope writes into a ``.nanscope/`` folder it creates: git leaves its runs alone
+GITIGNORE = "# written by nanscope: run folders (traces, weights) are not source\n*\n"
+
+
+def _ignore_folder(folder: Path) -> None:
+    """``folder/.gitignore`` (ignore everything), unless the folder has one: written the first
+    time nanscope writes a run under ``./.nanscope/``, as pytest does for its cache."""
+    marker = folder / ".gitignore"
+    if marker.exists():
+        return
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with open(marker, "x", encoding="utf-8") as fh:
+            fh.write(GITIGNORE)
+    except OSError:
+        pass  # (another process wrote it, or the folder is read-only: the run goes on)
+
+
 class Monitor:
     """Watches a fit update by update and stops it loudly when it breaks.
 
@@ -236,8 +254,13 @@ class Monitor:
         self.policy = policy
         self.run_id = time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
         self.name = name or "fit"
+        #: the ``.nanscope/`` folder to mark as ignored by git when the first file is written
+        self._ignore_in: Path | None = None
         if run_dir is None:
-            run_dir = _default_root() / self.run_id
+            root = _default_root()
+            run_dir = root / self.run_id
+            if root.name == "runs" and root.parent.name == ".nanscope":
+                self._ignore_in = root.parent
         self.run_dir = Path(run_dir)
         self.meta: dict[str, Any] = {
             "run_id": self.run_id,
@@ -548,9 +571,15 @@ class Monitor:
         if not self._write:
             return None
         if self._writer is None:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
+            self._make_run_dir()
             self._writer = TraceWriter(self.run_dir / "trace.jsonl", self.meta)
         return self._writer
+
+    def _make_run_dir(self) -> None:
+        if self._ignore_in is not None:
+            _ignore_folder(self._ignore_in)
+            self._ignore_in = None
+        self.run_dir.mkdir(parents=True, exist_ok=True)
 
     def move_run_dir(self, run_dir: str | os.PathLike[str]) -> bool:
         """Put this run's files under ``run_dir`` instead; only before any was written.
@@ -560,6 +589,7 @@ class Monitor:
         if self._writer is not None:
             return False
         self.run_dir = Path(run_dir)
+        self._ignore_in = None  # not under ./.nanscope/ any more
         return True
 
     @property
@@ -709,7 +739,7 @@ class Monitor:
             self._last_good = self._params.snapshot_current()
         if self._last_good and self._write:
             try:
-                self.run_dir.mkdir(parents=True, exist_ok=True)
+                self._make_run_dir()
                 np.savez(self.run_dir / "last_good.npz", **self._last_good)  # type: ignore[arg-type]
                 self.meta["last_good"] = str(self.run_dir / "last_good.npz")
             except Exception as exc:
@@ -784,7 +814,7 @@ class Monitor:
         if not self._write:
             return
         try:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
+            self._make_run_dir()
             (self.run_dir / "diagnosis.json").write_text(diagnosis.to_json() + "\n")
         except Exception as exc:
             self._internal_fault("write diagnosis.json", exc)

@@ -12,12 +12,11 @@ import io
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import IO, Any
 
 import numpy as np
 
-from nanscope._console import columns, wrap
+from nanscope._console import columns, shown_path, wrap
 from nanscope.diagnose.diagnosis import Diagnosis
 from nanscope.formatting import lr as lr_text
 from nanscope.formatting import row as row_text
@@ -77,16 +76,6 @@ class _Line:
     text: str = ""
     label_style: str = ""
     text_style: str = ""
-
-
-def shown_path(path: object) -> str:
-    """A path as the report shows it: relative to the current folder when inside it (shorter)."""
-    text = str(path)
-    try:
-        relative = Path(text).resolve().relative_to(Path.cwd().resolve())
-    except (OSError, ValueError):
-        return text
-    return str(relative) if str(relative) != "." else text
 
 
 def _lines(diagnosis: Diagnosis, trace: Trace | None, width: int | None) -> list[_Line]:
