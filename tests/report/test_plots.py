@@ -45,9 +45,10 @@ def test_nan_marker_is_drawn_at_the_failing_update(nan_run: Path) -> None:
 def test_every_panel_shares_the_x_axis_and_the_marks(nan_run: Path) -> None:
     flat: list[tuple[str, float]] = []
     panels = plots.build_panels(nanscope.read_trace(nan_run), flat=flat)
-    # the learning rate was 0.05 throughout: a flat line says nothing, so no panel, a note
-    assert [p.key for p in panels] == ["loss", "grad_norm", "update_ratio", "flip_frac"]
-    assert flat == [("learning rate", 0.05)]
+    # the learning rate was 0.05 throughout and no weight ever flipped sign: a flat line says
+    # nothing, so no panel, a note
+    assert [p.key for p in panels] == ["loss", "grad_norm", "update_ratio"]
+    assert flat == [("fraction of weights that flipped sign", 0.0), ("learning rate", 0.05)]
     assert len({p.xlim for p in panels}) == 1
     assert all([m.step for m in p.marks] == [31] for p in panels)
     sizes = {Image.open(io.BytesIO(plots.render(p, "png"))).size for p in panels[:2]}
@@ -63,7 +64,9 @@ def test_labels_for_inf_and_gradients_and_log_scale() -> None:
     trace = Trace(records)
     loss = _panel(plots.build_panels(trace), "loss")
     assert loss.log  # positive and spanning decades
-    assert [(m.step, m.label, m.span) for m in loss.marks] == [(7, "nan grad", 1), (10, "inf", 3)]
+    # each non-finite value labelled as what it is, never a NaN under an inf's label
+    assert [(m.step, m.label, m.span) for m in loss.marks] == [
+        (7, "nan grad", 1), (10, "inf", 1), (11, "-inf", 1), (12, "nan", 1)]
     assert "log scale" in loss.title
 
 
@@ -120,3 +123,20 @@ def test_plots_use_the_page_width() -> None:
     css = _css()
     rule = css[css.index(".plots img") :].split("}", 1)[0]
     assert "width: 100%" in rule and "max-width" not in rule
+
+
+def test_per_layer_norms_are_drawn_through_every_update_they_were_measured_at(
+    nan_run: Path,
+) -> None:
+    """Per-layer norms are measured on a schedule, not every update: each layer's line goes
+    through the updates that have them (no dot lost between gaps), and only those."""
+    trace = nanscope.read_trace(nan_run)
+    measured = [int(r["step"]) for r in trace.records if r.get("grad_norms")]
+    assert len(measured) >= 2
+    panel = _panel(plots.build_panels(trace), "grad_norm")
+    layers = [ln for ln in panel.lines if ln.label != "global"]
+    assert {ln.label for ln in layers} == {"a", "b"}
+    for line in layers:
+        assert [int(x) for x in line.x] == measured
+        before = line.y[line.x < 31]  # the NaN row arrives at update 31 (policy warn goes on)
+        assert before.size >= 2 and np.isfinite(before).all()

@@ -73,6 +73,12 @@ def _experiment(change: str, f: TorchFailure, found: dict[str, Any]) -> dict[str
     if model is None or not hasattr(model, "parameters"):
         return {"change": change, "ran": False, "finite": None, "loss": None,
                 "text": "not run: the model was not seen"}  # fmt: skip
+    from nanscope.probes.locate import has_forward
+
+    if not has_forward(model):
+        return {"change": change, "ran": False, "finite": None, "loss": None,
+                "text": f"not run: {type(model).__name__} has no forward of its own to "
+                        "rerun"}  # fmt: skip
     params = list(model.parameters())
     if sum(p.numel() for p in params) > MAX_PARAMS:
         return {"change": change, "ran": False, "finite": None, "loss": None,

@@ -77,6 +77,21 @@ _NAME_FIXES = {
 }  # fmt: skip
 
 
+def has_forward(model: Any) -> bool:
+    """Whether calling the model runs a forward of its own. A LightningModule often has none
+    (its ``training_step`` calls the layers): such a model cannot be replayed by a call, and
+    the loss's own graph is read instead."""
+    try:
+        import torch
+    except ImportError:
+        return False
+    for cls in type(model).__mro__:
+        if "forward" in cls.__dict__:
+            # torch's placeholder raises; LightningModule's only hands on to it
+            return cls is not torch.nn.Module and cls.__name__ != "LightningModule"
+    return False
+
+
 def locate(failure: TorchFailure) -> dict[str, Any]:
     """Replay the failing update and say where the first non-finite value appeared.
 
@@ -475,7 +490,7 @@ class _Locator:
             result["nonfinite_columns"] = columns
         located: dict[str, Any] | None = None
         model = self.f.model
-        if model is not None and hasattr(model, "named_modules"):
+        if model is not None and hasattr(model, "named_modules") and has_forward(model):
             self.names = {id(m): (n or type(model).__name__) for n, m in model.named_modules()}
             try:
                 located = self._replay(model)
@@ -488,6 +503,12 @@ class _Locator:
                 result["weight_scale"] = scale
         elif self.f.loss is not None:
             located = self._from_loss_graph(self.f.loss)
+            if located is not None and model is not None:
+                located.setdefault(
+                    "note", f"{type(model).__name__} has no forward of its own (its training "
+                    "step calls the layers), so the update was not replayed: the op is read off "
+                    "the loss's graph",
+                )  # fmt: skip
         live = self.f.extra.get("graph_located")
         if live and (not located or located.get("guessed") or not located.get("op")):
             located = dict(live)

@@ -286,7 +286,7 @@ def _plots_section(
     flat_note = ""
     if flat:
         flat_note = '<p class="data" id="flat">' + _e(
-            "; ".join(f"{title} {fmt_number(v)} at every {unit}" for title, v in flat)
+            "; ".join(f"{title} {fmt_number(v)} at every {unit} measured" for title, v in flat)
         ) + " (not plotted: a flat line says nothing more)</p>"
     if len(trace) < _plots.MIN_UPDATES:
         return _section(

@@ -137,15 +137,24 @@ def _nonfinite_label(value: float) -> str:
     return "inf" if value > 0 else "-inf"
 
 
+def _kind(norm: float, recorded: bool) -> str:
+    """What a recorded norm says of the values behind it: ``nan`` or ``inf``; ``non-finite`` when
+    no norm was recorded or it is finite (the values were counted, not summed)."""
+    if not recorded or math.isfinite(norm):
+        return "non-finite"
+    return "nan" if math.isnan(norm) else "inf"
+
+
 def _runs(steps: np.ndarray, bad: np.ndarray, labels: Sequence[str]) -> list[Mark]:
-    """Group consecutive bad updates into marks (one per run, labelled by its first value)."""
+    """Group consecutive bad updates of the same kind into marks (an inf followed by NaNs is
+    two marks, each labelled by what it is)."""
     marks: list[Mark] = []
     idx = np.flatnonzero(bad)
     if idx.size == 0:
         return marks
     start = prev = int(idx[0])
     for i in [int(v) for v in idx[1:]] + [-1]:
-        if i == prev + 1:
+        if i == prev + 1 and labels[i] == labels[start]:
             prev = i
             continue
         marks.append(
@@ -162,7 +171,8 @@ def loss_marks(trace: Trace) -> list[Mark]:
 
     A non-finite loss is labelled by its value (``nan``, ``inf``, ``-inf``); a loss a logger zeroed
     to hide a NaN is ``nan (hidden)``; a finite loss with a non-finite gradient or weight is
-    ``nan grad`` / ``inf grad`` / ``nan weights``.
+    ``nan grad`` / ``inf grad`` / ``nan weights`` / ``inf weights`` as its recorded norm says
+    (``non-finite ...`` when no norm tells which).
     """
     n = len(trace)
     if n == 0:
@@ -170,6 +180,8 @@ def loss_marks(trace: Trace) -> list[Mark]:
     steps = trace.steps()
     loss = trace.column("loss")
     grad = trace.column("grad_norm")
+    weights = trace.column("weight_norm")
+    grad_seen, weights_seen = trace.present("grad_norm"), trace.present("weight_norm")
     loss_bad = (trace.present("loss") & ~np.isfinite(loss)) | (trace.nonfinite("loss") > 0)
     grad_bad = trace.nonfinite("grads") > 0
     params_bad = trace.nonfinite("params") > 0
@@ -180,14 +192,13 @@ def loss_marks(trace: Trace) -> list[Mark]:
         if not np.isfinite(loss[i]) and trace.present("loss")[i]:
             labels.append(_nonfinite_label(float(loss[i])))
         elif loss_bad[i]:
-            labels.append("nan")  # counted non-finite elements behind a finite mean
+            labels.append("non-finite")  # counted elements behind a finite mean: which, unknown
         elif filtered[i]:
             labels.append("nan (hidden)")
         elif grad_bad[i]:
-            g = float(grad[i])
-            labels.append(("inf" if np.isinf(g) else "nan") + " grad")
+            labels.append(_kind(float(grad[i]), bool(grad_seen[i])) + " grad")
         else:
-            labels.append("nan weights")
+            labels.append(_kind(float(weights[i]), bool(weights_seen[i])) + " weights")
     return _runs(steps, bad, labels)
 
 
@@ -243,12 +254,21 @@ def _reduce(x: np.ndarray, y: np.ndarray, limit: int = MAX_POINTS) -> tuple[np.n
 
 
 def _flat_value(lines: Sequence[Line]) -> float | None:
-    """The one value every line of a panel holds (a constant learning rate), else None."""
+    """The one value every line of a panel holds where it was measured (a constant learning
+    rate, a sign-flip fraction that stayed 0), else None. A single measured point is flat too:
+    one dot on empty axes says nothing a number does not."""
     values = np.concatenate([ln.y[np.isfinite(ln.y)] for ln in lines]) if lines else np.array([])
-    if values.size == 0 or any(not np.isfinite(ln.y).all() for ln in lines):
+    if values.size == 0:
         return None
     lo, hi = float(values.min()), float(values.max())
     return lo if hi - lo <= 1e-12 * max(abs(lo), abs(hi), 1e-300) else None
+
+
+def _measured(steps: np.ndarray, values: np.ndarray, seen: np.ndarray) -> tuple[Any, Any]:
+    """The updates where a series was measured, and its values there: a measure taken on a
+    schedule (every 64 updates, or on rises only) is drawn through its points, not as dots lost
+    between gaps."""
+    return steps[seen], values[seen]
 
 
 def build_panels(
@@ -319,14 +339,17 @@ def build_panels(
         series = {}
         for name in names:
             ys = np.full(n, np.nan)
+            seen = np.zeros(n, dtype=bool)
             for i, record in enumerate(trace.records):
                 value = (record.get("grad_norms") or {}).get(name)
                 if isinstance(value, (int, float)):
                     ys[i] = float(value)
-            series[name] = _positive(ys)
-        ranked = sorted(names, key=lambda k: -np.nanmax(np.append(series[k], 0.0)))
+                    seen[i] = True
+            series[name] = _measured(steps, _positive(ys), seen)
+        ranked = sorted(names, key=lambda k: -np.nanmax(np.append(series[k][1], 0.0)))
         for name in ranked[:MAX_LAYERS]:
-            grad_lines.append(Line(str(name), steps, series[name], width=1.1))
+            xs, ys = series[name]
+            grad_lines.append(Line(str(name), xs, ys, width=1.1))
         if len(ranked) > MAX_LAYERS:
             note = f"{MAX_LAYERS} largest of {len(ranked)} layers shown"
     if grad_lines and any(_has_values(ln.y) for ln in grad_lines):
@@ -349,12 +372,14 @@ def build_panels(
         ratio = _positive(ratio)
         if _has_values(ratio):
             log = _log_ok(ratio, LOG_DECADES)
+            both = trace.present("update_norm") & trace.present("weight_norm")
+            xs, ys = _measured(steps, ratio, both)
             panels.append(
                 Panel(
                     "update_ratio",
                     "update / weight norm" + (" (log scale)" if log else ""),
                     "ratio",
-                    [Line("update_norm / weight_norm", steps, ratio)],
+                    [Line("update_norm / weight_norm", xs, ys)],
                     log,
                     **common,
                 )
@@ -362,12 +387,13 @@ def build_panels(
 
     flip = _finite(trace.column("flip_frac"))
     if _has_values(flip):
+        xs, ys = _measured(steps, flip, trace.present("flip_frac"))
         panels.append(
             Panel(
                 "flip_frac",
                 "fraction of weights that flipped sign",
                 "fraction",
-                [Line("flip_frac", steps, flip)],
+                [Line("flip_frac", xs, ys)],
                 False,
                 ylim=(-0.03, 1.03),
                 **common,
