@@ -549,28 +549,26 @@ def _sweep(d: Mapping[str, Any]) -> str:
 
 
 def _rollback_rows(trace: Trace | None, d: Mapping[str, Any]) -> list[tuple[Any, Any]]:
-    rows: list[tuple[Any, Any]] = []
-    for item in d.get("rollbacks") or []:
-        if isinstance(item, Mapping):
-            rows.append((item.get("step"), _detail(item)))
-    if trace is None:
-        return rows
-    for record in trace.records:
-        step = record.get("step")
-        for event in record.get("events") or []:
-            if isinstance(event, str) and event.startswith("rollback"):
-                rows.append((step, event))
-            elif isinstance(event, Mapping) and str(event.get("kind", "")).startswith("rollback"):
-                rows.append((step, _detail(event)))
-        extra = record.get("extra")
-        if isinstance(extra, Mapping) and extra.get("rollback"):
-            value = extra["rollback"]
-            rows.append((step, _detail(value) if isinstance(value, Mapping) else value))
-    return rows
+    """One row per recovery: the diagnosis's list, else what the trace's records say (each
+    recovery once, though its record marks it twice: an event and ``extra.rollback``)."""
+    from nanscope.report.terminal import recovery_text
+
+    entries = [item for item in d.get("rollbacks") or [] if isinstance(item, Mapping)]
+    if not entries and trace is not None:
+        for record in trace.records:
+            extra = record.get("extra")
+            if isinstance(extra, Mapping) and isinstance(extra.get("rollback"), Mapping):
+                entries.append({"step": record.get("step"), **extra["rollback"]})
+            elif "rollback" in (record.get("events") or []):
+                entries.append({"step": record.get("step")})
+    return [(e.get("step"), recovery_text(e).split(": ", 1)[-1] if e.get("action") else
+             _detail(e)) for e in entries]  # fmt: skip
 
 
 def _detail(item: Mapping[str, Any]) -> str:
-    return "; ".join(f"{k}={fmt_number(v)}" for k, v in item.items() if k != "step")
+    """A recovery some other writer described: its fields as ``key=value``."""
+    text = "; ".join(f"{k}={fmt_number(v)}" for k, v in item.items() if k != "step")
+    return text or "rolled back"
 
 
 def _rollbacks(trace: Trace | None, d: Mapping[str, Any]) -> str:
