@@ -9,6 +9,7 @@ ledger is read (read-only) and a run this suite recorded there fails the session
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import sqlite3
@@ -26,7 +27,6 @@ ROOT = Path(__file__).resolve().parent.parent
 
 #: the ledger nanscope would use outside the suite (as the user's environment says)
 USER_LEDGER = default_path()
-USER_RUNS = Path.cwd() / ".nanscope"
 
 _HOME = pytest.StashKey[Path]()
 _STARTED = pytest.StashKey[float]()
@@ -83,10 +83,8 @@ def _recorded_by_this_suite(started: float, home: Path, config: pytest.Config) -
     roots = [str(ROOT / "tests"), str(home)]
     factory = getattr(config, "_tmp_path_factory", None)
     if factory is not None:
-        try:
+        with contextlib.suppress(OSError):
             roots.append(str(factory.getbasetemp()))
-        except OSError:
-            pass
     try:
         db = sqlite3.connect(f"file:{USER_LEDGER}?mode=ro", uri=True, timeout=5)
         try:

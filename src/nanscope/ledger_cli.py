@@ -50,15 +50,23 @@ def _script_names(runs: list[dict[str, Any]]) -> dict[str, str]:
     shown: dict[str, str] = {}
     for name, group in by_name.items():
         for path in group:
-            shown[path] = name if len(group) == 1 else _short(path)
+            shown[path] = name if len(group) == 1 else _short(path, group)
     return shown
 
 
-def _short(path: str) -> str:
+def _short(path: str, group: set[str]) -> str:
+    """The path relative to the current folder when inside it, else its fewest last parts that
+    no other path of ``group`` ends with (``a/train.py`` beside ``b/train.py``)."""
     try:
         return str(Path(path).relative_to(Path.cwd()))
     except ValueError:
-        return path
+        pass
+    parts = Path(path).parts
+    others = [Path(p).parts for p in group if p != path]
+    for k in range(2, len(parts) + 1):
+        if all(o[-k:] != parts[-k:] for o in others):
+            return str(Path(*parts[-k:]))
+    return path
 
 
 def _cells(run: dict[str, Any], names: dict[str, str] | None = None) -> list[str]:

@@ -19,10 +19,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 #: the rule, lint and log pages have their own checks (their fixtures and generated pages)
-PAGES = [ROOT / "README.md"] + sorted(
+PAGES = [ROOT / "README.md", *sorted(
     p for p in (ROOT / "docs").rglob("*.md")
     if p.relative_to(ROOT / "docs").parts[0] not in ("lint", "logs", "rules")
-)  # fmt: skip
+)]  # fmt: skip
 BLOCK = re.compile(r"^(?P<before>[^\n]*)\n(?P<indent>[ ]*)```python\n(?P<code>.*?)^(?P=indent)```",
                    re.M | re.S)  # fmt: skip
 FRAMEWORKS = ("torch", "lightning", "transformers", "keras", "polars", "matplotlib")

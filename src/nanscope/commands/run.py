@@ -318,7 +318,8 @@ def _execute(target: Target, signals: _Signals) -> tuple[int, DivergenceError | 
             sys.argv = [target.script, *target.args]
             if not Path(target.script).is_dir():  # (run_path puts a folder first itself)
                 sys.path.insert(0, str(Path(target.script).resolve().parent))
-            runpy.run_path(target.script, run_name="__main__")
+            # as python does: the script's code (its __file__, its tracebacks) names it absolutely
+            runpy.run_path(os.path.abspath(target.script), run_name="__main__")
         return 0, None
     except SystemExit as exc:
         stop = _find_divergence(exc.__context__)
