@@ -55,8 +55,6 @@ def missing(exc: BaseException, what: str) -> MissingExtraError | None:
 
     ``what`` is the feature that needs it (``"nanscope scan"``, ``"nanscope.watch"``).
     """
-    if isinstance(exc, MissingExtraError):
-        return exc
     if not isinstance(exc, ModuleNotFoundError):
         return None
     name = exc.name or ""
@@ -78,7 +76,7 @@ def needs(what: str) -> Iterator[None]:
     try:
         yield
     except ModuleNotFoundError as exc:
-        error = missing(exc, what)
-        if error is None or error is exc:
+        error = missing(exc, what)  # (an inner one is named again by what the user called)
+        if error is None:
             raise
         raise error from None

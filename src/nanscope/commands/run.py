@@ -237,13 +237,31 @@ class _Signals:
 
 
 def _user_traceback(exc: BaseException) -> None:
-    """Print the script's traceback as ``python train.py`` would: no nanscope or runpy frames."""
-    tb = exc.__traceback__
-    while tb is not None and _is_ours(tb.tb_frame.f_code.co_filename):
-        tb = tb.tb_next
-    # none of the script's own (it did not compile): Python prints the error alone, so do we
-    exc.__traceback__ = tb
-    traceback.print_exception(exc)
+    """Print the script's traceback as ``python train.py`` would: no nanscope or runpy frames
+    (nanscope's import hook sits between a script's ``import`` and the module it imports)."""
+    report = traceback.TracebackException.from_exception(exc)
+    seen: set[int] = set()
+    todo = [report]
+    while todo:
+        part = todo.pop()
+        if id(part) in seen:
+            continue
+        seen.add(id(part))
+        # none of the script's own (it did not compile): Python prints the error alone, so do we
+        part.stack = traceback.StackSummary.from_list(
+            [f for f in part.stack if not _is_ours(f.filename)]
+        )
+        todo.extend(p for p in (part.__cause__, part.__context__) if p is not None)
+    sys.stderr.write("".join(report.format()))
+    if isinstance(exc, ModuleNotFoundError) and exc.name:
+        # the likeliest reason under nanscope: it was installed away from the training packages
+        from nanscope._extras import extra_for
+
+        extra = extra_for(exc.name)
+        hint = f" (pip install 'nanscope[{extra}]' there)" if extra else ""
+        progress(f"nanscope: {exc.name.split('.')[0]} is not installed for {sys.executable}, "
+                 f"the Python that runs the script: install nanscope in the environment that "
+                 f"has the script's packages{hint}")  # fmt: skip
 
 
 def _where_it_crashed(exc: BaseException) -> str:
