@@ -70,3 +70,16 @@ def _env() -> dict[str, str]:
     import os
 
     return dict(os.environ)
+
+
+def test_the_readme_links_work_on_a_package_index_page() -> None:
+    """The README is the package's description: a relative link would break there, so every
+    link is absolute and points at a file of this repository."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    links = re.findall(r"\]\(([^)\s]+)\)", text)
+    assert links
+    base = "https://github.com/nanscope/nanscope/blob/main/"
+    for link in links:
+        assert link.startswith("https://"), link
+        if link.startswith(base):
+            assert (ROOT / link[len(base):].split("#")[0]).exists(), link
