@@ -27,6 +27,7 @@ import types
 from pathlib import Path
 from typing import Any
 
+from nanscope._extras import extra_for
 from nanscope.commands.base import CommandParser, check_folder, clean, progress, warn
 from nanscope.commands.common import add_output_options, show, write_html, write_json
 from nanscope.diagnose.diagnosis import Diagnosis
@@ -253,15 +254,17 @@ def _user_traceback(exc: BaseException) -> None:
         )
         todo.extend(p for p in (part.__cause__, part.__context__) if p is not None)
     sys.stderr.write("".join(report.format()))
-    if isinstance(exc, ModuleNotFoundError) and exc.name:
-        # the likeliest reason under nanscope: it was installed away from the training packages
-        from nanscope._extras import extra_for
+    extra = extra_for(exc.name) if isinstance(exc, ModuleNotFoundError) else None
+    if extra is not None:
+        # a framework missing under nanscope: it was installed away from the training packages
+        progress(f"nanscope: {_package(exc)} is not installed for {sys.executable}, the "
+                 "Python that runs the script: install nanscope in the environment that has it "
+                 f"(pip install 'nanscope[{extra}]' there)")  # fmt: skip
 
-        extra = extra_for(exc.name)
-        hint = f" (pip install 'nanscope[{extra}]' there)" if extra else ""
-        progress(f"nanscope: {exc.name.split('.')[0]} is not installed for {sys.executable}, "
-                 f"the Python that runs the script: install nanscope in the environment that "
-                 f"has the script's packages{hint}")  # fmt: skip
+
+def _package(exc: BaseException) -> str:
+    """The top-level package a ``ModuleNotFoundError`` names."""
+    return str(getattr(exc, "name", None) or "?").split(".", 1)[0]
 
 
 def _where_it_crashed(exc: BaseException) -> str:
@@ -386,7 +389,7 @@ def _ranked(
     return ranked
 
 
-def runs_summary(
+def _runs_summary(
     diagnoses: list[Diagnosis], monitors: list[Monitor | None]
 ) -> list[dict[str, Any]]:
     """One entry per run of the script (the ``runs`` field of ``--json``), in the order given:
@@ -685,8 +688,8 @@ def main(argv: list[str]) -> int:
     trace = owner.trace if owner is not None else None
     _enrich(diagnosis, args, target)
     if len(ranked) > 1:  # several optimizers or Monitors: every run is named, the worst first
-        diagnosis.extra["runs"] = runs_summary([diagnosis] + [d for d, _ in ranked[1:]],
-                                               [owner] + [m for _, m in ranked[1:]])  # fmt: skip
+        diagnoses = [diagnosis] + [d for d, _ in ranked[1:]]
+        diagnosis.extra["runs"] = _runs_summary(diagnoses, [owner] + [m for _, m in ranked[1:]])
     if owner is not None:
         owner.save_diagnosis(diagnosis)
     write_json(diagnosis, args.json)  # first: the file is there whatever happens next
