@@ -19,8 +19,10 @@ def free_port() -> int:
 def torchrun(tmp_path: Path, entry: list[str], args: list[str], *, bound: float,
              strip: tuple[str, ...], **env: str) -> tuple[subprocess.CompletedProcess[str], float]:
     """Run ``torchrun --nproc-per-node 2 ENTRY ARGS`` in ``tmp_path`` with nanscope's runs under
-    ``tmp_path/runs``; environment variables starting with ``strip`` are not passed on."""
-    environ = {k: v for k, v in os.environ.items() if not k.startswith(strip)}
+    ``tmp_path/runs``; environment variables starting with ``strip`` are not passed on, but for
+    the suite's own ledger (the ranks never write to the user's)."""
+    environ = {k: v for k, v in os.environ.items()
+               if not k.startswith(strip) or k == "NANSCOPE_LEDGER"}  # fmt: skip
     environ.update(NANSCOPE_DIR=str(tmp_path / "runs"), OMP_NUM_THREADS="1", **env)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
            "--master-addr", "127.0.0.1", "--master-port", str(free_port()), *entry, *args]
