@@ -377,6 +377,24 @@ def _draw_mlp(r: random.Random, spec: Spec) -> None:
     _init(r, spec, [0.5, 1.0, 2.0] if spec.task == "counts" else [1.0, 2.0, 5.0])
 
 
+def _sample_faults(r: random.Random, spec: Spec, *, cells: int, extreme: list[str],
+                   extreme_rows: list[int] | None, div_rate: float, blank_rows: list[int]) -> None:
+    """Bad rows (one cell each: a pixel, a time step) and constant samples for the image and
+    sequence families; ``extreme_rows`` None: one extreme row."""
+    fault = spec.injected
+    if fault == "nan_rows":
+        spec.bad_rows = [(row, r.randrange(cells), _nonfinite_literal(r))
+                         for row in _pick_rows(r, spec.n, r.choice([1, 2]))]  # fmt: skip
+    if fault == "extreme_rows" or r.random() < 0.06:
+        count = r.choice(extreme_rows) if extreme_rows else 1
+        spec.bad_rows += [(row, r.randrange(cells), r.choice(extreme))
+                          for row in _pick_rows(r, spec.n, count)]  # fmt: skip
+    if fault == "div" or r.random() < div_rate:
+        spec.norm_op = "per_sample"
+        if fault == "div" or r.random() < 0.3:
+            spec.blank_rows = _pick_rows(r, spec.n, r.choice(blank_rows))
+
+
 def _draw_cnn(r: random.Random, spec: Spec) -> None:
     fault = spec.injected
     spec.task = "multiclass"
@@ -387,16 +405,8 @@ def _draw_cnn(r: random.Random, spec: Spec) -> None:
     spec.model = "cnn"
     _optimizer(r, spec, ["sgd", "momentum", "adam", "adamw", "rmsprop"])
     spec.raw_pixels = fault == "raw_units" or r.random() < 0.15
-    if fault == "nan_rows":
-        spec.bad_rows = [(row, r.randrange(144), _nonfinite_literal(r))
-                         for row in _pick_rows(r, spec.n, r.choice([1, 2]))]  # fmt: skip
-    if fault == "extreme_rows" or r.random() < 0.06:
-        spec.bad_rows += [(row, r.randrange(144), r.choice(["1e5", "3e6", "-1e6"]))
-                          for row in _pick_rows(r, spec.n, r.choice([1, 2]))]  # fmt: skip
-    if fault == "div" or r.random() < 0.2:
-        spec.norm_op = "per_sample"
-        if fault == "div" or r.random() < 0.3:
-            spec.blank_rows = _pick_rows(r, spec.n, r.choice([1, 2, 4]))
+    _sample_faults(r, spec, cells=144, extreme=["1e5", "3e6", "-1e6"], extreme_rows=[1, 2],
+                   div_rate=0.2, blank_rows=[1, 2, 4])  # fmt: skip
     spec.loss = "log_softmax_manual" if fault == "log_prob" or r.random() < 0.2 else "ce"
     if fault == "log_prob":
         spec.epochs = max(spec.epochs, 5)
@@ -432,16 +442,8 @@ def _draw_rnn(r: random.Random, spec: Spec) -> None:
     if fault == "raw_units" or r.random() < 0.15:
         mean, scale, what = r.choice(RAW_COLUMNS)
         spec.raw_columns = [(spec.features - 1, mean, scale, what)]
-    if fault == "nan_rows":
-        spec.bad_rows = [(row, r.randrange(spec.seq_len), _nonfinite_literal(r))
-                         for row in _pick_rows(r, spec.n, r.choice([1, 2]))]  # fmt: skip
-    if fault == "extreme_rows" or r.random() < 0.06:
-        spec.bad_rows += [(row, r.randrange(spec.seq_len), r.choice(["1e5", "2e6", "-5e5"]))
-                          for row in _pick_rows(r, spec.n, 1)]  # fmt: skip
-    if fault == "div" or r.random() < 0.15:
-        spec.norm_op = "per_sample"
-        if fault == "div" or r.random() < 0.3:
-            spec.blank_rows = _pick_rows(r, spec.n, r.choice([1, 2]))
+    _sample_faults(r, spec, cells=spec.seq_len, extreme=["1e5", "2e6", "-5e5"], extreme_rows=None,
+                   div_rate=0.15, blank_rows=[1, 2])  # fmt: skip
     spec.loss = "mse"
     _precision(r, spec)
     _init(r, spec, [0.5, 1.0, 2.0])
@@ -471,11 +473,13 @@ def _draw_transformer(r: random.Random, spec: Spec) -> None:
     _init(r, spec, [1.0, 2.0, 5.0])
 
 
-def _draw_manual(r: random.Random, spec: Spec) -> None:
+def _hand_written(r: random.Random, spec: Spec, tasks: list[str], log_prob_tasks: list[str],
+                  epochs: list[int]) -> None:  # fmt: skip
+    """What the two hand-written families draw alike: the task, the model, the sizes."""
     fault = spec.injected
-    spec.task = r.choice(["regression", "regression", "binary"])
+    spec.task = r.choice(tasks)
     if fault == "log_prob":
-        spec.task = r.choice(["binary", "log_counts"])
+        spec.task = r.choice(log_prob_tasks)
     elif fault == "sign":
         spec.task = "regression"
     elif fault == "init":
@@ -484,16 +488,27 @@ def _draw_manual(r: random.Random, spec: Spec) -> None:
     spec.n = r.choice([256, 384, 512])
     spec.d = r.choice([3, 5, 8])
     spec.batch = r.choice([16, 32, 64])
-    spec.epochs = r.choice([3, 4, 6])
+    spec.epochs = r.choice(epochs)
     spec.hidden = r.choice([16, 32])
     spec.optimizer = "manual"
-    spec.update_style = r.choice(["no_grad_sub", "no_grad_sub", "data_add", "custom_opt"])
+
+
+def _hand_lr(r: random.Random, spec: Spec) -> None:
+    """The step of a hand-written update, and its sign."""
     safe = SAFE_LR["manual"]
-    if fault == "high_lr":
+    if spec.injected == "high_lr":
         spec.lr = float(f"{safe * 10 ** r.uniform(1.3, 3.0):.2g}")
     else:
         spec.lr = float(f"{safe * 10 ** r.uniform(-0.8, 0.2):.2g}")
-    spec.sign = -1 if fault == "sign" else 1
+    spec.sign = -1 if spec.injected == "sign" else 1
+
+
+def _draw_manual(r: random.Random, spec: Spec) -> None:
+    fault = spec.injected
+    _hand_written(r, spec, ["regression", "regression", "binary"], ["binary", "log_counts"],
+                  [3, 4, 6])  # fmt: skip
+    spec.update_style = r.choice(["no_grad_sub", "no_grad_sub", "data_add", "custom_opt"])
+    _hand_lr(r, spec)
     spec.clip = 1.0 if r.random() < 0.15 else None
     _tabular_faults(r, spec, targets_ok=spec.task == "regression")
     if spec.task == "binary":
@@ -512,26 +527,9 @@ def _draw_manual(r: random.Random, spec: Spec) -> None:
 
 def _draw_numpy(r: random.Random, spec: Spec) -> None:
     fault = spec.injected
-    spec.task = r.choice(["regression", "regression", "binary", "multiclass"])
-    if fault == "log_prob":
-        spec.task = r.choice(["binary", "log_counts", "log_counts"])
-    elif fault == "sign":
-        spec.task = "regression"
-    elif fault == "init":
-        spec.task = r.choice(["counts", "counts", "regression"])
-    spec.model = r.choice(["linear", "linear", "mlp"]) if spec.task != "counts" else "linear"
-    spec.n = r.choice([256, 384, 512])
-    spec.d = r.choice([3, 5, 8])
-    spec.batch = r.choice([16, 32, 64])
-    spec.epochs = r.choice([4, 6, 8])
-    spec.hidden = r.choice([16, 32])
-    spec.optimizer = "manual"
-    safe = SAFE_LR["manual"]
-    if fault == "high_lr":
-        spec.lr = float(f"{safe * 10 ** r.uniform(1.3, 3.0):.2g}")
-    else:
-        spec.lr = float(f"{safe * 10 ** r.uniform(-0.8, 0.2):.2g}")
-    spec.sign = -1 if fault == "sign" else 1
+    _hand_written(r, spec, ["regression", "regression", "binary", "multiclass"],
+                  ["binary", "log_counts", "log_counts"], [4, 6, 8])  # fmt: skip
+    _hand_lr(r, spec)
     _tabular_faults(r, spec, targets_ok=spec.task == "regression")
     if fault == "div" or r.random() < 0.1:
         spec.norm_op = "batch_std"
