@@ -7,7 +7,8 @@ rounds spread over 5-15 points, so a change of a point in nanscope's own code do
 This script measures that code directly: one watcher per workload, the time spent inside each of
 its entry points (the model's forward pre- and post-hooks, the loss-module call, the backward
 notifier, the optimizer's step pre- and post-hooks, and within the step pre-hook the gradient
-norms, the batched judging, the full updates' measures and the lean updates' direction samples)
+norms, the batched judging, the full updates' measures, the lean updates' direction samples and
+the history the decisive experiment replays from: inputs by reference, snapshots now and then)
 is summed over a block of updates, and divided by the time of a plain block run right after it
 with the watcher paused (its hook entries taken out of torch's hook dicts and the process-wide
 patches pointed at no watcher, so the same model, the same memory and the same watcher
@@ -99,9 +100,16 @@ def run(name: str, rounds: int, block: int, warm: int) -> dict[str, float]:
         records.sample_if_wanted = _timed(  # type: ignore[method-assign]
             records.sample_if_wanted, "  direction samples", acc
         )
+        # what the decisive experiment needs kept: each update's inputs by reference, and a
+        # snapshot of the weights and optimizer state every `every` updates (torch/history.py);
+        # timed once the warm-up read the training step (the timer is a frame of its own)
+        history = "  history (inputs, snapshots)"
         try:
             for _ in range(warm):
                 step()
+            watcher.history.on_check = _timed(  # type: ignore[method-assign]
+                watcher.history.on_check, history, acc
+            )
             paused: list[Any] = []
 
             def pause() -> None:
@@ -148,7 +156,7 @@ def run(name: str, rounds: int, block: int, warm: int) -> dict[str, float]:
             watcher.close()
     # a block holds one full update or none (and so the samples after it): the scheduled parts
     # are shares of the totals, the others medians of the rounds' shares
-    return {part: totals[part] / plain_total if part in (full, "  direction samples")
+    return {part: totals[part] / plain_total if part in (full, "  direction samples", history)
             else statistics.median(values) for part, values in shares.items()}  # fmt: skip
 
 
