@@ -77,11 +77,25 @@ class Context:
         )
 
     @cached_property
+    def skipped(self) -> np.ndarray:
+        """Updates a loss scaler (or the loop) skipped: their non-finite values never reached the
+        weights (``skipped_step`` events, by the torch adapter or a log reader), unless the
+        scaler gave up there (``loss_scale_collapse``)."""
+        return np.array(
+            [
+                "skipped_step" in events and "loss_scale_collapse" not in events
+                for events in (r.get("events") or () for r in self.records)
+            ],
+            dtype=bool,
+        )
+
+    @cached_property
     def fail(self) -> int | None:
-        """Index of the first update with a non-finite loss, gradient or weight."""
+        """Index of the first update with a non-finite loss, gradient or weight (a skipped
+        update is not where the fit broke)."""
         nf = self.nonfinite
         bad = (nf["loss"] > 0) | (nf["grads"] > 0) | (nf["params"] > 0) | self.filtered_nan
-        hits = np.flatnonzero(bad)
+        hits = np.flatnonzero(bad & ~self.skipped)
         return int(hits[0]) if hits.size else None
 
     @cached_property

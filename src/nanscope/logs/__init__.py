@@ -40,6 +40,7 @@ from nanscope.logs._common import (
     text_encoding,
     warn,
 )
+from nanscope.logs._facts import establish
 from nanscope.logs._thin import thin
 from nanscope.trace import RECORD_KEYS, TRACE_SCHEMA, Trace
 
@@ -333,6 +334,8 @@ def _load(path: str | Path, format: str | None = None, max_records: int | None =
         records = thin(stream, max_records, meta)
     else:
         records = list(stream)
+    if meta.get("format") != "nanscope":
+        records = establish(records, meta)
     if not records and not meta.get("messages"):
         raise TraceError(f"{path}: no loss values found in this {meta.get('format')} log")
     meta.setdefault("lines", len(records))

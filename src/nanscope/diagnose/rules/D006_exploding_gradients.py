@@ -61,7 +61,10 @@ def check(ctx: Context) -> Finding | None:
     finite_idx = [j for j in window if math.isfinite(g[j]) and g[j] > 0]
     nf = ctx.nonfinite
     grad_first = (
-        ctx.fail is not None and nf["grads"][ctx.fail] > 0 and math.isfinite(ctx.loss[ctx.fail])
+        ctx.fail is not None
+        and nf["grads"][ctx.fail] > 0
+        and math.isfinite(ctx.loss[ctx.fail])
+        and not ctx.filtered_nan[ctx.fail]  # a 0.0 a logging filter wrote for a NaN loss
     )
     if not finite_idx and not grad_first:
         return None
@@ -99,7 +102,8 @@ def check(ctx: Context) -> Finding | None:
             and not math.isfinite(g[ctx.fail])):  # fmt: skip
         # ordinary, then non-finite in one update while the loss was finite
         sudden = True
-        ratio = peak = math.inf
+        ratio = math.inf
+        peak = float(g[ctx.fail])  # NaN or inf, as recorded
         k = ctx.fail
     if not (ratio >= JUMP or (grad_first and ratio >= 10)):
         return None
@@ -120,11 +124,17 @@ def check(ctx: Context) -> Finding | None:
         confidence = 0.3
     if rows:
         confidence -= 0.35
+    reached = (
+        f"the gradient norm reached {num(peak)} at update {ctx.step_at(k)}, {num(ratio)}x "
+        f"{ref_text} ({num(ref)})"
+        if math.isfinite(peak)
+        else f"the gradient norm went from {ref_text} ({num(ref)}) to {num(peak)} at update "
+        f"{ctx.step_at(k)}"
+    )
     evidence = [
         Evidence(
             CODE,
-            f"the gradient norm reached {num(peak)} at update {ctx.step_at(k)}, {num(ratio)}x "
-            f"{ref_text} ({num(ref)})"
+            reached
             + (f", while the loss moved only {num(loss_ratio)}x" if math.isfinite(loss_ratio)
                else ""),
             {"grad_norm": peak, "median_grad_norm": ref, "ratio": ratio, "loss_ratio": loss_ratio},

@@ -66,6 +66,7 @@ def _scale_story(ctx: Context) -> tuple[float, list[Evidence]]:
     scales: list[float] = []
     skipped = 0
     collapse = False
+    story = ""
     for record in ctx.records[: (ctx.fail + 1) if ctx.fail is not None else ctx.n]:
         extra = record.get("extra") or {}
         events = record.get("events") or []
@@ -75,6 +76,8 @@ def _scale_story(ctx: Context) -> tuple[float, list[Evidence]]:
             skipped += 1
         if "loss_scale_collapse" in events:
             collapse = True
+            if isinstance(extra, dict) and isinstance(extra.get("fp16_story"), str):
+                story = extra["fp16_story"]  # what the trace showed, in the recorder's words
     halvings = 0.0
     if len(scales) >= 2 and scales[0] > 0 and scales[-1] > 0:
         peak = max(scales)
@@ -85,8 +88,12 @@ def _scale_story(ctx: Context) -> tuple[float, list[Evidence]]:
     confidence = 0.0
     if collapse or halvings >= HALVINGS or minimum:
         confidence = 0.85 if (collapse or minimum) else 0.75
+        if story and not scales and not minimum:
+            confidence = 0.7  # the skipped steps were inferred (a frozen schedule), not seen
         text = "the loss scale collapsed"
-        if scales:
+        if story and not scales:
+            text = story  # inferred by the log reader (a frozen learning rate): its own words
+        elif scales:
             text += f": {num(max(scales))} -> {num(scales[-1])} ({num(halvings)} halvings)"
         if skipped:
             text += f", {skipped} steps skipped for inf/NaN gradients"
@@ -173,6 +180,12 @@ def check(ctx: Context) -> Finding | None:
     if not evidence:
         return None
     actions = list(ACTIONS)
+    if ctx.filtered_nan.any():
+        actions.append(
+            "The log shows 0.0 where the loss was NaN (the Trainer's logging_nan_inf_filter, on "
+            "by default): turn it off next run so the log shows the NaN; with the Trainer, "
+            "bf16=True instead of fp16=True avoids the overflow where the GPU supports it."
+        )
     source = (located.get("source") or {}) if located else {}
     if source.get("file"):
         actions.insert(0, f"The overflow is at {source['file']}:{source.get('line')}.")
