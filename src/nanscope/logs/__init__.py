@@ -135,8 +135,25 @@ def _resolve(path: Path) -> tuple[str, Path]:
         first = text.strip()[:200]
     fmt = _sniff_text(path, first, text)
     if fmt is None:
-        raise TraceError(f"{path}: not a log format nanscope knows; known formats: {_known()}")
+        raise TraceError(f"{path}: {_unread(lines)}; known formats: {_known()}")
     return fmt, path
+
+
+def _unread(lines: list[str]) -> str:
+    """Which line of a log nothing could read, and what was expected there (one clause)."""
+    from nanscope.logs import textlog
+
+    found = textlog.first_unread(lines)
+    if found is None:
+        return "not a log format nanscope knows (no line holds a number)"
+    number, line, why = found
+    shown = " ".join(line.split())
+    shown = shown if len(shown) <= 80 else shown[:77] + "..."
+    return (
+        f"line {number} could not be read ({shown!r}{', ' + why if why else ''}); expected "
+        "values named on the line (loss: 0.5, loss=0.5, 'loss': 0.5) or a header row naming a "
+        "loss column above rows of values"
+    )
 
 
 _CONTROL = frozenset(chr(c) for c in range(32)) - frozenset("\t\n\r\x08\x0c\x1b")
@@ -337,7 +354,14 @@ def _load(path: str | Path, format: str | None = None, max_records: int | None =
     if meta.get("format") != "nanscope":
         records = establish(records, meta)
     if not records and not meta.get("messages"):
-        raise TraceError(f"{path}: no loss values found in this {meta.get('format')} log")
+        why = "no loss values found in this " + str(meta.get("format")) + " log"
+        if meta.get("format") == "text":
+            try:
+                head = read_head(Path(path)).decode("utf-8", errors="replace").splitlines()
+            except TraceError:
+                head = []
+            why = _unread(head[:2000])
+        raise TraceError(f"{path}: {why}")
     meta.setdefault("lines", len(records))
     meta.setdefault("granularity", "update")
     trace = Trace(meta=meta)

@@ -351,6 +351,30 @@ def looks_like(lines: Iterable[str]) -> bool:
     return False
 
 
+def first_unread(lines: Iterable[str]) -> tuple[int, str, str] | None:
+    """``(line number, line, why)`` of the first line of a log that holds a number but no value
+    the text reader can name (a loss, a learning rate, a counter), or None when no line holds a
+    number. ``why`` names the header above it when that header names no loss column."""
+    header: tuple[int, list[str]] | None = None
+    for number, line in enumerate(lines, 1):
+        text = line.strip().lstrip("\ufeff")
+        if not text:
+            continue
+        if not any(char.isdigit() for char in text):
+            names = text.split()
+            if len(names) >= 2:
+                header = (number, names)
+            continue
+        if _pairs(text):
+            continue
+        why = ""
+        if header is not None and header[0] == number - 1:
+            names = ", ".join(header[1][:8])
+            why = f"under the header on line {header[0]} ({names}), which names no loss column"
+        return number, line, why
+    return None
+
+
 class _State:
     def __init__(self, meta: dict[str, Any]) -> None:
         self.meta = meta
