@@ -546,7 +546,9 @@ def _extra(ctx: Context) -> dict[str, Any]:
 def _summary(ctx: Context) -> dict[str, Any]:
     loss = ctx.loss
     finite = loss[np.isfinite(loss)]
-    out: dict[str, Any] = {"updates": ctx.n}
+    thinned = ctx.trace.meta.get("thinned")  # a long log read in part: count them all
+    updates = thinned.get("of", ctx.n) if isinstance(thinned, Mapping) else ctx.n
+    out: dict[str, Any] = {"updates": updates}
     if finite.size:
         out.update(
             first_loss=float(finite[0]),
@@ -565,7 +567,7 @@ def _healthy_text(ctx: Context) -> str:
     trend = "fell" if s["last_finite_loss"] < s["first_loss"] else "went"
     finite = "all finite" if not ctx.skipped.any() else "all applied ones finite"
     text = (
-        f"{ctx.n} {unit}, {finite}; the loss {trend} from {num(s['first_loss'])} to "
+        f"{s['updates']:,} {unit}, {finite}; the loss {trend} from {num(s['first_loss'])} to "
         f"{num(s['last_finite_loss'])} (best {num(s['best_loss'])})"
     )
     if not math.isfinite(s["first_loss"]):

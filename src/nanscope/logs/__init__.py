@@ -23,7 +23,7 @@ import importlib
 import json
 import math
 import struct
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from itertools import chain, islice
 from pathlib import Path
 from types import MappingProxyType
@@ -32,9 +32,11 @@ from typing import Any
 from nanscope.errors import TraceError
 from nanscope.logs._common import (
     HEAD_BYTES,
+    Columns,
     LogWarning,
     Record,
     check_file,
+    expand,
     iter_lines,
     read_head,
     text_encoding,
@@ -265,12 +267,18 @@ def iter_records(
     """
     # a chain, not a generator: records pass through without resuming a Python frame each;
     # the file is still only opened (and errors raised) on the first next()
-    return chain.from_iterable(_open_records(Path(path), {} if meta is None else meta, format))
+    chunks = _chunks(Path(path), {} if meta is None else meta, format)
+    return chain.from_iterable(map(expand, chunks))
 
 
-def _open_records(
+def _chunks(source: Path, meta: dict[str, Any], format: str | None) -> Iterator[list[Any]]:
+    """The log's records in lists, in order, some rows as :class:`Columns` (not dicts yet)."""
+    return chain.from_iterable(_open_chunks(source, meta, format))
+
+
+def _open_chunks(
     source: Path, meta: dict[str, Any], format: str | None
-) -> Iterator[Iterator[Record]]:
+) -> Iterator[Iterator[list[Any]]]:
     if format is None:
         fmt, target = _resolve(source)
     else:
@@ -279,11 +287,15 @@ def _open_records(
     module = _reader(fmt)
     meta.setdefault("format", fmt)
     meta.setdefault("source", str(source))
-    records = module.iter_records(target, meta)
-    if fmt == "nanscope":
-        yield records  # a trace's loss is the loss the Monitor was given
+    if hasattr(module, "iter_chunks"):
+        chunks: Iterator[list[Any]] = module.iter_chunks(target, meta)
     else:
-        yield chain.from_iterable(_loss_or_val_loss(records, meta, source))
+        records = module.iter_records(target, meta)
+        chunks = iter(lambda: list(islice(records, _BATCH)), [])
+    if fmt == "nanscope":
+        yield chunks  # a trace's loss is the loss the Monitor was given
+    else:
+        yield _loss_or_val_loss(chunks, meta, source)
 
 
 #: Records looked at (and held) before a log without any training loss so far is read with its
@@ -298,38 +310,39 @@ VAL_LOSS_NOTE = (
 )
 
 
+def _has_loss(item: Any) -> bool:
+    return "loss" in (item.keys if item.__class__ is Columns else item)
+
+
 def _loss_or_val_loss(
-    records: Iterator[Record], meta: dict[str, Any], source: Path
-) -> Iterator[Iterable[Record]]:
-    """The records as they are once one has a training ``loss``; when none has one and some
+    chunks: Iterator[list[Any]], meta: dict[str, Any], source: Path
+) -> Iterator[list[Any]]:
+    """The chunks as they are once one has a training ``loss``; when none has one and some
     have a ``val_loss``, every record with a ``val_loss`` gets it as its ``loss`` too (flagged
-    ``nf_loss`` when not finite) and ``meta`` says so. Lists of records, in order."""
-    held: list[Record] = []
-    while True:
-        batch = list(islice(records, _BATCH))
-        if not batch:
-            break
-        if any("loss" in record for record in batch):
-            yield held
-            yield batch
-            yield records  # the rest passes through as it is
+    ``nf_loss`` when not finite) and ``meta`` says so."""
+    held: list[list[Any]] = []
+    count = 0
+    for chunk in chunks:
+        if any(map(_has_loss, chunk)):
+            yield from held
+            yield chunk
+            yield from chunks  # the rest passes through as it is
             return
-        held.extend(batch)
-        if len(held) >= HOLD_RECORDS:
+        held.append(chunk)
+        count += len(chunk)
+        if count >= HOLD_RECORDS:
             break
-    if not any("val_loss" in record for record in held):
-        yield held
+    records = [record for chunk in held for record in expand(chunk)]
+    if not any("val_loss" in record for record in records):
         yield records
+        yield from chunks
         return
     meta["loss_key"] = "val_loss"
     meta["loss_note"] = VAL_LOSS_NOTE
     warn(f"{source}: no training loss in this log; its validation loss is read as the loss")
-    yield _val_as_loss(held)
-    while True:
-        batch = list(islice(records, _BATCH))
-        if not batch:
-            return
-        yield _val_as_loss(batch)
+    yield _val_as_loss(records)
+    for chunk in chunks:
+        yield _val_as_loss(expand(chunk))
 
 
 def _val_as_loss(records: list[Record]) -> list[Record]:
@@ -346,11 +359,11 @@ def _val_as_loss(records: list[Record]) -> list[Record]:
 
 def _load(path: str | Path, format: str | None = None, max_records: int | None = None) -> Trace:
     meta: dict[str, Any] = {}
-    stream = iter_records(path, meta, format=format)
+    chunks = _chunks(Path(path), meta, format)
     if max_records is not None and max_records > 0:
-        records = thin(stream, max_records, meta)
+        records = thin(chunks, max_records, meta)
     else:
-        records = list(stream)
+        records = list(chain.from_iterable(map(expand, chunks)))
     if meta.get("format") != "nanscope":
         records = establish(records, meta)
     if not records and not meta.get("messages"):

@@ -36,6 +36,7 @@ from nanscope.logs._common import (
     Merger,
     Record,
     _norm_key,
+    expand,
     flag_nonfinite,
     iter_blocks,
     make_records,
@@ -369,8 +370,8 @@ def first_unread(lines: Iterable[str]) -> tuple[int, str, str] | None:
             continue
         why = ""
         if header is not None and header[0] == number - 1:
-            names = ", ".join(header[1][:8])
-            why = f"under the header on line {header[0]} ({names}), which names no loss column"
+            shown = ", ".join(header[1][:8])
+            why = f"under the header on line {header[0]} ({shown}), which names no loss column"
         return number, line, why
     return None
 
@@ -861,17 +862,19 @@ class _Layout:
         elif state.epoch is not None:
             keys.append("epoch")
             columns.append([state.epoch] * len(printed))
-        records = make_records(keys, columns)
         if self.extras:
+            records = make_records(keys, columns)
             extras = [cols[i][start:end] for _, i in self.extras]
             names = [key for key, _ in self.extras]
             for record, values in zip(records, zip(*extras)):
                 record["extra"] = dict(zip(names, values))
-        flag_nonfinite(records, keys, columns)
+            flag_nonfinite(records, keys, columns)
+            merger.hold_last(records, out)
+        else:
+            merger.hold_columns(keys, columns, out)
         state.last_printed = printed[-1]
         state.last_total = cols[self.total][end - 1] if self.total >= 0 else None
         state.last_epoch = state.epoch
-        merger.hold_last(records, out)
         merger.steps_seen = True
         merger.epochs_only = False
 
@@ -960,9 +963,7 @@ class _Layout:
         state.epoch = epochs[-1]
         keys = [key for key, _ in self.values] + ["epoch", "step"]
         columns = [cols[i][start:end] for _, i in self.values] + [epochs, epochs]
-        records = make_records(keys, columns)
-        flag_nonfinite(records, keys, columns)
-        merger.hold_last(records, out)
+        merger.hold_columns(keys, columns, out)
 
     def _run_counted(
         self, state: _State, out: list[Record], cols: Sequence[list[Any]], start: int, end: int
@@ -1011,9 +1012,7 @@ class _Layout:
         keys = [key for key, _ in self.values] + ["step"]
         columns = [cols[i][start:end] for _, i in self.values]
         columns.append(list(range(count + 1, count + 1 + end - start)))
-        records = make_records(keys, columns)
-        flag_nonfinite(records, keys, columns)
-        merger.hold_last(records, out)
+        merger.hold_columns(keys, columns, out)
         merger.epochs_only = False
 
     def _one_by_one(
@@ -1306,10 +1305,16 @@ def finest_counter(lines: Iterable[str]) -> str | None:
 
 def iter_records(path: Path, meta: dict[str, Any]) -> Iterator[Record]:
     # a chain over lists of records: no Python frame is resumed per record
-    return chain.from_iterable(_record_lists(path, meta))
+    return chain.from_iterable(map(expand, iter_chunks(path, meta)))
 
 
-def _record_lists(path: Path, meta: dict[str, Any]) -> Iterator[list[Record]]:
+def iter_chunks(path: Path, meta: dict[str, Any]) -> Iterator[list[Any]]:
+    """The records as lists of records and :class:`~nanscope.logs._common.Columns` (rows not
+    yet made into dicts), in order; :func:`iter_records` makes them all dicts."""
+    return _record_lists(path, meta)
+
+
+def _record_lists(path: Path, meta: dict[str, Any]) -> Iterator[list[Any]]:
     state = _State(meta)
     layout: _Layout | None = None
     tries = 0
