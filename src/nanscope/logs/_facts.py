@@ -183,10 +183,16 @@ def _lr_frozen(records: list[Record], index: int) -> bool:
 
 
 def _gave_up(records: list[Record], messages: list[Mapping[str, Any]]) -> None:
-    """Mark where the loss scaler gave up (see the module docstring)."""
+    """Mark where the loss scaler gave up (see the module docstring): at the first non-finite
+    record it never recovered from, when the scale reached its floor after it."""
     at_floor = _floor_record(records, messages)
     if at_floor is not None:
         index, story = at_floor
+        start = _last_run_start(records)
+        if start is not None and start < index:
+            story = (f"from update {records[start].get('step')} on no update was applied with "
+                     f"finite values again, and {story}")  # fmt: skip
+            index = start
         _collapse(records[index], story)
         return
     runs = _runs(records)
@@ -217,6 +223,13 @@ def _gave_up(records: list[Record], messages: list[Mapping[str, Any]]) -> None:
             "float16 at every scale tried"
         )
         _collapse(records[start], story)
+
+
+def _last_run_start(records: list[Record]) -> int | None:
+    """The first non-finite record after the last record with finite values (None when the
+    log ends on finite values)."""
+    last_clean = max((i for i, r in enumerate(records) if _clean(r)), default=-1)
+    return next((i for i in range(last_clean + 1, len(records)) if _bad(records[i])), None)
 
 
 def _skipped_in_a_row(records: list[Record], start: int) -> int:

@@ -118,12 +118,17 @@ def check(ctx: Context) -> Finding | None:
     )
     rows = ctx.rows_near(k, ("extreme",), back=1)
     confidence = 0.85 if grad_first else 0.75
+    scaler = ctx.fail is not None and "loss_scale_collapse" in (
+        ctx.records[ctx.fail].get("events") or ()
+    )
     if sudden:
         confidence = 0.55  # no finite climb seen: a 0/0 in the gradient looks the same
     if elastic:
         confidence = 0.3
     if rows:
         confidence -= 0.35
+    if scaler:
+        confidence = min(confidence, 0.5)  # the loss scaler overflowed there: D008's story
     reached = (
         f"the gradient norm reached {num(peak)} at update {ctx.step_at(k)}, {num(ratio)}x "
         f"{ref_text} ({num(ref)})"
