@@ -462,6 +462,18 @@ def _no_loss(ctx: Context, stopped: Mapping[str, Any] | None, run: dict[str, Any
         + (f" (what they carry: {shown})" if keys else "")
         + ", and nothing in them is non-finite: nothing says whether the fit learned or diverged"
     )
+    scale = ctx.trace.meta.get("loss_scale")
+    if ctx.skipped.any() and isinstance(scale, Mapping):
+        # a log of loss-scaler messages only (the reader made a record of each skipped step)
+        went = (f", the scale {num(scale['first'])} -> {num(scale['last'])}"
+                if "first" in scale else "")  # fmt: skip
+        text = (
+            f"the log holds loss-scaler messages and no loss: {int(ctx.skipped.sum())} steps "
+            f"skipped for inf/NaN in the scaled float16 gradients{went}, never to its floor: "
+            "a scaler skips steps while it finds its scale, which is routine; nothing says how "
+            "the fit went"
+        )
+        keys = [key for key in keys if key not in ("skipped_step", "line", "loss_scale")]
     data: dict[str, Any] = {"updates": ctx.n, "keys": keys, "loss_recorded": False}
     evidence = [Evidence("engine", text, data)]
     if stopped is not None:
@@ -470,7 +482,7 @@ def _no_loss(ctx: Context, stopped: Mapping[str, Any] | None, run: dict[str, Any
         "Log the training loss (per update, not only per epoch) next to the other metrics, or "
         "name its column: a metric that only rises or falls slowly cannot show a divergence.",
     ]
-    if any("loss" in key.lower() for key in keys):
+    if any("loss" in key.lower() and "scale" not in key.lower() for key in keys):
         actions.append(
             "A validation loss alone says little about the updates: it is measured once per "
             "evaluation, on other data."

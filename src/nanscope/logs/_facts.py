@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from itertools import pairwise
 from typing import Any
 
 from nanscope.logs._common import Record
@@ -161,25 +162,30 @@ def _nan_filter(records: list[Record]) -> None:
             _tag(record, "loss_nan_filtered")
 
 
+#: a scheduler "moves at every logged step" when the last this many learning rates before a
+#: frozen one all differ (a step schedule, flat between its drops, never looks so)
+MOVING = 3
+
+
 def _lr_frozen(records: list[Record], index: int) -> bool:
-    """The learning rate of record ``index`` equals the one before, while it changed between the
-    two records before those (a scheduler that moves every logged step stopped moving)."""
-    lrs: list[float] = []
-    for record in reversed(records[: index + 1]):
-        lr = record.get("lr")
-        if isinstance(lr, float) and math.isfinite(lr):
-            lrs.append(lr)
-        if len(lrs) == 2:
-            break
-    if len(lrs) < 2 or lrs[0] != lrs[1]:
+    """The learning rate of record ``index`` equals the last one logged with a real loss, while
+    each of the :data:`MOVING` before that differed from the one before it: a scheduler that
+    moved at every logged step stopped moving."""
+    lr = records[index].get("lr")
+    if not isinstance(lr, float) or not math.isfinite(lr):
         return False
-    frozen = lrs[0]
-    before = [
-        r["lr"]
-        for r in records[:index]
-        if isinstance(r.get("lr"), float) and r.get("loss") != 0.0 and math.isfinite(r["lr"])
-    ]
-    return len(before) >= 2 and before[-1] != before[-2] and before[-1] == frozen
+    before: list[float] = []
+    for record in reversed(records[:index]):
+        value = record.get("lr")
+        if record.get("loss") == 0.0 or _bad(record):
+            continue  # (the frozen run itself)
+        if isinstance(value, float) and math.isfinite(value):
+            before.append(value)
+        if len(before) > MOVING:
+            break
+    if len(before) <= MOVING or before[0] != lr:
+        return False
+    return all(a != b for a, b in pairwise(before))
 
 
 def _gave_up(records: list[Record], messages: list[Mapping[str, Any]]) -> None:
