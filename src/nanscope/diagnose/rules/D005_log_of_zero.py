@@ -150,17 +150,20 @@ def check(ctx: Context) -> Finding | None:
     else:
         confidence = 0.3
         seen = _seen_finite(ctx, i)
-        evidence.append(
-            Evidence(
-                CODE,
-                f"the loss is {_loss_text(ctx, i)} at {_unit(ctx)} {ctx.step_at(i)}"
-                + (f" with {' and '.join(seen)} finite" if seen else "")
-                + "; the gradient was not recorded"
-                + ("" if seen else ", nor the weights or the inputs")
-                + ", so the loss formula is one suspect among several",
-                {"loss": loss_value},
-            )
+        missing = ([] if grad_measured else ["the gradient"]) + (
+            [] if seen else ["the weights", "the inputs"]
         )
+        text = f"the loss is {_loss_text(ctx, i)} at {_unit(ctx)} {ctx.step_at(i)}"
+        if seen:
+            text += f" with {' and '.join(seen)} finite"
+        if grad_measured:
+            text += f", the gradient norm {num(grad)} too"
+        if missing:
+            text += f"; {', '.join(missing[:-1])} and {missing[-1]}" if len(missing) > 1 else (
+                f"; {missing[0]}")
+            text += " were not recorded" if len(missing) > 1 else " was not recorded"
+        text += ": the loss formula is one suspect among several"
+        evidence.append(Evidence(CODE, text, {"loss": loss_value}))
     rise = ctx.rise_before(i)
     if not op_is_log and rise is not None and rise.length >= 3 and rise.growth >= 10:
         # the loss was already climbing geometrically: the inf is that climb overflowing
