@@ -502,8 +502,6 @@ class _State:
             table = Table.header(segment)
             if table is not None:
                 self.table = table if table.reads_loss else None
-                if table.reads_loss:
-                    self.meta.setdefault("loss_column", table.loss_name)
             return None
         if "train_runtime" in segment:
             return None  # the Trainer's closing summary: train_loss is the mean over the run
@@ -511,6 +509,8 @@ class _State:
 
     def table_record(self, segment: str, values: dict[str, float | int]) -> Record | None:
         """The record of one row of the current table (:meth:`interpret` for table rows)."""
+        if self.table is not None and self.table.loss_name:
+            self.meta.setdefault("loss_column", self.table.loss_name)
         record: Record = {k: float(values[k]) for k in _ROLES if k in values}
         tqdm = _TQDM.search(segment) if "<" in segment else None
         step: int | None = None
