@@ -86,3 +86,15 @@ def test_columns_and_dicts_are_thinned_alike() -> None:
                 first = min(bad) + 1
                 steps = {r["step"] for r in kept}
                 assert set(range(max(1, first - window), first + 1)) <= steps
+
+
+def test_a_skipped_step_is_no_failure_only_once_the_fit_recovered() -> None:
+    fit = classifier(12, lr=0.3)
+    records = [{"step": i + 1, "loss": v} for i, v in enumerate(fit.loss)]
+    skipped = {"loss": math.nan, "nf_loss": 1, "events": ["skipped_step"],
+               "extra": {"skipped_step": True, "loss_scale": 32768.0}}  # fmt: skip
+    recovered = [*records[:5], {"step": 6, **skipped}, *records[6:]]
+    assert nanscope.diagnose(recovered).verdict == "healthy"
+    # a live run stopped at a skipped NaN (nothing after it): that is where it broke
+    stopped = [*records[:5], {"step": 6, **skipped}]
+    assert nanscope.diagnose(stopped).first_nonfinite == {"step": 6, "what": "loss"}

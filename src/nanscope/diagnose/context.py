@@ -78,16 +78,20 @@ class Context:
 
     @cached_property
     def skipped(self) -> np.ndarray:
-        """Updates a loss scaler (or the loop) skipped: their non-finite values never reached the
-        weights (``skipped_step`` events, by the torch adapter or a log reader), unless the
-        scaler gave up there (``loss_scale_collapse``)."""
-        return np.array(
+        """Updates a loss scaler (or the loop) skipped and the fit recovered from: their
+        non-finite values never reached the weights (``skipped_step`` events, by the torch
+        adapter or a log reader) and a finite loss comes after them; not where the scaler gave
+        up (``loss_scale_collapse``). A live run stopped at a skipped NaN stops there."""
+        tagged = np.array(
             [
                 "skipped_step" in events and "loss_scale_collapse" not in events
                 for events in (r.get("events") or () for r in self.records)
             ],
             dtype=bool,
         )
+        finite = np.isfinite(self.loss).astype(np.int64)
+        after = np.cumsum(finite[::-1])[::-1] - finite  # finite losses after each update
+        return tagged & (after > 0)
 
     @cached_property
     def fail(self) -> int | None:

@@ -463,12 +463,13 @@ def _no_loss(ctx: Context, stopped: Mapping[str, Any] | None, run: dict[str, Any
         + ", and nothing in them is non-finite: nothing says whether the fit learned or diverged"
     )
     scale = ctx.trace.meta.get("loss_scale")
-    if ctx.skipped.any() and isinstance(scale, Mapping):
+    skips = sum("skipped_step" in (r.get("events") or ()) for r in ctx.records)
+    if skips and isinstance(scale, Mapping):
         # a log of loss-scaler messages only (the reader made a record of each skipped step)
         went = (f", the scale {num(scale['first'])} -> {num(scale['last'])}"
                 if "first" in scale else "")  # fmt: skip
         text = (
-            f"the log holds loss-scaler messages and no loss: {int(ctx.skipped.sum())} steps "
+            f"the log holds loss-scaler messages and no loss: {skips} steps "
             f"skipped for inf/NaN in the scaled float16 gradients{went}, never to its floor: "
             "a scaler skips steps while it finds its scale, which is routine; nothing says how "
             "the fit went"
