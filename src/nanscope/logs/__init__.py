@@ -14,7 +14,10 @@ MB are skipped, never buffered) and yields the same record keys as the Monitor.
 TensorBoard adds ``loss_tag`` and ``tags``. A log with no training loss at all but a validation
 loss (``Epoch 3/20 - val_loss: 0.33``, a CSV with only ``val_loss``) is read with the validation
 loss as each record's ``loss``: ``meta["loss_key"] = "val_loss"`` and ``meta["loss_note"]`` say
-so. See ``docs/logs/index.md``.
+so. What a log shows beyond its values (skipped steps, the Trainer's NaN filter, where a loss
+scaler gave up, a non-finite loss a framework reported) is written into the records once read
+(:mod:`nanscope.logs._facts`); ``meta["loss_scale"]`` and ``meta["skipped_steps"]`` sum it up.
+See ``docs/logs/index.md``.
 """
 
 from __future__ import annotations
