@@ -8,7 +8,14 @@ directory, then, each in a fresh subprocess so peak memory is per reader:
 - the reader: ``nanscope.logs.iter_records`` streamed to the end, records counted, not kept.
 
 Both are timed in one process, interleaved (best of ``--rounds``), so machine load hits both
-alike; it prints lines per second for both and their ratio. Peak resident memory is measured in a
+alike; it prints lines per second for both and their ratio.
+
+Then the whole command: ``nanscope diagnose`` (a fresh interpreter: start, read, judge, report)
+on a ``--command-lines`` log of ``step i | loss x | lr y`` lines (2 million by default), timed
+in rounds interleaved with the reader alone on the same file, both printed in lines per second
+(wall clock and CPU), with the command's peak memory on that log and on one half as long (flat
+memory: the two are close). The target: :data:`COMMAND_TARGET` lines per second for the whole
+command. Peak resident memory is measured in a
 separate process for each, so bounded memory shows as the reader's peak staying near the bare
 parse's, whatever ``--lines`` is. The load average before and after is printed (absolute rates
 move with it; ratios less), and for the text layouts whether the reader met the target of
@@ -16,6 +23,7 @@ issue 16: :data:`TEXT_TARGET` lines per second.
 
     .venv/bin/python bench/logs.py                   # 10 million lines per format
     .venv/bin/python bench/logs.py --lines 200000    # quick
+    .venv/bin/python bench/logs.py --formats ''      # the whole command only
 """
 
 from __future__ import annotations
@@ -32,11 +40,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-#: lines per second the text reader should reach (issue 16: a 10-million-line log in seconds)
+#: lines per second the text reader should reach (a 10-million-line log in seconds)
 TEXT_TARGET = 500_000
+#: lines per second `nanscope diagnose` should reach on a 2-million-line log, the whole command
+COMMAND_TARGET = 500_000
 TEXT_FORMATS = ("text", "keras", "keras_progress", "mmdet", "hf_text", "kv")
 
 FORMATS = (*TEXT_FORMATS, "csv", "jsonl", "nanscope", "trainer_state")
+#: layouts written by :func:`write_log` beyond FORMATS (the whole command's log)
+EXTRA_LAYOUTS = ("steps",)
 
 
 def _loss(i: int, n: int) -> float:
@@ -88,6 +100,11 @@ def write_log(fmt: str, path: Path, lines: int) -> None:
                     f"{{'loss': {_loss(i, lines):.4f}, 'grad_norm': 1.5, 'learning_rate': 1e-05, "
                     f"'epoch': {i / 1000:.2f}}}\n"
                 )
+        elif fmt == "steps":
+            # the plainest print loop: step, loss, learning rate
+            for i in range(1, lines + 1):
+                lr = 1e-3 * (1 - i / (2 * lines))  # a linear decay: every line differs
+                write(f"step {i} | loss {_loss(i, lines):.6f} | lr {lr:.6g}\n")
         elif fmt == "kv":
             for i in range(1, lines + 1):
                 write(f"iter={i} loss={_loss(i, lines):.6f} lr=1e-3 grad_norm=1.25\n")
@@ -148,6 +165,7 @@ def _peak_mb() -> float:
 
 #: format -> the bare parses a reader is compared with (the first also for peak memory)
 BARE = {
+    "steps": ("line loop", "re+float"),
     "text": ("line loop", "re+float"),
     "keras": ("line loop", "re+float"),
     "keras_progress": ("line loop", "re+float"),
@@ -284,17 +302,94 @@ def _child(*args: str) -> dict[str, Any]:
     return result
 
 
+def _cpu_children() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _command(path: Path) -> tuple[float, float]:
+    """Wall and CPU seconds of one ``nanscope diagnose PATH`` in a fresh interpreter."""
+    env = dict(os.environ)
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
+    cpu = _cpu_children()
+    start = time.perf_counter()
+    subprocess.run(
+        [sys.executable, "-m", "nanscope", "diagnose", str(path)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=env,
+        check=False,  # exit 1: the log ends in NaN, a diagnosed failure
+    )
+    return time.perf_counter() - start, _cpu_children() - cpu
+
+
+def measure_command(path: Path, rounds: int) -> dict[str, Any]:
+    """The whole command and the reader alone on ``path``, interleaved, best of ``rounds``."""
+    import nanscope.logs  # noqa: F401
+
+    command: list[tuple[float, float]] = []
+    reader: list[tuple[float, float]] = []
+    info: dict[str, Any] = {}
+    for _ in range(rounds):
+        command.append(_command(path))
+        start, cpu = time.perf_counter(), time.process_time()
+        info = read_all(path)
+        reader.append((time.perf_counter() - start, time.process_time() - cpu))
+    return {
+        "command_s": min(w for w, _ in command),
+        "command_cpu_s": min(c for _, c in command),
+        "reader_s": min(w for w, _ in reader),
+        "reader_cpu_s": min(c for _, c in reader),
+        **info,
+    }
+
+
+def command_peak_mb(path: Path) -> float:
+    """Peak resident memory of ``nanscope diagnose PATH`` (run from a fresh process)."""
+    _command(path)
+    return resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024.0
+
+
+def whole_command(lines: int, rounds: int) -> str:
+    """Time ``nanscope diagnose`` on a ``lines``-line log beside the reader; the verdict line."""
+    with tempfile.TemporaryDirectory(prefix="nanscope-bench-") as tmp:
+        path = Path(tmp) / "train.log"
+        half = Path(tmp) / "half.log"
+        write_log("steps", path, lines)
+        write_log("steps", half, lines // 2)
+        timing = _child("command", "steps", str(path), str(rounds))
+        half_mb = _child("peak", "steps", str(half))["peak_mb"]
+        full_mb = _child("peak", "steps", str(path))["peak_mb"]
+    command_rate = lines / timing["command_s"]
+    print(f"\nwhole command: nanscope diagnose on {lines:,} lines of `step i | loss x | lr y`")
+    print(f"{'':<22}{'wall s':>9}{'cpu s':>9}{'lines/s wall':>15}{'lines/s cpu':>14}")
+    for name, key in (("nanscope diagnose", "command"), ("reader alone", "reader")):
+        wall, cpu = timing[f"{key}_s"], timing[f"{key}_cpu_s"]
+        print(f"{name:<22}{wall:>9.2f}{cpu:>9.2f}{lines / wall:>15,.0f}{lines / cpu:>14,.0f}")
+    print(f"peak memory of the command: {half_mb:.0f} MB at {lines // 2:,} lines, "
+          f"{full_mb:.0f} MB at {lines:,}")  # fmt: skip
+    met = "met" if command_rate >= COMMAND_TARGET else "NOT met"
+    return f"whole-command target {COMMAND_TARGET:,} lines/s (wall): {command_rate:,.0f} ({met})"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lines", type=int, default=10_000_000)
     parser.add_argument("--formats", default=",".join(FORMATS))
     parser.add_argument("--rounds", type=int, default=2, help="timing rounds (best is kept)")
-    parser.add_argument("--_child", dest="child", nargs=3, help=argparse.SUPPRESS)
+    parser.add_argument("--command-lines", type=int, default=2_000_000,
+                        help="lines of the log the whole command reads (0: skip it)")  # fmt: skip
+    parser.add_argument("--_child", dest="child", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        mode, fmt, path = args.child
+        mode, fmt, path, *rest = args.child
         if mode == "timing":
             print(json.dumps(measure_timing(fmt, Path(path), args.rounds)))
+        elif mode == "command":
+            print(json.dumps(measure_command(Path(path), int(rest[0]))))
+        elif mode == "peak":
+            print(json.dumps({"peak_mb": command_peak_mb(Path(path))}))
         else:
             print(json.dumps(measure_memory(mode, fmt, Path(path))))
         return 0
@@ -306,8 +401,9 @@ def main(argv: list[str] | None = None) -> int:
         f"{'format':<16}{'bare parse':<12}{'lines':>12}{'reader l/s':>13}{'bare l/s':>12}"
         f"{'ratio':>8}{'reader MB':>11}{'bare MB':>9}"
     )
-    print(header)
-    print("-" * len(header))
+    if formats:
+        print(header)
+        print("-" * len(header))
     with tempfile.TemporaryDirectory(prefix="nanscope-bench-") as tmp:
         for fmt in formats:
             name = {
@@ -335,9 +431,12 @@ def main(argv: list[str] | None = None) -> int:
                     flush=True,
                 )
             path.unlink()
+    command = whole_command(args.command_lines, args.rounds) if args.command_lines else ""
     print(f"load average after: {_load()}")
     if targets:
         print(f"text target {TEXT_TARGET:,} lines/s: " + ", ".join(targets))
+    if command:
+        print(command)
     print("ratio = bare parse lines/s over reader lines/s, both timed in one process (best of")
     print("--rounds, interleaved); MB = peak resident memory of a process doing only that.")
     print("re+float: one regex search for the loss per line and float() of it; csv+float:")

@@ -26,8 +26,10 @@ from nanscope.trace import TRACE_SCHEMA, Trace, read_trace
 
 __all__ = ["MAX_RECORDS", "diagnose", "is_path", "load", "run_evidence"]
 
-#: a very long log keeps full detail around the first NaN and every k-th record elsewhere
-MAX_RECORDS = 1_000_000
+#: a log longer than this keeps full detail around its first NaN (an eighth of this on either
+#: side), the records that carry events, its last records, and every k-th record elsewhere: the
+#: diagnosis reads a bounded trace whatever the log's length (time and memory flat in it)
+MAX_RECORDS = 20_000
 
 
 def is_path(source: Any) -> bool:

@@ -146,8 +146,10 @@ def test_every_diagnosis_rule_cause_is_in_the_vocabulary(module) -> None:
     assert callable(module.check) and module.TITLE
 
 
-def test_every_failure_cause_has_one_rule() -> None:
-    causes = [m.CAUSE for m in D_RULES]
+def test_every_failure_cause_has_a_rule() -> None:
+    # a cause may have more than one rule (one per mechanism: D001 and D011 both find a step
+    # too large, from a long climb and from a short run), each in its own file
+    causes = {m.CAUSE for m in D_RULES}
     assert sorted(causes) == sorted(c for c in DESIGN_CAUSES if c not in ("healthy", "unknown"))
 
 

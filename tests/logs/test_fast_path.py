@@ -444,7 +444,9 @@ def test_trainer_printed_dicts_with_eval_lines_and_the_summary(tmp_path: Path) -
     path = tmp_path / "trainer.out"
     _write(path, lines, end=False)  # a cut-off last line too
     records = _same(path)
-    assert [r["step"] for r in records] == list(range(1, 2602))
+    # the closing summary (train_runtime, the run's mean train_loss) is no update
+    assert [r["step"] for r in records] == list(range(1, 2601))
+    assert records[-1]["loss"] == float(f"{losses[-1]:.4f}") or math.isnan(records[-1]["loss"])
     assert records[49]["val_loss"] == pytest.approx(losses[49] * 1.1, rel=1e-3)
     assert "epoch" not in records[0]  # fractional epochs are no epoch counts
     assert any(r.get("nf_loss") for r in records)

@@ -77,11 +77,29 @@ class Context:
         )
 
     @cached_property
+    def skipped(self) -> np.ndarray:
+        """Updates a loss scaler (or the loop) skipped and the fit recovered from: their
+        non-finite values never reached the weights (``skipped_step`` events, by the torch
+        adapter or a log reader) and a finite loss comes after them; not where the scaler gave
+        up (``loss_scale_collapse``). A live run stopped at a skipped NaN stops there."""
+        tagged = np.array(
+            [
+                "skipped_step" in events and "loss_scale_collapse" not in events
+                for events in (r.get("events") or () for r in self.records)
+            ],
+            dtype=bool,
+        )
+        finite = np.isfinite(self.loss).astype(np.int64)
+        after = np.cumsum(finite[::-1])[::-1] - finite  # finite losses after each update
+        return tagged & (after > 0)
+
+    @cached_property
     def fail(self) -> int | None:
-        """Index of the first update with a non-finite loss, gradient or weight."""
+        """Index of the first update with a non-finite loss, gradient or weight (a skipped
+        update is not where the fit broke)."""
         nf = self.nonfinite
         bad = (nf["loss"] > 0) | (nf["grads"] > 0) | (nf["params"] > 0) | self.filtered_nan
-        hits = np.flatnonzero(bad)
+        hits = np.flatnonzero(bad & ~self.skipped)
         return int(hits[0]) if hits.size else None
 
     @cached_property

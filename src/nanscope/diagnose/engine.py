@@ -29,6 +29,7 @@ from nanscope.diagnose.context import Context
 from nanscope.diagnose.decide import UNCONFIRMED, Decision, decide, first_actions
 from nanscope.diagnose.diagnosis import Diagnosis, Evidence, Finding
 from nanscope.diagnose.rules import load_rules
+from nanscope.diagnose.rules._logs import from_log, record_more
 from nanscope.formatting import number as num
 from nanscope.outcome import FAR, Outcome
 from nanscope.trace import Trace
@@ -41,6 +42,10 @@ SUSPECT = 0.6
 CONFIDENT = 0.3
 #: the most a healthy verdict can claim from a file that was cut short
 TRUNCATED_CONFIDENCE = 0.5
+#: fewer updates than this cannot show the detectors' fingerprint (four rises in a row, each
+#: larger than the last): a healthy verdict from them claims at most FEW_CONFIDENCE
+FEW_RECORDS = 8
+FEW_CONFIDENCE = 0.5
 
 
 def interruption(trace: Trace) -> dict[str, Any] | None:
@@ -123,12 +128,14 @@ def diagnose(trace: Trace | Any, evidence: Mapping[str, Any] | None = None) -> D
         confidence = 1.0 - (findings[0].confidence if findings else 0.0) / 2
         if trace.meta.get("truncated"):
             confidence = min(confidence, TRUNCATED_CONFIDENCE)
+        if ctx.n < FEW_RECORDS:
+            confidence = min(confidence, FEW_CONFIDENCE)
         return Diagnosis(
             verdict="healthy",
             cause="healthy",
             confidence=round(confidence, 3),
             step=ctx.step_at(ctx.n - 1),
-            evidence=[Evidence("engine", _healthy_text(ctx), summary), *notes],
+            evidence=[Evidence("engine", _healthy_text(ctx), summary), *notes, *_few(ctx)],
             actions=[],
             alternatives=[
                 {"cause": f.cause, "confidence": round(f.confidence, 3)} for f in findings[:3]
@@ -298,19 +305,21 @@ def _unknown(
             missing.append(what)
     actions = []
     if missing:
-        actions.append(
-            "Record more per update so the rules can decide: " + ", ".join(missing) + "."
-        )
+        actions.append(record_more(ctx, [k for k in ("grad_norm", "weight_norm", "input_absmax")
+                                         if not ctx.trace.has(k)],
+                                   "Record more per update so the rules can decide: "
+                                   + ", ".join(missing) + "."))  # fmt: skip
     if zeros is not None:
         actions.insert(
             0,
             f"Look at update {ctx.step_at(zeros[0])}: print the loss before any logging filter, "
             "the gradient norm (0 or NaN means nothing is learned) and the batch's labels.",
         )
-    actions.append(
-        "Run the script under `nanscope run` (PyTorch) so the failing update is replayed and the "
-        "op, module and source line are named."
-    )
+    if not from_log(ctx):
+        actions.append(
+            "Run the script under `nanscope run` (PyTorch) so the failing update is replayed and "
+            "the op, module and source line are named."
+        )
     if ctx.granularity == "epoch":
         actions.append("Log the loss per update, not per epoch.")
     return Diagnosis(
@@ -352,7 +361,35 @@ def _notes(ctx: Context, stopped: Mapping[str, Any] | None) -> list[Evidence]:
         )
     if stopped is not None:
         notes.append(Evidence("engine", _stopped_text(stopped), _event_data(stopped)))
+    unit = "epochs" if ctx.granularity == "epoch" else "updates"
+    skipped = int(ctx.skipped.sum())
+    if skipped:
+        unit = unit[:-1] if skipped == 1 else unit
+        notes.append(
+            Evidence(
+                "engine",
+                f"{skipped} {unit} had a non-finite loss or gradient and were skipped: the values "
+                "after them are finite, so those updates never reached the weights (a loss "
+                "scaler skips such steps); they are not where a fit broke",
+                {"skipped": skipped},
+            )
+        )
     return notes
+
+
+def _few(ctx: Context) -> list[Evidence]:
+    """A healthy verdict from fewer than FEW_RECORDS updates says how little it rests on."""
+    if ctx.n >= FEW_RECORDS:
+        return []
+    unit = ("epoch" if ctx.granularity == "epoch" else "update") + ("s" if ctx.n != 1 else "")
+    return [
+        Evidence(
+            "engine",
+            f"only {ctx.n} {unit} recorded: too few to tell a descent from noise or from the "
+            "start of a divergence",
+            {"records": ctx.n, "few": FEW_RECORDS},
+        )
+    ]
 
 
 def _stopped_text(event: Mapping[str, Any]) -> str:
@@ -425,6 +462,19 @@ def _no_loss(ctx: Context, stopped: Mapping[str, Any] | None, run: dict[str, Any
         + (f" (what they carry: {shown})" if keys else "")
         + ", and nothing in them is non-finite: nothing says whether the fit learned or diverged"
     )
+    scale = ctx.trace.meta.get("loss_scale")
+    skips = sum("skipped_step" in (r.get("events") or ()) for r in ctx.records)
+    if skips and isinstance(scale, Mapping):
+        # a log of loss-scaler messages only (the reader made a record of each skipped step)
+        went = (f", the scale {num(scale['first'])} -> {num(scale['last'])}"
+                if "first" in scale else "")  # fmt: skip
+        text = (
+            f"the log holds loss-scaler messages and no loss: {skips} steps "
+            f"skipped for inf/NaN in the scaled float16 gradients{went}, never to its floor: "
+            "a scaler skips steps while it finds its scale, which is routine; nothing says how "
+            "the fit went"
+        )
+        keys = [key for key in keys if key not in ("skipped_step", "line", "loss_scale")]
     data: dict[str, Any] = {"updates": ctx.n, "keys": keys, "loss_recorded": False}
     evidence = [Evidence("engine", text, data)]
     if stopped is not None:
@@ -433,7 +483,7 @@ def _no_loss(ctx: Context, stopped: Mapping[str, Any] | None, run: dict[str, Any
         "Log the training loss (per update, not only per epoch) next to the other metrics, or "
         "name its column: a metric that only rises or falls slowly cannot show a divergence.",
     ]
-    if any("loss" in key.lower() for key in keys):
+    if any("loss" in key.lower() and "scale" not in key.lower() for key in keys):
         actions.append(
             "A validation loss alone says little about the updates: it is measured once per "
             "evaluation, on other data."
@@ -509,7 +559,9 @@ def _extra(ctx: Context) -> dict[str, Any]:
 def _summary(ctx: Context) -> dict[str, Any]:
     loss = ctx.loss
     finite = loss[np.isfinite(loss)]
-    out: dict[str, Any] = {"updates": ctx.n}
+    thinned = ctx.trace.meta.get("thinned")  # a long log read in part: count them all
+    updates = thinned.get("of", ctx.n) if isinstance(thinned, Mapping) else ctx.n
+    out: dict[str, Any] = {"updates": updates}
     if finite.size:
         out.update(
             first_loss=float(finite[0]),
@@ -526,8 +578,9 @@ def _healthy_text(ctx: Context) -> str:
     if "first_loss" not in s:
         return f"{ctx.n} {unit}, no loss recorded"
     trend = "fell" if s["last_finite_loss"] < s["first_loss"] else "went"
+    finite = "all finite" if not ctx.skipped.any() else "all applied ones finite"
     text = (
-        f"{ctx.n} {unit}, all finite; the loss {trend} from {num(s['first_loss'])} to "
+        f"{s['updates']:,} {unit}, {finite}; the loss {trend} from {num(s['first_loss'])} to "
         f"{num(s['last_finite_loss'])} (best {num(s['best_loss'])})"
     )
     if not math.isfinite(s["first_loss"]):

@@ -14,7 +14,10 @@ MB are skipped, never buffered) and yields the same record keys as the Monitor.
 TensorBoard adds ``loss_tag`` and ``tags``. A log with no training loss at all but a validation
 loss (``Epoch 3/20 - val_loss: 0.33``, a CSV with only ``val_loss``) is read with the validation
 loss as each record's ``loss``: ``meta["loss_key"] = "val_loss"`` and ``meta["loss_note"]`` say
-so. See ``docs/logs/index.md``.
+so. What a log shows beyond its values (skipped steps, the Trainer's NaN filter, where a loss
+scaler gave up, a non-finite loss a framework reported) is written into the records once read
+(:mod:`nanscope.logs._facts`); ``meta["loss_scale"]`` and ``meta["skipped_steps"]`` sum it up.
+See ``docs/logs/index.md``.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import importlib
 import json
 import math
 import struct
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from itertools import chain, islice
 from pathlib import Path
 from types import MappingProxyType
@@ -32,14 +35,17 @@ from typing import Any
 from nanscope.errors import TraceError
 from nanscope.logs._common import (
     HEAD_BYTES,
+    Columns,
     LogWarning,
     Record,
     check_file,
+    expand,
     iter_lines,
     read_head,
     text_encoding,
     warn,
 )
+from nanscope.logs._facts import establish
 from nanscope.logs._thin import thin
 from nanscope.trace import RECORD_KEYS, TRACE_SCHEMA, Trace
 
@@ -134,8 +140,25 @@ def _resolve(path: Path) -> tuple[str, Path]:
         first = text.strip()[:200]
     fmt = _sniff_text(path, first, text)
     if fmt is None:
-        raise TraceError(f"{path}: not a log format nanscope knows; known formats: {_known()}")
+        raise TraceError(f"{path}: {_unread(lines)}; known formats: {_known()}")
     return fmt, path
+
+
+def _unread(lines: list[str]) -> str:
+    """Which line of a log nothing could read, and what was expected there (one clause)."""
+    from nanscope.logs import textlog
+
+    found = textlog.first_unread(lines)
+    if found is None:
+        return "not a log format nanscope knows (no line holds a number)"
+    number, line, why = found
+    shown = " ".join(line.split())
+    shown = shown if len(shown) <= 80 else shown[:77] + "..."
+    return (
+        f"line {number} could not be read ({shown!r}{', ' + why if why else ''}); expected "
+        "values named on the line (loss: 0.5, loss=0.5, 'loss': 0.5) or a header row naming a "
+        "loss column above rows of values"
+    )
 
 
 _CONTROL = frozenset(chr(c) for c in range(32)) - frozenset("\t\n\r\x08\x0c\x1b")
@@ -247,12 +270,18 @@ def iter_records(
     """
     # a chain, not a generator: records pass through without resuming a Python frame each;
     # the file is still only opened (and errors raised) on the first next()
-    return chain.from_iterable(_open_records(Path(path), {} if meta is None else meta, format))
+    chunks = _chunks(Path(path), {} if meta is None else meta, format)
+    return chain.from_iterable(map(expand, chunks))
 
 
-def _open_records(
+def _chunks(source: Path, meta: dict[str, Any], format: str | None) -> Iterator[list[Any]]:
+    """The log's records in lists, in order, some rows as :class:`Columns` (not dicts yet)."""
+    return chain.from_iterable(_open_chunks(source, meta, format))
+
+
+def _open_chunks(
     source: Path, meta: dict[str, Any], format: str | None
-) -> Iterator[Iterator[Record]]:
+) -> Iterator[Iterator[list[Any]]]:
     if format is None:
         fmt, target = _resolve(source)
     else:
@@ -261,11 +290,15 @@ def _open_records(
     module = _reader(fmt)
     meta.setdefault("format", fmt)
     meta.setdefault("source", str(source))
-    records = module.iter_records(target, meta)
-    if fmt == "nanscope":
-        yield records  # a trace's loss is the loss the Monitor was given
+    if hasattr(module, "iter_chunks"):
+        chunks: Iterator[list[Any]] = module.iter_chunks(target, meta)
     else:
-        yield chain.from_iterable(_loss_or_val_loss(records, meta, source))
+        records = module.iter_records(target, meta)
+        chunks = iter(lambda: list(islice(records, _BATCH)), [])
+    if fmt == "nanscope":
+        yield chunks  # a trace's loss is the loss the Monitor was given
+    else:
+        yield _loss_or_val_loss(chunks, meta, source)
 
 
 #: Records looked at (and held) before a log without any training loss so far is read with its
@@ -280,38 +313,39 @@ VAL_LOSS_NOTE = (
 )
 
 
+def _has_loss(item: Any) -> bool:
+    return "loss" in (item.keys if item.__class__ is Columns else item)
+
+
 def _loss_or_val_loss(
-    records: Iterator[Record], meta: dict[str, Any], source: Path
-) -> Iterator[Iterable[Record]]:
-    """The records as they are once one has a training ``loss``; when none has one and some
+    chunks: Iterator[list[Any]], meta: dict[str, Any], source: Path
+) -> Iterator[list[Any]]:
+    """The chunks as they are once one has a training ``loss``; when none has one and some
     have a ``val_loss``, every record with a ``val_loss`` gets it as its ``loss`` too (flagged
-    ``nf_loss`` when not finite) and ``meta`` says so. Lists of records, in order."""
-    held: list[Record] = []
-    while True:
-        batch = list(islice(records, _BATCH))
-        if not batch:
-            break
-        if any("loss" in record for record in batch):
-            yield held
-            yield batch
-            yield records  # the rest passes through as it is
+    ``nf_loss`` when not finite) and ``meta`` says so."""
+    held: list[list[Any]] = []
+    count = 0
+    for chunk in chunks:
+        if any(map(_has_loss, chunk)):
+            yield from held
+            yield chunk
+            yield from chunks  # the rest passes through as it is
             return
-        held.extend(batch)
-        if len(held) >= HOLD_RECORDS:
+        held.append(chunk)
+        count += len(chunk)
+        if count >= HOLD_RECORDS:
             break
-    if not any("val_loss" in record for record in held):
-        yield held
+    records = [record for chunk in held for record in expand(chunk)]
+    if not any("val_loss" in record for record in records):
         yield records
+        yield from chunks
         return
     meta["loss_key"] = "val_loss"
     meta["loss_note"] = VAL_LOSS_NOTE
     warn(f"{source}: no training loss in this log; its validation loss is read as the loss")
-    yield _val_as_loss(held)
-    while True:
-        batch = list(islice(records, _BATCH))
-        if not batch:
-            return
-        yield _val_as_loss(batch)
+    yield _val_as_loss(records)
+    for chunk in chunks:
+        yield _val_as_loss(expand(chunk))
 
 
 def _val_as_loss(records: list[Record]) -> list[Record]:
@@ -328,13 +362,22 @@ def _val_as_loss(records: list[Record]) -> list[Record]:
 
 def _load(path: str | Path, format: str | None = None, max_records: int | None = None) -> Trace:
     meta: dict[str, Any] = {}
-    stream = iter_records(path, meta, format=format)
+    chunks = _chunks(Path(path), meta, format)
     if max_records is not None and max_records > 0:
-        records = thin(stream, max_records, meta)
+        records = thin(chunks, max_records, meta)
     else:
-        records = list(stream)
+        records = list(chain.from_iterable(map(expand, chunks)))
+    if meta.get("format") != "nanscope":
+        records = establish(records, meta)
     if not records and not meta.get("messages"):
-        raise TraceError(f"{path}: no loss values found in this {meta.get('format')} log")
+        why = "no loss values found in this " + str(meta.get("format")) + " log"
+        if meta.get("format") == "text":
+            try:
+                head = read_head(Path(path)).decode("utf-8", errors="replace").splitlines()
+            except TraceError:
+                head = []
+            why = _unread(head[:2000])
+        raise TraceError(f"{path}: {why}")
     meta.setdefault("lines", len(records))
     meta.setdefault("granularity", "update")
     trace = Trace(meta=meta)

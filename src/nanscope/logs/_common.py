@@ -555,6 +555,57 @@ def flag_nonfinite(records: list[Record], keys: list[str], columns: list[list[An
                 records[i][flag] = 1
 
 
+class Columns:
+    """Rows a reader made a column at a time and has not turned into dicts yet: ``keys[i]``
+    names ``columns[i]``; the first ``size`` values of each column are the rows.
+
+    The text reader's fast path puts these in the lists it yields. :func:`expand` turns them into
+    the records :func:`make_records` and :func:`flag_nonfinite` give; the thinning of a long log
+    (:mod:`nanscope.logs._thin`) picks the rows it keeps first, so most never become a dict.
+    """
+
+    __slots__ = ("columns", "keys", "size")
+
+    def __init__(self, keys: list[str], columns: list[list[Any]], size: int) -> None:
+        self.keys = keys
+        self.columns = columns
+        self.size = size
+
+    def __len__(self) -> int:
+        return self.size
+
+    def records(self) -> list[Record]:
+        columns = [column[: self.size] for column in self.columns]
+        records = make_records(self.keys, columns)
+        flag_nonfinite(records, self.keys, columns)
+        return records
+
+    def row(self, index: int) -> Record:
+        """Row ``index`` as its record (flagged like :meth:`records`)."""
+        return mark_nonfinite({key: column[index] for key, column in zip(self.keys, self.columns)})
+
+    def flagged(self) -> np.ndarray:
+        """Indices of the rows whose loss or gradient norm is not finite."""
+        bad = np.zeros(self.size, dtype=bool)
+        for key, column in zip(self.keys, self.columns):
+            if key == "loss" or key == "grad_norm":
+                bad |= ~np.isfinite(np.asarray(column[: self.size], dtype=float))
+        return np.flatnonzero(bad)
+
+
+def expand(items: list[Any]) -> list[Record]:
+    """The records of a list a reader yielded, :class:`Columns` made into dicts."""
+    if not any(item.__class__ is Columns for item in items):
+        return items
+    out: list[Record] = []
+    for item in items:
+        if item.__class__ is Columns:
+            out.extend(item.records())
+        else:
+            out.append(item)
+    return out
+
+
 def _unmark(record: Record) -> None:
     record.pop("nf_loss", None)
     record.pop("nf_grads", None)
@@ -620,6 +671,18 @@ class Merger:
         self.pending = last
         self.count += len(records) + 1
         out.extend(records)
+
+    def hold_columns(self, keys: list[str], columns: list[list[Any]], out: list[Any]) -> None:
+        """:meth:`hold_last` for rows given as columns (not flagged, steps after the pending
+        one's): the pending record goes to ``out``, the rows but the last as one
+        :class:`Columns`; the last row waits as the pending record."""
+        if self.pending is not None:
+            out.append(mark_nonfinite(self.pending))
+        size = len(columns[0])
+        self.pending = {key: column[-1] for key, column in zip(keys, columns)}
+        self.count += size
+        if size > 1:
+            out.append(Columns(keys, columns, size - 1))
 
     def extend(
         self,

@@ -31,9 +31,12 @@ from typing import Any
 import numpy as np
 
 from nanscope.logs._common import (
+    LOSS_KEYS,
     MAX_MESSAGES,
     Merger,
     Record,
+    _norm_key,
+    expand,
     flag_nonfinite,
     iter_blocks,
     make_records,
@@ -41,6 +44,7 @@ from nanscope.logs._common import (
     role_of,
     to_float,
 )
+from nanscope.logs._table import Table, sums_to
 
 NAME = "text"
 DESCRIPTION = "plain training output (Keras progress, Epoch N/M blocks, step/iter loops, tqdm)"
@@ -61,14 +65,34 @@ _BRACKETS = re.compile(
     re.IGNORECASE,
 )
 _TQDM = re.compile(r"(\d+)/(\d+) \[(?:\d+:)?\d+:\d+<")
-_SCALE = re.compile(r"reducing (?:loss )?(?:scale )?to:?\s*(\d[\d.e+]*)", re.IGNORECASE)
+#: the Trainer's end-of-run summary: ``***** train metrics *****`` then ``  train_loss = 0.73``
+_SUMMARY_HEAD = re.compile(r"\*{3,}\s*\w+ metrics\s*\*{3,}")
+_SUMMARY_ROW = re.compile(r"\s+[\w/.\-]+\s*=\s*\S+\s*$")
+#: the loss scale a scaler message names: apex's ``reducing loss scale to 32768.0``, DeepSpeed's
+#: ``reducing to 2048``, fairseq's ``setting loss scale to: 16384.0``; else the scale it tried
+#: (DeepSpeed's ``Attempted loss scale: 65536, but hysteresis is 2``), fairseq's minimum
+#: (``Minimum loss scale reached (0.0001)``)
+_SCALES = tuple(
+    re.compile(pattern + r":?\s*[(:]?\s*(\d[\d.]*(?:e[-+]?\d+)?)", re.IGNORECASE)
+    for pattern in (
+        r"(?:reducing|setting)\s+(?:loss\s+)?(?:scale\s+)?(?:to\s+)?to",
+        r"attempted loss scale",
+        r"minimum loss scale reached",
+    )
+)
+_AT_ITERATION = re.compile(r"at iteration\s*=?\s*(\d{1,15})", re.IGNORECASE)
 
 #: kind -> what it means. ``meta["messages"]`` entries are
-#: ``{"line", "step", "kind", "text"}`` plus ``"op"`` (anomaly), ``"scale"`` (loss scale it was
-#: reduced to), ``"exception"`` and ``"ends_run"`` (traceback).
+#: ``{"line", "step", "kind", "text"}`` plus ``"op"`` (anomaly), ``"scale"`` (the loss scale
+#: the scaler moved to, or tried, or its floor), ``"at_step"`` (the update a framework names in
+#: its message), ``"metric"`` (the metric an early-stopping check found non-finite),
+#: ``"exception"`` and ``"ends_run"`` (traceback).
 MESSAGE_KINDS: dict[str, str] = {
     "loss_scale_overflow": "the fp16 loss scaler found inf/NaN gradients and skipped the step",
     "loss_scale_min": "the loss scale cannot go lower: fp16 gradients overflow at every scale",
+    "nonfinite_loss": "the framework found the training loss inf or NaN (and stopped, or "
+    "reloaded a checkpoint)",
+    "metric_nonfinite": "an early-stopping check found the monitored metric non-finite",
     "anomaly": "autograd anomaly mode named the backward function that produced NaN",
     "oom": "the run ran out of (GPU) memory",
     "nccl": "a distributed (NCCL) error or collective timeout",
@@ -76,15 +100,44 @@ MESSAGE_KINDS: dict[str, str] = {
     "terminate_on_nan": "Keras TerminateOnNaN stopped the fit on an invalid loss",
 }
 
+#: The messages of each framework, as their source prints them: apex (``Gradient overflow.
+#: Skipping step, loss scaler 0 reducing loss scale to 32768.0``; ``OVERFLOW! Skipping step.
+#: Attempted loss scale: ..., reducing to ...``), DeepSpeed (``[deepspeed] OVERFLOW! Rank 0
+#: Skipping step. Attempted loss scale: 65536, reducing to 32768``, ``fp16 dynamic loss scale
+#: overflow! Skipping step``, ``Current loss scale already at minimum``), fairseq (``NOTE:
+#: overflow detected, setting loss scale to: 16384.0``, ``Minimum loss scale reached
+#: (0.0001)``), Megatron (``Overflow detected, setting loss scale to``), detectron2 (``Loss
+#: became infinite or NaN at iteration=1234!``), mmdetection (``loss become infinite or
+#: NaN!``), Ultralytics YOLO (``Loss NaN/Inf detected (attempt 1/3), recovering from
+#: last.pt``), Lightning (``Monitored metric val_loss = nan is not finite``), Keras
+#: (``Batch 3: Invalid loss, terminating training``), PyTorch (anomaly mode, OOM, NCCL).
 _MESSAGE_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
-    ("loss_scale_min", re.compile(r"loss scale (?:is )?already at minimum", re.I)),
+    (
+        "loss_scale_min",
+        re.compile(
+            r"loss scale (?:is )?already at minimum|minimum loss scale reached|"
+            r"loss scaling factor has reached its minimum",
+            re.I,
+        ),
+    ),
     (
         "loss_scale_overflow",
         re.compile(
             r"gradient overflow|OVERFLOW!.*skipping step|attempted loss scale|"
-            r"reducing loss scale to|overflow detected, skipping",
+            r"reducing loss scale to|overflow detected, skipping|"
+            r"overflow detected, setting (?:loss )?scale to|overflow: setting loss scale to",
             re.I,
         ),
+    ),
+    (
+        "nonfinite_loss",
+        re.compile(
+            r"loss bec[oa]me infinite or nan|loss nan/inf detected|nan persisted for", re.I
+        ),
+    ),
+    (
+        "metric_nonfinite",
+        re.compile(r"monitored metric (?P<metric>\S+) = \S+ is not finite", re.I),
     ),
     (
         "anomaly",
@@ -109,6 +162,8 @@ _MESSAGE_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
 _MESSAGE_WORDS = (
     "overflow", "nccl", "traceback", "loss scale", "out of memory", "outofmemory",
     "returned nan", "error detected in", "resource_exhausted", "invalid loss",
+    "minimum loss scale", "its minimum", "infinite or nan", "nan/inf", "not finite",
+    "nan persisted",
 )  # fmt: skip
 
 
@@ -125,6 +180,12 @@ def _has_message(low: str) -> bool:
         or "error detected in" in low
         or "resource_exhausted" in low
         or "invalid loss" in low
+        or "minimum loss scale" in low
+        or "its minimum" in low
+        or "infinite or nan" in low
+        or "nan/inf" in low
+        or "not finite" in low
+        or "nan persisted" in low
     )
 
 
@@ -138,28 +199,99 @@ _EXCEPTION_LINE = re.compile(
 _Hit = tuple[int, int, int, int, int]
 _ROLES = ("loss", "val_loss", "lr", "grad_norm")
 _VAL_MODES = frozenset({"val", "valid", "validation", "eval", "test"})
+#: Numbers about the loss scaler a line may carry, read into the record's ``extra`` under these
+#: names: fairseq's ``loss_scale=128``, Megatron's ``loss scale: 65536.0`` and ``number of
+#: skipped iterations: 1`` (steps skipped in that log interval), DeepSpeed's ``skipped=3``
+#: (steps skipped so far).
+_EXTRA_KEYS: dict[str, str] = {
+    "loss_scale": "loss_scale",
+    "skipped_iterations": "skipped",
+    "skipped": "skipped_total",
+}
+_EXTRAS = ("loss_scale", "skipped", "skipped_total")
+#: Every value a record takes from a line (the roles, then the extras).
+_VALUES = _ROLES + _EXTRAS
+#: Keys that name a total of the losses printed before them (YOLACT's ``T``), read as the loss
+#: when no key names a loss and their value is the sum of those losses.
+_TOTAL_KEYS = frozenset({"t", "total", "tot", "sum"})
+#: Words that make a line (before its loss) an evaluation line: ``| valid on 'valid' subset |
+#: loss 4.1``, ``Test set: Average loss: 0.03``, ``[eval] step 100 loss 0.4``; a train word
+#: before the loss keeps it a training line.
+_VAL_CONTEXT = frozenset(
+    {"val", "valid", "validation", "validating", "eval", "evaluation", "evaluating", "test",
+     "testing", "dev"}
+)  # fmt: skip
+_TRAIN_CONTEXT = frozenset({"train", "training", "train_inner"})
+_WORDS = re.compile(r"[A-Za-z_]+")
+#: A line that opens with a bracketed counter: the PyTorch tutorial's ``[1,  2000] loss: 2.187``
+#: (epoch, iteration in the epoch), YOLACT's ``[  0]    1050 || B: 3.113 | ... | T: 10.132``
+#: (epoch, then the iteration), ``[3/10]`` (epoch of epochs).
+_LEAD = re.compile(
+    r"\s*\[\s*(?P<a>\d{1,15})\s*(?:(?P<sep>[,|/])\s*(?P<b>\d{1,15})\s*)?\]"
+    r"(?:[ \t]+(?P<c>\d{1,15})(?=[\s|:,]))?"
+)
 
 
-def _pairs(segment: str) -> dict[str, _Hit]:
+def _pairs(segment: str, prefer: str | None = None) -> dict[str, _Hit]:
+    """The values of one segment by role (the lowest rank wins), the loss-scaler extras, and a
+    total of printed losses as the loss where nothing names one. ``prefer``: the counter key
+    (normalised) that wins over the other counters of the line (:func:`finest_counter`)."""
     found: dict[str, _Hit] = {}
+    others: list[tuple[str, int, int]] = []
     for match in _PAIR.finditer(segment):
-        role = role_of(match.group("key"))
+        key = match.group("key")
+        role = role_of(key)
         if role is None:
+            extra = _EXTRA_KEYS.get(_norm_key(key))
+            if extra is not None:
+                if extra not in found:
+                    found[extra] = (0, *match.span("val"), -1, -1)
+            else:
+                others.append((key, *match.span("val")))
             continue
         name, rank = role
+        if name == "step" and prefer is not None and _norm_key(key) == prefer:
+            rank = -2
         if name not in found or rank < found[name][0]:
             start, end = match.span("val")
             found[name] = (rank, start, end, *match.span("tot"))
+    if len(others) >= 3 and "loss" not in found and "val_loss" not in found:
+        total = _total(segment, others)
+        if total is not None:
+            found["loss"] = total
     return found
 
 
-def _parse(segment: str) -> tuple[dict[str, _Hit], bool]:
-    """The values of one segment by role, and whether it is a validation line (``Epoch(val)``)."""
-    found = _pairs(segment)
+def _total(segment: str, others: list[tuple[str, int, int]]) -> _Hit | None:
+    """The value of a total key (``T``, ``total``) that adds up the losses printed before it
+    (two or more), as a loss hit; None when there is none or the sum does not match."""
+    for index, (key, start, end) in enumerate(others):
+        if _norm_key(key) not in _TOTAL_KEYS or index < 2:
+            continue
+        parts = [segment[s:e] for _, s, e in others[:index] if _fractional(segment[s:e])]
+        if sums_to(segment[start:end], parts):
+            return (len(LOSS_KEYS), start, end, -1, -1)
+    return None
+
+
+def _fractional(text: str) -> bool:
+    """A printed number that is not a count: it has a point, or is nan/inf."""
+    return "." in text or text[-1:].isalpha()
+
+
+def _parse(segment: str, prefer: str | None = None) -> tuple[dict[str, _Hit], bool]:
+    """The values of one segment by role, and whether it is a validation line (``Epoch(val)``,
+    ``valid on 'valid' subset | loss 4.1``: its loss is a validation loss)."""
+    found = _pairs(segment, prefer)
+    if "loss" in found and "val_loss" not in found and _evaluation(segment, found["loss"][1]):
+        found["val_loss"] = found.pop("loss")
+        return found, True
     if "[" not in segment:
         return found, False
     brackets = _BRACKETS.search(segment)
     if brackets is None:
+        if "step" not in found and "epoch" not in found and segment.lstrip()[:1] == "[":
+            _leading_counter(segment, found)
         return found, False
     mode = (brackets.group("mode") or "").lower()
     if mode in _VAL_MODES:
@@ -176,8 +308,30 @@ def _parse(segment: str) -> tuple[dict[str, _Hit], bool]:
     return found, False
 
 
+def _evaluation(segment: str, loss_at: int) -> bool:
+    """Whether the words before a line's loss make it an evaluation line (see
+    :data:`_VAL_CONTEXT`)."""
+    words = {w.lower() for w in _WORDS.findall(segment, 0, loss_at)}
+    return bool(words & _VAL_CONTEXT) and not words & _TRAIN_CONTEXT
+
+
+def _leading_counter(segment: str, found: dict[str, _Hit]) -> None:
+    """The epoch and iteration of a line that opens with a bracketed counter (:data:`_LEAD`)."""
+    match = _LEAD.match(segment)
+    if match is None or not any(key in found for key in ("loss", "val_loss")):
+        return
+    found["epoch"] = (-1, *match.span("a"), -1, -1)
+    sep = match.group("sep")
+    if match.group("c") is not None:
+        found["step"] = (-1, *match.span("c"), -1, -1)
+    elif sep == "," and match.group("b") is not None:
+        found["step"] = (-1, *match.span("b"), -1, -1)
+
+
 def looks_like(lines: Iterable[str]) -> bool:
-    """True when some line carries a loss value, an ``Epoch N/M`` header or a numerics message."""
+    """True when some line carries a loss value, a row under a header that names a loss, or a
+    numerics message."""
+    table: Table | None = None
     for line in lines:
         if len(line) > 100_000:
             continue
@@ -189,7 +343,37 @@ def looks_like(lines: Iterable[str]) -> bool:
                 pattern.search(segment) for _, pattern in _MESSAGE_PATTERNS
             ):
                 return True
+            if table is not None and table.row(segment) is not None:
+                return True
+            if not found and segment.strip():
+                header = Table.header(segment)
+                if header is not None:
+                    table = header if header.reads_loss else None
     return False
+
+
+def first_unread(lines: Iterable[str]) -> tuple[int, str, str] | None:
+    """``(line number, line, why)`` of the first line of a log that holds a number but no value
+    the text reader can name (a loss, a learning rate, a counter), or None when no line holds a
+    number. ``why`` names the header above it when that header names no loss column."""
+    header: tuple[int, list[str]] | None = None
+    for number, line in enumerate(lines, 1):
+        text = line.strip().lstrip("\ufeff")
+        if not text:
+            continue
+        if not any(char.isdigit() for char in text):
+            names = text.split()
+            if len(names) >= 2:
+                header = (number, names)
+            continue
+        if _pairs(text):
+            continue
+        why = ""
+        if header is not None and header[0] == number - 1:
+            shown = ", ".join(header[1][:8])
+            why = f"under the header on line {header[0]} ({shown}), which names no loss column"
+        return number, line, why
+    return None
 
 
 class _State:
@@ -209,6 +393,12 @@ class _State:
         self.counts: dict[str, int] = {}
         self.traceback: dict[str, Any] | None = None
         self.lineno = 0
+        #: the counter key that wins when a line prints several (:func:`finest_counter`)
+        self.prefer: str | None = None
+        #: the table whose header came last (:mod:`nanscope.logs._table`)
+        self.table: Table | None = None
+        #: inside a ``***** train metrics *****`` block (the Trainer's end-of-run summary)
+        self.summary = False
 
     def last_step(self) -> int | None:
         pending = self.merger.pending
@@ -235,12 +425,20 @@ class _State:
             extra: dict[str, Any] = {}
             if kind == "anomaly":
                 extra["op"] = match.group("op") or match.group("op2")
-            elif kind == "loss_scale_overflow":
-                scale = _SCALE.search(segment)
-                if scale is not None:
-                    value = to_float(scale.group(1))
-                    if value is not None:
-                        extra["scale"] = value
+            elif kind in ("loss_scale_overflow", "loss_scale_min"):
+                for pattern in _SCALES:
+                    scale = pattern.search(segment)
+                    if scale is not None:
+                        value = to_float(scale.group(1).rstrip("."))
+                        if value is not None:
+                            extra["scale"] = value
+                        break
+            elif kind == "nonfinite_loss":
+                at = _AT_ITERATION.search(segment)
+                if at is not None:
+                    extra["at_step"] = int(at.group(1))
+            elif kind == "metric_nonfinite":
+                extra["metric"] = match.group("metric")
             entry = self.message(lineno, kind, segment, **extra)
             if kind == "traceback":
                 self.traceback = entry
@@ -276,14 +474,72 @@ class _State:
         low = segment.lower()
         if _has_message(low):
             self.scan_message(lineno, segment)
+        if self.table is not None:
+            values = self.table.row(segment)
+            if values is not None:
+                return self.table_record(segment, values)
+        if self.summary:
+            if _SUMMARY_ROW.match(segment):
+                return None  # "  train_loss = 0.73": a mean over the run, not an update
+            self.summary = False
+        if "*****" in segment and _SUMMARY_HEAD.search(segment):
+            self.summary = True
+            return None
         if not (
-            "loss" in low or "lr" in low or "norm" in low or "learning" in low or "epoch" in low
+            "loss" in low
+            or "lr" in low
+            or "norm" in low
+            or "learning" in low
+            or "epoch" in low
+            or " t:" in low
+            or "total" in low
         ):
+            if self.table is not None and Table.header(segment) is not None:
+                self.table = None  # another table (YOLO's validation metrics) ends this one
             return None
-        found, _ = _parse(segment)
+        found, _ = _parse(segment, self.prefer)
         if not found:
+            table = Table.header(segment)
+            if table is not None:
+                self.table = table if table.reads_loss else None
             return None
+        if "train_runtime" in segment:
+            return None  # the Trainer's closing summary: train_loss is the mean over the run
         return self.interpret(segment, found)
+
+    def table_record(self, segment: str, values: dict[str, float | int]) -> Record | None:
+        """The record of one row of the current table (:meth:`interpret` for table rows)."""
+        if self.table is not None and self.table.loss_name:
+            self.meta.setdefault("loss_column", self.table.loss_name)
+        record: Record = {k: float(values[k]) for k in _ROLES if k in values}
+        tqdm = _TQDM.search(segment) if "<" in segment else None
+        step: int | None = None
+        epoch_before = self.epoch
+        if "epoch" in values:
+            self.epoch = int(values["epoch"])
+        if "step" in values:
+            step = self.map_step(int(values["step"]), None)
+        elif tqdm is not None:
+            n, total = int(tqdm.group(1)), int(tqdm.group(2))
+            if self.epoch != epoch_before and n >= self.tqdm_last and self.tqdm_total:
+                # a new epoch's bar, seen only at its end (the rows copied from a terminal)
+                self.tqdm_base += self.tqdm_total
+                self.tqdm_last = 0
+            step = self.tqdm_step(n, total)
+        if step is not None:
+            record["step"] = step
+        if self.epoch is not None:
+            record["epoch"] = self.epoch
+        return self.merger.push(record)
+
+    def tqdm_step(self, n: int, total: int) -> int:
+        """The update number of a tqdm count ``n/total``; a bar that restarts each epoch is
+        counted on."""
+        if n < self.tqdm_last:
+            last, bar = self.tqdm_last, self.tqdm_total
+            self.tqdm_base += bar if last == bar else last
+        self.tqdm_last, self.tqdm_total = n, total
+        return self.tqdm_base + n
 
     def interpret(self, segment: str, found: dict[str, _Hit]) -> Record | None:
         step: int | None = None
@@ -297,13 +553,7 @@ class _State:
                 total = int(segment[hit[3] : hit[4]]) if hit[3] >= 0 else None
                 printed = int(number)
         elif tqdm is not None:
-            n, total = int(tqdm.group(1)), int(tqdm.group(2))
-            if n < self.tqdm_last:
-                self.tqdm_base += (
-                    self.tqdm_total if self.tqdm_last == self.tqdm_total else self.tqdm_last
-                )
-            self.tqdm_last, self.tqdm_total = n, total
-            step = self.tqdm_base + n
+            step = self.tqdm_step(int(tqdm.group(1)), int(tqdm.group(2)))
         hit_epoch = found.get("epoch")
         if hit_epoch is not None and not self.fractional_epochs:
             text = segment[hit_epoch[1] : hit_epoch[2]]
@@ -324,6 +574,8 @@ class _State:
             return None
         if step is None and printed is not None:
             step = self.map_step(printed, total)
+        if step is None and hit_epoch is None and set(record) == {"lr"}:
+            return None  # "Starting training, lr=0.5", a config dump: no update of its own
         if step is not None:
             record["step"] = step
         elif self.merger.steps_seen and "loss" in record:
@@ -331,6 +583,10 @@ class _State:
             record["extra"] = {"epoch_loss": record.pop("loss")}
         if self.epoch is not None:
             record["epoch"] = self.epoch
+        for key in _EXTRAS:
+            hit = found.get(key)
+            if hit is not None:
+                record.setdefault("extra", {})[key] = float(segment[hit[1] : hit[2]])
         return self.merger.push(record)
 
     def line(self, line: str) -> Iterator[Record]:
@@ -433,10 +689,13 @@ class _Layout:
         #: the layout of the commonest other lines, learnt from them (``depth`` deep at most)
         self.then: _Layout | None = None
         self.depth = 0
+        self.prefer: str | None = None
         self.tries = 0
         self.total = roles.index("total") if "total" in roles else -1
         self.epoch = roles.index("epoch") if "epoch" in roles else -1
         self.values = [(key, roles.index(key)) for key in _ROLES if key in roles]
+        #: the loss-scaler numbers of the line, read into each record's ``extra``
+        self.extras = [(key, roles.index(key)) for key in _EXTRAS if key in roles]
         #: False when a line of this shape could end a pending traceback (then blocks read
         #: while one is pending go through the general reader)
         self.exception_safe = exception_safe
@@ -462,6 +721,8 @@ class _Layout:
         strict, loose, roles, safe, fractional = shape
         if "step" not in roles and "epoch" not in roles and "loss" not in roles:
             return None  # (a fractional epoch is no epoch count)
+        if "step" not in roles and any(key in roles for key in _EXTRAS):
+            return None  # loss-scaler numbers without a step: kept general (rare)
         return _Layout("^" + strict, "^" + loose, roles, safe, fractional)
 
     @staticmethod
@@ -477,6 +738,8 @@ class _Layout:
         first = _shape(header, header_found)
         second = _shape(line, found)
         if first is None or second is None or first[4] or second[4]:
+            return None
+        if any(key in second[2] for key in _EXTRAS):
             return None
         layout = _Layout(
             "^" + first[0] + second[0],
@@ -529,9 +792,9 @@ class _Layout:
                 self.tries += 1
                 runs = "".join(sep for sep in seps if sep.count("\n") >= 8)
                 if runs and len(runs) < len(rest):
-                    then = _find_layout(runs, self.depth + 1)
+                    then = _find_layout(runs, self.depth + 1, self.prefer)
                 if then is None:
-                    then = _find_layout(rest, self.depth + 1)
+                    then = _find_layout(rest, self.depth + 1, self.prefer)
                 self.then = then
         line_at = state.lineno
         start = 0
@@ -599,12 +862,19 @@ class _Layout:
         elif state.epoch is not None:
             keys.append("epoch")
             columns.append([state.epoch] * len(printed))
-        records = make_records(keys, columns)
-        flag_nonfinite(records, keys, columns)
+        if self.extras:
+            records = make_records(keys, columns)
+            extras = [cols[i][start:end] for _, i in self.extras]
+            names = [key for key, _ in self.extras]
+            for record, values in zip(records, zip(*extras)):
+                record["extra"] = dict(zip(names, values))
+            flag_nonfinite(records, keys, columns)
+            merger.hold_last(records, out)
+        else:
+            merger.hold_columns(keys, columns, out)
         state.last_printed = printed[-1]
         state.last_total = cols[self.total][end - 1] if self.total >= 0 else None
         state.last_epoch = state.epoch
-        merger.hold_last(records, out)
         merger.steps_seen = True
         merger.epochs_only = False
 
@@ -693,9 +963,7 @@ class _Layout:
         state.epoch = epochs[-1]
         keys = [key for key, _ in self.values] + ["epoch", "step"]
         columns = [cols[i][start:end] for _, i in self.values] + [epochs, epochs]
-        records = make_records(keys, columns)
-        flag_nonfinite(records, keys, columns)
-        merger.hold_last(records, out)
+        merger.hold_columns(keys, columns, out)
 
     def _run_counted(
         self, state: _State, out: list[Record], cols: Sequence[list[Any]], start: int, end: int
@@ -744,9 +1012,7 @@ class _Layout:
         keys = [key for key, _ in self.values] + ["step"]
         columns = [cols[i][start:end] for _, i in self.values]
         columns.append(list(range(count + 1, count + 1 + end - start)))
-        records = make_records(keys, columns)
-        flag_nonfinite(records, keys, columns)
-        merger.hold_last(records, out)
+        merger.hold_columns(keys, columns, out)
         merger.epochs_only = False
 
     def _one_by_one(
@@ -762,6 +1028,8 @@ class _Layout:
             record["step"] = state.map_step(cols[self.step][i], total)
             if state.epoch is not None:
                 record["epoch"] = state.epoch
+            if self.extras:
+                record["extra"] = {key: cols[index][i] for key, index in self.extras}
             done = push(record)
             if done is not None:
                 out.append(done)
@@ -776,7 +1044,7 @@ def _shape(segment: str, found: dict[str, _Hit]) -> tuple[str, str, list[str], b
         return None
     captured: dict[tuple[int, int], str] = {}
     for key, hit in found.items():
-        if key in ("step", "epoch", *_ROLES):
+        if key in ("step", "epoch", *_VALUES):
             captured[(hit[1], hit[2])] = key
             if key == "step" and hit[3] >= 0:
                 captured[(hit[3], hit[4])] = "total"
@@ -812,7 +1080,7 @@ def _shape(segment: str, found: dict[str, _Hit]) -> tuple[str, str, list[str], b
         pieces.append(piece)
         parts.append(_piece(piece, number > 0, True))
         loose.append(parts[-1])
-        word = role in _ROLES and not whole and _word_allowed(segment, start, end)
+        word = role in _VALUES and not whole and _word_allowed(segment, start, end)
         if word:
             token += "|" + _WORD
         if role is None:
@@ -822,7 +1090,7 @@ def _shape(segment: str, found: dict[str, _Hit]) -> tuple[str, str, list[str], b
             # never followed by a word character or ".", and _loose_ok rules out the rest)
             skip_loose = not whole and _loose_ok(segment, start, end)
             loose.append("(?:" + _LOOSE + ")" if skip_loose else parts[-1])
-        elif role in _ROLES and _loose_ok(segment, start, end):
+        elif role in _VALUES and _loose_ok(segment, start, end):
             # a value where whole and other numbers read alike: either kind in the exact
             # pattern; in the loose one any run of number characters (float() then checks it)
             parts.append("(" + _REAL + "|" + _INT_ANY + ("|" + _WORD if word else "") + ")")
@@ -927,7 +1195,7 @@ _SAMPLE_LINES = 2000
 _COVERAGE = 0.25
 
 
-def _find_layout(block: str, depth: int = 0) -> _Layout | None:
+def _find_layout(block: str, depth: int = 0, prefer: str | None = None) -> _Layout | None:
     """The commonest line shape with a printed step in the first lines of ``block``, checked
     against the general reader on every sampled line it matches."""
     lines = block.split("\n", _SAMPLE_LINES)[:_SAMPLE_LINES]
@@ -939,7 +1207,7 @@ def _find_layout(block: str, depth: int = 0) -> _Layout | None:
         if "\r" in line or "\x08" in line or _has_message(line.lower()):
             header = None
             continue
-        found, val_mode = _parse(line)
+        found, val_mode = _parse(line, prefer)
         before, header = header, None
         if val_mode or not found:
             continue
@@ -977,11 +1245,12 @@ def _find_layout(block: str, depth: int = 0) -> _Layout | None:
             span = (hit[3], hit[4]) if key == "total" else (hit[1], hit[2])
             if groups.span(index) != span:
                 return None
-        if len(layout.values) != sum(1 for key in _ROLES if key in found):
+        if len(layout.values) + len(layout.extras) != sum(1 for key in _VALUES if key in found):
             return None
     if not matched:
         return None
     layout.depth = depth
+    layout.prefer = prefer
     return layout
 
 
@@ -1000,19 +1269,63 @@ def _pair_hits(header: tuple[str, dict[str, _Hit]], found: dict[str, _Hit]) -> d
     return hits
 
 
+def finest_counter(lines: Iterable[str]) -> str | None:
+    """The counter key to read as the step when lines print several (``iter 7 step 2``): the
+    one that rises most often from line to line, the finest-grained (micro-batches rather than
+    optimizer steps, updates rather than epochs); None when no line prints two, or when the
+    usual preference (``step`` before ``iter``...) already picks the finest."""
+    last: dict[str, float] = {}
+    rises: dict[str, int] = {}
+    ranks: dict[str, int] = {}
+    for line in lines:
+        if len(line) > 4096:
+            continue
+        keys: dict[str, float] = {}
+        for match in _PAIR.finditer(line):
+            key = match.group("key")
+            role = role_of(key)
+            if role is not None and role[0] == "step":
+                norm = _norm_key(key)
+                if norm not in keys:
+                    keys[norm] = float(match.group("val"))
+                    ranks[norm] = role[1]
+        if len(keys) < 2:
+            continue
+        for key, value in keys.items():
+            if key in last and value > last[key]:
+                rises[key] = rises.get(key, 0) + 1
+            rises.setdefault(key, 0)
+            last[key] = value
+    if not rises:
+        return None
+    usual = min(rises, key=lambda k: ranks[k])
+    finest = max(rises, key=lambda k: (rises[k], -ranks[k]))
+    return finest if rises[finest] > rises[usual] else None
+
+
 def iter_records(path: Path, meta: dict[str, Any]) -> Iterator[Record]:
     # a chain over lists of records: no Python frame is resumed per record
-    return chain.from_iterable(_record_lists(path, meta))
+    return chain.from_iterable(map(expand, iter_chunks(path, meta)))
 
 
-def _record_lists(path: Path, meta: dict[str, Any]) -> Iterator[list[Record]]:
+def iter_chunks(path: Path, meta: dict[str, Any]) -> Iterator[list[Any]]:
+    """The records as lists of records and :class:`~nanscope.logs._common.Columns` (rows not
+    yet made into dicts), in order; :func:`iter_records` makes them all dicts."""
+    return _record_lists(path, meta)
+
+
+def _record_lists(path: Path, meta: dict[str, Any]) -> Iterator[list[Any]]:
     state = _State(meta)
     layout: _Layout | None = None
     tries = 0
+    first = True
     for block in iter_blocks(path, meta, split_cr=True):
+        if first:
+            first = False
+            state.prefer = finest_counter(block.split("\n", _SAMPLE_LINES)[:_SAMPLE_LINES])
         if layout is None and tries < 8:
             tries += 1
-            layout = _find_layout(block)
+            layout = _find_layout(block, prefer=state.prefer)
         out: list[Record] = []
         if layout is not None:
             out = layout.read(state, block)

@@ -51,6 +51,7 @@ from nanscope.detectors import NOISE_FLOOR, Departure
 from nanscope.diagnose.context import Context
 from nanscope.diagnose.diagnosis import Evidence, Finding
 from nanscope.diagnose.rules._common import num, row_text, tenfold_action
+from nanscope.diagnose.rules._logs import from_log
 from nanscope.outcome import FAR, UNSCALED_RATIO
 
 CODE = "D001"
@@ -283,8 +284,11 @@ def _growth(ctx: Context) -> Finding | None:
         evidence.append(
             Evidence(
                 CODE,
-                "only the loss was recorded: pass params and grads to Monitor.update to see the "
-                "weights oscillate and confirm it",
+                "only the loss was recorded: "
+                + ("log the gradient norm per update next time (or rerun under `nanscope run`) "
+                   "to see the gradient reverse and confirm it" if from_log(ctx)
+                   else "pass params and grads to Monitor.update to see the weights oscillate "
+                   "and confirm it"),
                 {},
             )
         )

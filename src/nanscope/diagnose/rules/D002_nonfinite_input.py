@@ -33,6 +33,7 @@ from __future__ import annotations
 from nanscope.diagnose.context import Context
 from nanscope.diagnose.diagnosis import Evidence, Finding
 from nanscope.diagnose.rules._common import num, row_text
+from nanscope.diagnose.rules._logs import from_log
 from nanscope.diagnose.rules._producer import Producer, producer_of
 
 CODE = "D002"
@@ -132,6 +133,13 @@ def check(ctx: Context) -> Finding | None:
     if measured or i > 0:
         return None
     # NaN on the very first update and nobody checked the data: the usual suspect
+    unit = "epoch" if ctx.granularity == "epoch" else "update"
+    what = (
+        f"the loss is {num(ctx.loss[0])}"
+        if nf["loss"][0] > 0 or ctx.filtered_nan[0]
+        else f"the gradient norm is {num(ctx.trace.column('grad_norm')[0])} (the loss "
+        f"{num(ctx.loss[0])})"
+    )
     return Finding(
         rule=CODE,
         cause=CAUSE,
@@ -139,15 +147,15 @@ def check(ctx: Context) -> Finding | None:
         evidence=[
             Evidence(
                 CODE,
-                f"the loss is {num(ctx.loss[0])} on the very first "
-                f"{'epoch' if ctx.granularity == 'epoch' else 'update'}, with no growth phase; "
-                "the inputs were not recorded, so they could not be checked",
+                f"{what} on the very first {unit}, with no growth phase; the inputs were not "
+                "recorded, so they could not be checked",
                 {"first_loss": float(ctx.loss[0])},
             )
         ],
         actions=[
-            "Check the inputs and targets for NaN or inf before training "
-            "(`nanscope scan DATA`, or pass inputs= and targets= to Monitor.update).",
+            "Check the inputs and targets for NaN or inf before training (`nanscope scan DATA`"
+            + (", and next run log them per update: `nanscope run` does" if from_log(ctx)
+               else ", or pass inputs= and targets= to Monitor.update") + ").",
             "If the data is clean, check the loss code for a log of zero or a division by zero.",
         ],
         step=ctx.step_at(0),

@@ -84,6 +84,13 @@ def _made_at(prod: Any, rows: list[dict[str, Any]]) -> bool:
     return bool(made) and isinstance(made, list) and set(made) <= extreme
 
 
+def _value(ctx: Context, index: int) -> str:
+    """The loss at ``index`` as it was: a 0.0 a logging filter wrote for a NaN is a NaN."""
+    if ctx.filtered_nan[index]:
+        return "NaN (logged as 0.0 by a NaN filter)"
+    return num(ctx.loss[index])
+
+
 def check(ctx: Context) -> Finding | None:
     k = _spike_index(ctx)
     if k is None:
@@ -110,9 +117,10 @@ def check(ctx: Context) -> Finding | None:
         Evidence(
             CODE,
             f"the loss {trend} for {onset} {unit}s ({num(finite_loss[0])} -> "
-            f"{num(finite_loss[-1])}), then jumped to {num(ctx.loss[onset])} at {unit} "
+            f"{num(finite_loss[-1])}), then jumped to {_value(ctx, onset)} at {unit} "
             f"{ctx.step_at(onset)}"
-            + (f" ({num(ratio)}x the recent loss)" if math.isfinite(ratio) else ""),
+            + (f" ({num(ratio)}x the recent loss)"
+               if math.isfinite(ratio) and not ctx.filtered_nan[onset] else ""),
             {"descent_updates": onset, "spike_step": ctx.step_at(onset), "spike_ratio": ratio},
         )
     ]

@@ -56,6 +56,28 @@ ACTIONS = [
     "are what saturate the sigmoid or softmax.",
 ]
 
+def _unit(ctx: Context) -> str:
+    return "epoch" if ctx.granularity == "epoch" else "update"
+
+
+def _loss_text(ctx: Context, i: int) -> str:
+    """The failing loss as logged: ``nan``, ``inf``, or a 0.0 a logging filter put for a NaN."""
+    if ctx.filtered_nan[i]:
+        return "NaN (logged as 0.0 by the logger's NaN filter)"
+    return num(ctx.loss[i])
+
+
+def _seen_finite(ctx: Context, i: int) -> list[str]:
+    """What was recorded finite at update ``i`` besides the loss: only what a record holds."""
+    present = ctx.trace.present
+    seen = []
+    if present("weight_norm")[i] or present("nf_params")[i]:
+        seen.append("the weights")
+    if present("nf_inputs")[i] or present("input_absmax")[i]:
+        seen.append("the inputs")
+    return seen
+
+
 def check(ctx: Context) -> Finding | None:
     i = ctx.fail
     if i is None:
@@ -114,27 +136,34 @@ def check(ctx: Context) -> Finding | None:
         confidence = 0.6 if loss_value == math.inf else 0.55
         if other_op:
             confidence = 0.4  # an inferred producer that is not a log
+        finite = ", ".join([f"the gradient (norm {num(grad)})", *_seen_finite(ctx, i)])
         evidence.append(
             Evidence(
                 CODE,
-                f"the loss is {num(loss_value)} at update {ctx.step_at(i)} while the gradient "
-                f"(norm {num(grad)}), the weights and the inputs are all finite: the loss formula "
-                "made it; no op was located, so a log of a probability rounded to 0 or 1 is "
-                "inferred, not seen",
+                f"the loss is {_loss_text(ctx, i)} at {_unit(ctx)} {ctx.step_at(i)} while "
+                f"{finite} {'are all' if ',' in finite else 'is'} finite: the loss formula made "
+                "it; no op was located, so a log of a probability rounded to 0 or 1 is inferred, "
+                "not seen",
                 {"loss": loss_value, "grad_norm": float(grad), "observed": False},
             )
         )
     else:
         confidence = 0.3
-        evidence.append(
-            Evidence(
-                CODE,
-                f"the loss is {num(loss_value)} at update {ctx.step_at(i)} with finite weights "
-                "and inputs; the gradient was not recorded, so the loss formula is one suspect "
-                "among several",
-                {"loss": loss_value},
-            )
+        seen = _seen_finite(ctx, i)
+        missing = ([] if grad_measured else ["the gradient"]) + (
+            [] if seen else ["the weights", "the inputs"]
         )
+        text = f"the loss is {_loss_text(ctx, i)} at {_unit(ctx)} {ctx.step_at(i)}"
+        if seen:
+            text += f" with {' and '.join(seen)} finite"
+        if grad_measured:
+            text += f", the gradient norm {num(grad)} too"
+        if missing:
+            text += f"; {', '.join(missing[:-1])} and {missing[-1]}" if len(missing) > 1 else (
+                f"; {missing[0]}")
+            text += " were not recorded" if len(missing) > 1 else " was not recorded"
+        text += ": the loss formula is one suspect among several"
+        evidence.append(Evidence(CODE, text, {"loss": loss_value}))
     rise = ctx.rise_before(i)
     if not op_is_log and rise is not None and rise.length >= 3 and rise.growth >= 10:
         # the loss was already climbing geometrically: the inf is that climb overflowing

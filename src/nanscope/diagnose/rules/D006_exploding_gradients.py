@@ -61,7 +61,10 @@ def check(ctx: Context) -> Finding | None:
     finite_idx = [j for j in window if math.isfinite(g[j]) and g[j] > 0]
     nf = ctx.nonfinite
     grad_first = (
-        ctx.fail is not None and nf["grads"][ctx.fail] > 0 and math.isfinite(ctx.loss[ctx.fail])
+        ctx.fail is not None
+        and nf["grads"][ctx.fail] > 0
+        and math.isfinite(ctx.loss[ctx.fail])
+        and not ctx.filtered_nan[ctx.fail]  # a 0.0 a logging filter wrote for a NaN loss
     )
     if not finite_idx and not grad_first:
         return None
@@ -99,7 +102,8 @@ def check(ctx: Context) -> Finding | None:
             and not math.isfinite(g[ctx.fail])):  # fmt: skip
         # ordinary, then non-finite in one update while the loss was finite
         sudden = True
-        ratio = peak = math.inf
+        ratio = math.inf
+        peak = float(g[ctx.fail])  # NaN or inf, as recorded
         k = ctx.fail
     if not (ratio >= JUMP or (grad_first and ratio >= 10)):
         return None
@@ -114,17 +118,28 @@ def check(ctx: Context) -> Finding | None:
     )
     rows = ctx.rows_near(k, ("extreme",), back=1)
     confidence = 0.85 if grad_first else 0.75
+    scaler = ctx.fail is not None and "loss_scale_collapse" in (
+        ctx.records[ctx.fail].get("events") or ()
+    )
     if sudden:
         confidence = 0.55  # no finite climb seen: a 0/0 in the gradient looks the same
     if elastic:
         confidence = 0.3
     if rows:
         confidence -= 0.35
+    if scaler:
+        confidence = min(confidence, 0.5)  # the loss scaler overflowed there: D008's story
+    reached = (
+        f"the gradient norm reached {num(peak)} at update {ctx.step_at(k)}, {num(ratio)}x "
+        f"{ref_text} ({num(ref)})"
+        if math.isfinite(peak)
+        else f"the gradient norm went from {ref_text} ({num(ref)}) to {num(peak)} at update "
+        f"{ctx.step_at(k)}"
+    )
     evidence = [
         Evidence(
             CODE,
-            f"the gradient norm reached {num(peak)} at update {ctx.step_at(k)}, {num(ratio)}x "
-            f"{ref_text} ({num(ref)})"
+            reached
             + (f", while the loss moved only {num(loss_ratio)}x" if math.isfinite(loss_ratio)
                else ""),
             {"grad_norm": peak, "median_grad_norm": ref, "ratio": ratio, "loss_ratio": loss_ratio},

@@ -66,6 +66,7 @@ def _scale_story(ctx: Context) -> tuple[float, list[Evidence]]:
     scales: list[float] = []
     skipped = 0
     collapse = False
+    story = ""
     for record in ctx.records[: (ctx.fail + 1) if ctx.fail is not None else ctx.n]:
         extra = record.get("extra") or {}
         events = record.get("events") or []
@@ -75,6 +76,8 @@ def _scale_story(ctx: Context) -> tuple[float, list[Evidence]]:
             skipped += 1
         if "loss_scale_collapse" in events:
             collapse = True
+            if isinstance(extra, dict) and isinstance(extra.get("fp16_story"), str):
+                story = extra["fp16_story"]  # what the trace showed, in the recorder's words
     halvings = 0.0
     if len(scales) >= 2 and scales[0] > 0 and scales[-1] > 0:
         peak = max(scales)
@@ -83,14 +86,24 @@ def _scale_story(ctx: Context) -> tuple[float, list[Evidence]]:
     overflow = ctx.messages_of("loss_scale_overflow")
     evidence: list[Evidence] = []
     confidence = 0.0
+    if not (collapse or minimum) and ctx.fail is None and _recovered(ctx, overflow):
+        # a scaler that skipped steps and then trained on: it was finding its scale (from 2^32
+        # at DeepSpeed's start) or probing upwards, which it does in every healthy fp16 run
+        return confidence, evidence
     if collapse or halvings >= HALVINGS or minimum:
         confidence = 0.85 if (collapse or minimum) else 0.75
+        if story and not scales and not minimum:
+            confidence = 0.7  # the skipped steps were inferred (a frozen schedule), not seen
         text = "the loss scale collapsed"
-        if scales:
+        if story:
+            text = story  # what the recorder (or the log reader) saw, in its own words
+            if halvings >= 1:
+                text += f"; the scale went {num(max(scales))} -> {num(scales[-1])}"
+        elif scales:
             text += f": {num(max(scales))} -> {num(scales[-1])} ({num(halvings)} halvings)"
         if skipped:
             text += f", {skipped} steps skipped for inf/NaN gradients"
-        if minimum:
+        if minimum and str(minimum[0].get("line")) not in text:
             text += f"; the log says the scale is at its minimum (line {minimum[0].get('line')})"
         evidence.append(Evidence(CODE, text, {"scales": scales[-16:], "skipped": skipped,
                                               "halvings": halvings}))  # fmt: skip
@@ -105,6 +118,24 @@ def _scale_story(ctx: Context) -> tuple[float, list[Evidence]]:
             )
         )
     return confidence, evidence
+
+
+def _recovered(ctx: Context, overflow: list[dict[str, Any]]) -> bool:
+    """Finite updates were applied after the last step the scaler skipped (a skipped record,
+    or an overflow message, which comes after the record of its step)."""
+    last = -1
+    for index, record in enumerate(ctx.records):
+        if "skipped_step" in (record.get("events") or ()):
+            last = index
+    steps = [int(m["step"]) for m in overflow if isinstance(m.get("step"), int)]
+    if steps:
+        after = max(steps)
+        last = max([last, *(i for i in range(ctx.n) if ctx.step_at(i) == after)])
+    elif overflow:
+        return False  # messages with no update to place them: nothing says it recovered
+    return any(
+        math.isfinite(ctx.loss[i]) and not ctx.skipped[i] for i in range(last + 1, ctx.n)
+    )
 
 
 def check(ctx: Context) -> Finding | None:
@@ -173,6 +204,12 @@ def check(ctx: Context) -> Finding | None:
     if not evidence:
         return None
     actions = list(ACTIONS)
+    if ctx.filtered_nan.any():
+        actions.append(
+            "The log shows 0.0 where the loss was NaN (the Trainer's logging_nan_inf_filter, on "
+            "by default): turn it off next run so the log shows the NaN; with the Trainer, "
+            "bf16=True instead of fp16=True avoids the overflow where the GPU supports it."
+        )
     source = (located.get("source") or {}) if located else {}
     if source.get("file"):
         actions.insert(0, f"The overflow is at {source['file']}:{source.get('line')}.")

@@ -23,6 +23,8 @@ from nanscope.diagnose.rules import (
     D007_zero_division,
     D008_fp16_overflow,
     D009_bad_initialization,
+    D010_bad_initialization,
+    D011_step_size_too_large,
 )
 
 __all__ = ["RULES", "RULE_MODULES", "load_rules"]
@@ -38,6 +40,8 @@ RULES: tuple[ModuleType, ...] = (
     D007_zero_division,
     D008_fp16_overflow,
     D009_bad_initialization,
+    D010_bad_initialization,
+    D011_step_size_too_large,
 )
 
 #: code -> module name under nanscope.diagnose.rules
