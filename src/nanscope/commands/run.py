@@ -201,6 +201,8 @@ class _Signals:
         self.caught: str | None = None
         #: "ValueError at train.py:47" when the script ended with an uncaught exception
         self.crashed: str | None = None
+        #: that exception as a run event's fields: type, message, file, line
+        self.crash: dict[str, Any] | None = None
         self._saved: dict[int, Any] = {}
 
     def __enter__(self) -> _Signals:
@@ -241,15 +243,28 @@ def _user_traceback(exc: BaseException) -> None:
 
 def _where_it_crashed(exc: BaseException) -> str:
     """``"ValueError at train.py:47"``: the exception and the script's innermost line it passed."""
+    crash = _crash_event(exc)
+    where = f" at {os.path.basename(crash['file'])}:{crash['line']}" if crash["file"] else ""
+    return f"{crash['type']}{where}"
+
+
+def _crash_event(exc: BaseException) -> dict[str, Any]:
+    """The script's own exception as a ``crashed`` event: its type, message (one line, bounded)
+    and the script's innermost line it passed (``file`` as the traceback names it, ``line``)."""
+    message = clean(str(exc).strip().splitlines()[0] if str(exc).strip() else "", 200)
+    event: dict[str, Any] = {"type": type(exc).__name__, "message": message, "file": None,
+                             "line": None}  # fmt: skip
     if isinstance(exc, SyntaxError) and exc.filename and exc.lineno:  # the file that won't parse
-        return f"{type(exc).__name__} at {os.path.basename(exc.filename)}:{exc.lineno}"
+        event.update(file=exc.filename, line=exc.lineno, message=clean(exc.msg or "", 200))
+        return event
     frames = [f for f in traceback.extract_tb(exc.__traceback__) if not _is_ours(f.filename)]
     stdlib = sysconfig.get_paths()["stdlib"] + os.sep
     own = [f for f in frames if "-packages" not in f.filename
            and not f.filename.startswith(("<", stdlib))]  # fmt: skip
     at = (own or frames)[-1:] if frames else []
-    where = f" at {os.path.basename(at[0].filename)}:{at[0].lineno}" if at else ""
-    return f"{type(exc).__name__}{where}"
+    if at:
+        event.update(file=at[0].filename, line=at[0].lineno)
+    return event
 
 
 def _is_ours(filename: str) -> bool:
@@ -335,6 +350,7 @@ def _execute(target: Target, signals: _Signals) -> tuple[int, DivergenceError | 
             return EXIT_STOPPED, stop
         _user_traceback(exc)
         signals.crashed = _where_it_crashed(exc)
+        signals.crash = _crash_event(exc)
         return 1, None
     finally:
         sys.argv, sys.path[:] = saved_argv, saved_path
@@ -347,8 +363,8 @@ def _pick(
     if stop is not None and stop.diagnosis is not None:
         owner = next((m for m in monitors if m.diagnosis is stop.diagnosis), None)
         return stop.diagnosis, owner
-    order = {"nonfinite": 0, "diverging": 1, "suspect": 2, "interrupted": 3, "healthy": 4,
-             "unobserved": 5}  # fmt: skip
+    from nanscope.diagnose.diagnosis import VERDICT_RANK as order
+
     best: tuple[Diagnosis | None, Monitor | None] = (None, None)
     for monitor in monitors:
         diagnosis = monitor.close()
@@ -498,6 +514,21 @@ def _unobserved(reason: str, *, program: bool = False, crashed: bool = False) ->
     return diagnosis
 
 
+def _crashed_unwatched(crash: dict[str, Any]) -> Diagnosis | None:
+    """The diagnosis of a script that raised before nanscope watched any update: ``crashed``."""
+    from nanscope.trace import Trace
+
+    try:
+        from nanscope.diagnose import diagnose
+
+        trace = Trace()
+        trace.meta["events"] = [{"event": "crashed", **crash, "step": None}]
+        diagnosis = diagnose(trace)
+    except Exception:
+        return None
+    return diagnosis if diagnosis.verdict == "crashed" else None
+
+
 def _last_step(monitor: Monitor) -> int | None:
     records = monitor.trace.records
     if not records:
@@ -525,6 +556,21 @@ def _interrupted(diagnosis: Diagnosis, signal_name: str, step: int | None) -> No
     if not any("interrupted" in e.text for e in diagnosis.evidence):
         diagnosis.evidence.insert(0, Evidence("run", text, {"signal": signal_name, "step": step}))
     diagnosis.extra.setdefault("interrupted", {"signal": signal_name, "step": step})
+
+
+def _crash_noted(diagnosis: Diagnosis, crash: dict[str, Any], step: int | None) -> None:
+    """A failure found before the script's own exception stands (the Monitor diagnosed it when
+    it was found); the exception is noted beside it."""
+    event = {**crash, "step": step}
+    diagnosis.extra.setdefault("crashed", event)
+    if any(e.data.get("type") == crash["type"] and e.data.get("line") == crash["line"]
+           for e in diagnosis.evidence):  # fmt: skip
+        return
+    try:
+        from nanscope.diagnose.engine import crash_note
+    except ImportError:
+        return
+    diagnosis.evidence.append(crash_note(event))
 
 
 def _split_options(argv: list[str]) -> tuple[list[str], list[str]]:
@@ -585,6 +631,9 @@ def main(argv: list[str]) -> int:
     if signals.caught and stop is None:
         for monitor in monitors:
             monitor.record_event("interrupted", signal=signals.caught, step=_last_step(monitor))
+    if signals.crash is not None:
+        for monitor in monitors:
+            monitor.record_event("crashed", **signals.crash, step=_last_step(monitor))
     diagnosis, owner = _pick(monitors, stop)
     if target.program is None:
         _disarm_torch()  # (run in process, as tests and notebooks do: the hooks go with it)
@@ -595,6 +644,8 @@ def main(argv: list[str]) -> int:
         diagnosis = _unobserved(
             f"{target.name} created a Monitor but it saw no update; nothing was watched"
         )
+    if diagnosis is None and signals.crash is not None:
+        diagnosis = _crashed_unwatched(signals.crash)
     if diagnosis is None:
         if target.program is not None:
             reason = (f"{target.name} is not a Python program; it ran unwatched (nanscope "
@@ -614,6 +665,8 @@ def main(argv: list[str]) -> int:
         return code
     if signals.caught and stop is None:
         _interrupted(diagnosis, signals.caught, _last_step(owner) if owner else None)
+    if signals.crash is not None and diagnosis.verdict != "crashed":
+        _crash_noted(diagnosis, signals.crash, _last_step(owner) if owner else None)
     trace = owner.trace if owner is not None else None
     _enrich(diagnosis, args, target)
     if owner is not None:
