@@ -29,6 +29,7 @@ from typing import Any
 
 from nanscope.commands.base import CommandParser, check_folder, clean, progress, warn
 from nanscope.commands.common import add_output_options, show, write_html, write_json
+from nanscope.commands.interpreter import other_python, run_in
 from nanscope.diagnose.diagnosis import Diagnosis
 from nanscope.errors import DivergenceError, UsageError
 from nanscope.monitor import POLICIES, Monitor, active_monitors, set_defaults
@@ -603,6 +604,9 @@ def main(argv: list[str]) -> int:
     check_folder(args.run_dir, "--run-dir")
     if args.data and not Path(args.data).exists():
         raise UsageError(f"--data {clean(args.data)}: no such file or directory")
+    elsewhere = other_python(command)
+    if elsewhere is not None:  # the interpreter the command names runs it, watched there
+        return run_in(elsewhere, options, command)
     target = split_command(command)
     set_defaults(policy=args.policy, root=args.run_dir, keep=True)
     if args.policy:
