@@ -232,6 +232,35 @@ class _Signals:
                 signal.signal(signum, handler)
 
 
+@contextlib.contextmanager
+def _stdout_to_stderr(active: bool) -> Any:
+    """While the script runs with ``--json -``: its stdout (Python's ``print``, a C library's
+    writes to file descriptor 1, its subprocesses') goes to stderr, so stdout carries the JSON
+    alone and pipes into ``jq``."""
+    if not active:
+        yield
+        return
+    saved_stream, saved_fd = sys.stdout, None
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+    try:
+        saved_fd = os.dup(1)
+        os.dup2(2, 1)
+    except OSError:
+        saved_fd = None  # no file descriptors to move (an embedded interpreter): Python's alone
+    sys.stdout = sys.stderr
+    try:
+        yield
+    finally:
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+        sys.stdout = saved_stream
+        if saved_fd is not None:
+            with contextlib.suppress(OSError):
+                os.dup2(saved_fd, 1)
+            os.close(saved_fd)
+
+
 def _user_traceback(exc: BaseException) -> None:
     """Print the script's traceback as ``python train.py`` would: no nanscope or runpy frames."""
     tb = exc.__traceback__
@@ -593,7 +622,8 @@ def main(argv: list[str]) -> int:
         prog="nanscope run",
         description="Run a training script under watch: nanscope run [options] -- python train.py",
     )
-    add_output_options(parser)
+    add_output_options(parser, json_help="write the diagnosis as JSON ('-' = stdout, which then "
+                       "carries the JSON alone: the script's own stdout goes to stderr)")
     parser.add_argument("--policy", choices=POLICIES, default=None,
                         help="what to do when the fit breaks (default: raise)")  # fmt: skip
     parser.add_argument("--experiment", action="store_true",
@@ -629,7 +659,7 @@ def main(argv: list[str]) -> int:
         ranks.arm()
     started = time.time()
     before = set(id(m) for m in active_monitors())
-    with _Signals() as signals:
+    with _Signals() as signals, _stdout_to_stderr(args.json == "-"):
         code, stop = _execute(target, signals)
     monitors = [m for m in active_monitors() if id(m) not in before]
     if signals.caught and stop is None:
