@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from tests.compat._runs import run_both
 
+import nanscope
 from nanscope.ledger import Ledger
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -92,6 +93,8 @@ def test_a_script_that_ends_with_its_own_exception_is_crashed(tmp_path, zygote) 
     assert "crashed with ValueError at train.py:14 after update 5" in "\n".join(runs.out["run"])
     row = Ledger(tmp_path / "ledger.db").runs()[0]
     assert (row["outcome"], row["verdict"], row["failed_at"]) == ("crashed", "crashed", 5)
+    later = nanscope.diagnose(d["run"]["trace"])  # the trace keeps the event: the same verdict
+    assert (later.verdict, later.step, later.evidence[0].data["line"]) == ("crashed", 5, 14)
 
 
 def test_a_failure_found_before_the_scripts_exception_stands(tmp_path, zygote) -> None:
