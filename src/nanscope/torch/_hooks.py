@@ -590,14 +590,13 @@ def _patch_global_hook_check() -> None:
     check = getattr(module_mod, "_has_any_global_hook", None)
     if check is None:
         return
+    # (the tables of flags by hook id are left out: a removed hook's id can stay in them)
     names = ("_global_backward_pre_hooks", "_global_backward_hooks", "_global_forward_pre_hooks",
-             "_global_forward_hooks", "_global_forward_hooks_always_called",
-             "_global_forward_hooks_with_kwargs")  # fmt: skip
+             "_global_forward_hooks")  # fmt: skip
 
     @functools.wraps(check)
     def _has_any_global_hook() -> bool:
-        tables = [getattr(module_mod, name, None) or {} for name in names]
-        ours = {key for table in tables for key, hook in table.items() if _ours(hook)}
-        return any(key not in ours for table in tables for key in table)
+        return any(not _ours(hook) for name in names
+                   for hook in (getattr(module_mod, name, None) or {}).values())  # fmt: skip
 
     module_mod._has_any_global_hook = _has_any_global_hook
