@@ -480,7 +480,7 @@ def _run_row(
 ) -> dict[str, Any]:
     cause = _get(diagnosis, "cause")
     verdict = _get(diagnosis, "verdict")
-    if verdict in ("interrupted", "unobserved"):
+    if verdict in ("interrupted", "unobserved", "crashed"):
         cause = verdict  # never recorded as healthy: the run did not finish under watch
     row: dict[str, Any] = {
         "outcome": cause,

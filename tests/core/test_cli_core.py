@@ -76,10 +76,12 @@ def test_run_names_the_error_a_script_stopped_with_before_any_update(tmp_path):
     proc = _nanscope("run", "--json", str(out), "--", str(script), cwd=tmp_path)
     assert proc.returncode == 1
     assert "Traceback" in proc.stderr  # the script's own traceback is shown
-    assert "stopped with JSONDecodeError at train.py:5 before any update" in proc.stderr
+    assert "crashed with JSONDecodeError at train.py:5 before any update" in proc.stdout
     data = json.loads(out.read_text())
-    assert data["verdict"] == "unobserved"
-    assert "fix that error" in data["actions"][0]
+    assert (data["verdict"], data["summary"]["updates"]) == ("crashed", 0)
+    assert (data["evidence"][0]["data"]["type"], data["evidence"][0]["data"]["line"]) == (
+        "JSONDecodeError", 5)
+    assert "Fix the error" in data["actions"][0]
 
 
 def test_run_module_form(tmp_path):

@@ -9,6 +9,12 @@ Allowed (one entry, each with its reason):
 
 * ``experiment/lrpatch.py`` ``_nanscope_patched``: the marker nanscope sets on a torch optimizer
   class it patched, so that it never patches one twice; nanscope's own name, read only by itself.
+* ``torch/_hooks.py`` ``_has_any_global_hook``: torch's check behind the warning
+  ``torch.compile(module)`` gives on every call while global module hooks exist; patched to leave
+  nanscope's own hooks out (they count the nesting), so the warning is the user's hooks' alone.
+* ``probes/rows.py`` ``_next_index``: the method torch's loader iterators draw a batch's indices
+  with, patched once on their base class to hand the indices to the loader's tracker: nothing is
+  set on the user's loader or sampler, which pickle and copy as they do bare.
 """
 
 from __future__ import annotations
@@ -18,7 +24,8 @@ from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "nanscope"
 
-ALLOWED = {("experiment/lrpatch.py", "_nanscope_patched")}
+ALLOWED = {("experiment/lrpatch.py", "_nanscope_patched"),
+           ("torch/_hooks.py", "_has_any_global_hook"), ("probes/rows.py", "_next_index")}
 
 
 def _private(name: str) -> bool:

@@ -82,3 +82,26 @@ def test_rows_that_match_no_candidate_are_dropped_not_guessed() -> None:
         found = rows.current_batch_rows((x + 100.0,), {})  # not the dataset's rows
         assert found is not None and np.asarray(found).size == 0
         break
+
+
+def test_a_tracked_loader_is_left_as_it_was() -> None:
+    """Nothing of the tracker is on the loader: it pickles, deep-copies and keeps its sampler's
+    type after being read, as bare (a wrapper on it made an unpickled copy recurse forever)."""
+    import copy
+    import pickle
+
+    from torch.utils.data import BatchSampler
+    from torch.utils.data.dataloader import _SingleProcessDataLoaderIter
+
+    rows.install()
+    try:
+        loader = DataLoader(DATA, batch_size=4, shuffle=True)
+        assert isinstance(iter(loader), _SingleProcessDataLoaderIter)
+        for (x,) in loader:
+            assert rows.current_batch_index() == indices(x)
+        assert type(loader.batch_sampler) is BatchSampler and type(loader) is DataLoader
+        assert vars(loader).keys() == vars(DataLoader(DATA, batch_size=4, shuffle=True)).keys()
+        for other in (pickle.loads(pickle.dumps(loader)), copy.deepcopy(loader)):
+            assert sorted(int(v) for (x,) in other for v in x[:, 0]) == list(range(20))
+    finally:
+        rows.uninstall()

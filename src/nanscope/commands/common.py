@@ -15,8 +15,12 @@ from nanscope.trace import Trace
 __all__ = ["add_output_options", "show", "write_html", "write_json", "write_json_list"]
 
 
-def add_output_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--json", metavar="PATH", help="write the diagnosis as JSON ('-' = stdout)")
+def add_output_options(
+    parser: argparse.ArgumentParser,
+    *,
+    json_help: str = "write the diagnosis as JSON ('-' = stdout)",
+) -> None:
+    parser.add_argument("--json", metavar="PATH", help=json_help)
     parser.add_argument("--html", metavar="PATH", help="write a self-contained HTML report")
     parser.add_argument("--no-color", action="store_true", help="plain text, no colour")
 

@@ -30,6 +30,7 @@ from typing import Any
 from nanscope._extras import extra_for
 from nanscope.commands.base import CommandParser, check_folder, clean, progress, warn
 from nanscope.commands.common import add_output_options, show, write_html, write_json
+from nanscope.commands.interpreter import other_python, run_in
 from nanscope.diagnose.diagnosis import Diagnosis
 from nanscope.errors import DivergenceError, UsageError
 from nanscope.monitor import POLICIES, Monitor, active_monitors, set_defaults
@@ -209,6 +210,8 @@ class _Signals:
         self.caught: str | None = None
         #: "ValueError at train.py:47" when the script ended with an uncaught exception
         self.crashed: str | None = None
+        #: that exception as a run event's fields: type, message, file, line
+        self.crash: dict[str, Any] | None = None
         self._saved: dict[int, Any] = {}
 
     def __enter__(self) -> _Signals:
@@ -235,6 +238,35 @@ class _Signals:
         for signum, handler in self._saved.items():
             with contextlib.suppress(ValueError, OSError):
                 signal.signal(signum, handler)
+
+
+@contextlib.contextmanager
+def _stdout_to_stderr(active: bool) -> Any:
+    """While the script runs with ``--json -``: its stdout (Python's ``print``, a C library's
+    writes to file descriptor 1, its subprocesses') goes to stderr, so stdout carries the JSON
+    alone and pipes into ``jq``."""
+    if not active:
+        yield
+        return
+    saved_stream, saved_fd = sys.stdout, None
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+    try:
+        saved_fd = os.dup(1)
+        os.dup2(2, 1)
+    except OSError:
+        saved_fd = None  # no file descriptors to move (an embedded interpreter): Python's alone
+    sys.stdout = sys.stderr
+    try:
+        yield
+    finally:
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+        sys.stdout = saved_stream
+        if saved_fd is not None:
+            with contextlib.suppress(OSError):
+                os.dup2(saved_fd, 1)
+            os.close(saved_fd)
 
 
 def _user_traceback(exc: BaseException) -> None:
@@ -269,15 +301,28 @@ def _package(exc: BaseException) -> str:
 
 def _where_it_crashed(exc: BaseException) -> str:
     """``"ValueError at train.py:47"``: the exception and the script's innermost line it passed."""
+    crash = _crash_event(exc)
+    where = f" at {os.path.basename(crash['file'])}:{crash['line']}" if crash["file"] else ""
+    return f"{crash['type']}{where}"
+
+
+def _crash_event(exc: BaseException) -> dict[str, Any]:
+    """The script's own exception as a ``crashed`` event: its type, message (one line, bounded)
+    and the script's innermost line it passed (``file`` as the traceback names it, ``line``)."""
+    message = clean(str(exc).strip().splitlines()[0] if str(exc).strip() else "", 200)
+    event: dict[str, Any] = {"type": type(exc).__name__, "message": message, "file": None,
+                             "line": None}  # fmt: skip
     if isinstance(exc, SyntaxError) and exc.filename and exc.lineno:  # the file that won't parse
-        return f"{type(exc).__name__} at {os.path.basename(exc.filename)}:{exc.lineno}"
+        event.update(file=exc.filename, line=exc.lineno, message=clean(exc.msg or "", 200))
+        return event
     frames = [f for f in traceback.extract_tb(exc.__traceback__) if not _is_ours(f.filename)]
     stdlib = sysconfig.get_paths()["stdlib"] + os.sep
     own = [f for f in frames if "-packages" not in f.filename
            and not f.filename.startswith(("<", stdlib))]  # fmt: skip
     at = (own or frames)[-1:] if frames else []
-    where = f" at {os.path.basename(at[0].filename)}:{at[0].lineno}" if at else ""
-    return f"{type(exc).__name__}{where}"
+    if at:
+        event.update(file=at[0].filename, line=at[0].lineno)
+    return event
 
 
 def _is_ours(filename: str) -> bool:
@@ -365,6 +410,7 @@ def _execute(target: Target, signals: _Signals) -> tuple[int, DivergenceError | 
             return EXIT_STOPPED, stop
         _user_traceback(exc)
         signals.crashed = _where_it_crashed(exc)
+        signals.crash = _crash_event(exc)
         return 1, None
     finally:
         sys.argv, sys.path[:] = saved_argv, saved_path
@@ -563,6 +609,21 @@ def _unobserved(
     return diagnosis
 
 
+def _crashed_unwatched(crash: dict[str, Any]) -> Diagnosis | None:
+    """The diagnosis of a script that raised before nanscope watched any update: ``crashed``."""
+    from nanscope.trace import Trace
+
+    try:
+        from nanscope.diagnose import diagnose
+
+        trace = Trace()
+        trace.meta["events"] = [{"event": "crashed", **crash, "step": None}]
+        diagnosis = diagnose(trace)
+    except Exception:
+        return None
+    return diagnosis if diagnosis.verdict == "crashed" else None
+
+
 def _last_step(monitor: Monitor) -> int | None:
     records = monitor.trace.records
     if not records:
@@ -592,6 +653,21 @@ def _interrupted(diagnosis: Diagnosis, signal_name: str, step: int | None) -> No
     diagnosis.extra.setdefault("interrupted", {"signal": signal_name, "step": step})
 
 
+def _crash_noted(diagnosis: Diagnosis, crash: dict[str, Any], step: int | None) -> None:
+    """A failure found before the script's own exception stands (the Monitor diagnosed it when
+    it was found); the exception is noted beside it."""
+    event = {**crash, "step": step}
+    diagnosis.extra.setdefault("crashed", event)
+    if any(e.data.get("type") == crash["type"] and e.data.get("line") == crash["line"]
+           for e in diagnosis.evidence):  # fmt: skip
+        return
+    try:
+        from nanscope.diagnose.engine import crash_note
+    except ImportError:
+        return
+    diagnosis.evidence.append(crash_note(event))
+
+
 def _split_options(argv: list[str]) -> tuple[list[str], list[str]]:
     if "--" in argv:
         cut = argv.index("--")
@@ -611,7 +687,8 @@ def main(argv: list[str]) -> int:
         prog="nanscope run",
         description="Run a training script under watch: nanscope run [options] -- python train.py",
     )
-    add_output_options(parser)
+    add_output_options(parser, json_help="write the diagnosis as JSON ('-' = stdout, which then "
+                       "carries the JSON alone: the script's own stdout goes to stderr)")
     parser.add_argument("--policy", choices=POLICIES, default=None,
                         help="what to do when the fit breaks (default: raise)")  # fmt: skip
     parser.add_argument("--experiment", action="store_true",
@@ -623,6 +700,9 @@ def main(argv: list[str]) -> int:
         check_folder(args.run_dir, "--run-dir")
         if args.data and not Path(args.data).exists():
             raise UsageError(f"--data {clean(args.data)}: no such file or directory")
+        elsewhere = other_python(command)
+        if elsewhere is not None:  # the interpreter the command names runs it, watched there
+            return run_in(elsewhere, options, command)
         target = split_command(command)
     except UsageError as exc:
         if args.json:  # the --json file is promised whatever happens: it says why nothing ran
@@ -649,12 +729,15 @@ def main(argv: list[str]) -> int:
         ranks.arm()
     started = time.time()
     before = set(id(m) for m in active_monitors())
-    with _Signals() as signals:
+    with _Signals() as signals, _stdout_to_stderr(args.json == "-"):
         code, stop = _execute(target, signals)
     monitors = [m for m in active_monitors() if id(m) not in before]
     if signals.caught and stop is None:
         for monitor in monitors:
             monitor.record_event("interrupted", signal=signals.caught, step=_last_step(monitor))
+    if signals.crash is not None:
+        for monitor in monitors:
+            monitor.record_event("crashed", **signals.crash, step=_last_step(monitor))
     ranked = _ranked(monitors, stop)
     diagnosis, owner = ranked[0] if ranked else (None, None)
     if target.program is None:
@@ -666,6 +749,8 @@ def main(argv: list[str]) -> int:
         diagnosis = _unobserved(
             f"{target.name} created a Monitor but it saw no update; nothing was watched"
         )
+    if diagnosis is None and signals.crash is not None:
+        diagnosis = _crashed_unwatched(signals.crash)
     if diagnosis is None:
         if target.program is not None:
             reason = (f"{target.name} is not a Python program; it ran unwatched (nanscope "
@@ -685,6 +770,8 @@ def main(argv: list[str]) -> int:
         return code
     if signals.caught and stop is None:
         _interrupted(diagnosis, signals.caught, _last_step(owner) if owner else None)
+    if signals.crash is not None and diagnosis.verdict != "crashed":
+        _crash_noted(diagnosis, signals.crash, _last_step(owner) if owner else None)
     trace = owner.trace if owner is not None else None
     _enrich(diagnosis, args, target)
     if len(ranked) > 1:  # several optimizers or Monitors: every run is named, the worst first

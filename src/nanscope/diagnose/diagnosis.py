@@ -4,9 +4,10 @@
 ever added, never renamed.
 
 Verdicts: ``healthy`` (watched, nothing wrong seen), ``diverging``, ``nonfinite``, ``suspect``, and
-two that are never healthy: ``unobserved`` (no update was recorded; cause ``unknown``, the
-evidence says why) and ``interrupted`` (stopped from outside with no failure found; cause
-``unknown``).
+three that are never healthy: ``unobserved`` (no update was recorded; cause ``unknown``, the
+evidence says why), ``interrupted`` (stopped from outside with no failure found; cause
+``unknown``) and ``crashed`` (the script ended with its own exception, no failure found before
+it; cause ``unknown``, the exception and the script's line in the evidence).
 
 The diagnosis knows no page: ``Diagnosis._repr_html_`` (Jupyter) calls the renderer registered
 with :func:`set_html_renderer`, which the report layer (``nanscope.report.html``) registers when it
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -56,17 +58,20 @@ VERDICTS: tuple[str, ...] = (
     "suspect",
     "unobserved",
     "interrupted",
+    "crashed",
 )
 
-#: which diagnosis to report when several monitors (or ranks) have one: lowest first. A run
-#: stopped from outside outranks a healthy one; one that saw nothing never hides one that did.
+#: which diagnosis to report when several monitors (or ranks) have one: lowest first. A script
+#: that crashed or was stopped from outside outranks a healthy one; one that saw nothing never
+#: hides one that did.
 VERDICT_RANK: dict[str, int] = {
     "nonfinite": 0,
     "diverging": 1,
-    "suspect": 2,
-    "interrupted": 3,
-    "healthy": 4,
-    "unobserved": 5,
+    "crashed": 2,
+    "suspect": 3,
+    "interrupted": 4,
+    "healthy": 5,
+    "unobserved": 6,
 }
 
 _html_renderer: Callable[[Diagnosis], str] | None = None
@@ -207,6 +212,13 @@ class Diagnosis:
         if self.verdict == "interrupted":
             last = f" after update {self.step}" if self.step is not None else ""
             return f"interrupted{last}: stopped from outside, no failure found before"
+        if self.verdict == "crashed":
+            crash = next((e.data for e in self.evidence if e.data.get("type")), {})
+            what = f" with {crash['type']}" if crash.get("type") else ""
+            if crash.get("file"):
+                what += f" at {os.path.basename(str(crash['file']))}:{crash.get('line')}"
+            last = f" after update {self.step}" if self.step is not None else " before any update"
+            return f"crashed{what}{last}: the script's own exception, no failure found before"
         where = f" at update {self.step}" if self.step is not None else ""
         unit = "epoch" if self.granularity == "epoch" else "update"
         if self.granularity == "epoch" and self.step is not None:

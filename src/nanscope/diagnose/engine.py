@@ -8,7 +8,9 @@ are never ``healthy``:
   its updates carry no loss and nothing non-finite (a log of accuracies only): nothing says how
   the fit went;
 * ``interrupted``: the run was stopped from outside (an ``interrupted`` event, see
-  :func:`interruption`) and no failure was found in the updates seen.
+  :func:`interruption`) and no failure was found in the updates seen;
+* ``crashed``: the script ended with its own exception (a ``crashed`` event, see :func:`crash`)
+  and no failure was found before it; a failure found before it stands, the crash noted.
 
 A trace read from a file that was cut short (``trace.meta["truncated"]``) says so in the
 evidence, and a healthy verdict from it gets a lower confidence.
@@ -34,7 +36,7 @@ from nanscope.formatting import number as num
 from nanscope.outcome import FAR, Outcome
 from nanscope.trace import Trace
 
-__all__ = ["diagnose", "interruption", "run_rules"]
+__all__ = ["crash", "crash_note", "diagnose", "interruption", "run_rules"]
 
 #: a finding must be at least this sure to call a finite run "suspect"
 SUSPECT = 0.6
@@ -54,11 +56,21 @@ def interruption(trace: Trace) -> dict[str, Any] | None:
     Events are what :meth:`~nanscope.trace.TraceWriter.event` wrote and
     :func:`~nanscope.trace.read_trace` collected into ``trace.meta["events"]``.
     """
+    return _last_event(trace, "interrupted")
+
+
+def crash(trace: Trace) -> dict[str, Any] | None:
+    """The ``crashed`` event of a trace: the script's own exception (``type``, ``message``,
+    ``file``, ``line``) and the last update before it (``step``), or None."""
+    return _last_event(trace, "crashed")
+
+
+def _last_event(trace: Trace, name: str) -> dict[str, Any] | None:
     events = trace.meta.get("events") or []
     found = None
     if isinstance(events, list):
         for event in events:
-            if isinstance(event, Mapping) and event.get("event") == "interrupted":
+            if isinstance(event, Mapping) and event.get("event") == name:
                 found = dict(event)
     return found
 
@@ -97,10 +109,15 @@ def diagnose(trace: Trace | Any, evidence: Mapping[str, Any] | None = None) -> D
         trace = Trace(list(trace))
     run = dict((evidence or {}).get("run") or {})
     stopped = interruption(trace)
+    crashed = crash(trace)
     if len(trace) == 0:
+        if crashed is not None:
+            return _crashed(trace, None, [], crashed, run)
         return _unobserved(trace, evidence, stopped, run)
     ctx = Context(trace, evidence)
     if ctx.fail is None and not trace.has("loss"):
+        if crashed is not None:
+            return _crashed(trace, ctx, [], crashed, run)
         return _no_loss(ctx, stopped, run)
     findings = run_rules(ctx)
     outcome = ctx.outcome
@@ -110,6 +127,8 @@ def diagnose(trace: Trace | Any, evidence: Mapping[str, Any] | None = None) -> D
         verdict = "diverging"
     elif outcome.kind == "blown":
         verdict = "diverging"  # it was not stopped, but it ended far above where it began
+    elif crashed is not None:
+        return _crashed(trace, ctx, findings, crashed, run)
     elif findings and findings[0].confidence >= SUSPECT:
         verdict = "suspect"
     elif stopped is not None:
@@ -124,6 +143,8 @@ def diagnose(trace: Trace | Any, evidence: Mapping[str, Any] | None = None) -> D
     notes = _notes(ctx, stopped)
     if verdict == "suspect" and outcome.kind == "returned":
         notes.insert(0, _outcome_evidence(outcome))
+    if crashed is not None:  # a failure found before the script's own exception: it stands
+        notes.append(crash_note(crashed))
     if verdict == "healthy":
         confidence = 1.0 - (findings[0].confidence if findings else 0.0) / 2
         if trace.meta.get("truncated"):
@@ -531,6 +552,59 @@ def _interrupted(
         granularity=ctx.granularity,
         summary=summary,
         extra=_extra(ctx),
+    )
+
+
+def crash_note(event: Mapping[str, Any]) -> Evidence:
+    """The evidence a ``crashed`` event adds to the diagnosis of a failure found before it."""
+    return Evidence("engine", _crash_text(event), _event_data(event))
+
+
+def _crash_text(event: Mapping[str, Any]) -> str:
+    what = str(event.get("type") or "an exception")
+    if event.get("message"):
+        what += f": {event['message']}"
+    where = f" ({event['file']}:{event['line']})" if event.get("file") else ""
+    step = event.get("step")
+    when = f"after update {step}" if step is not None else "before any update"
+    return f"the script ended with its own exception {when}: {what}{where}"
+
+
+def _crashed(
+    trace: Trace,
+    ctx: Context | None,
+    findings: list[Finding],
+    event: Mapping[str, Any],
+    run: dict[str, Any],
+) -> Diagnosis:
+    """The script raised its own exception, with no failure found before it: not healthy (the fit
+    did not finish), not a divergence (nothing went wrong in the updates seen)."""
+    evidence = [Evidence("engine", _crash_text(event), _event_data(event))]
+    summary: dict[str, Any] = {"updates": 0, "nonfinite_updates": 0}
+    if ctx is not None:
+        summary = _summary(ctx)
+        seen = _healthy_text(ctx) if ctx.trace.has("loss") else f"{ctx.n} updates recorded"
+        evidence.append(Evidence("engine", f"no failure in the updates seen: {seen}", summary))
+        if ctx.trace.meta.get("truncated"):
+            evidence.extend(_notes(ctx, None))
+    where = f" ({event['type']} at {event['file']}:{event['line']})" if event.get("file") else ""
+    return Diagnosis(
+        verdict="crashed",
+        cause="unknown",
+        confidence=0.0,
+        step=event.get("step") if ctx is None else ctx.step_at(ctx.n - 1),
+        evidence=evidence,
+        actions=[
+            f"Fix the error its traceback shows{where}, then rerun: nothing went non-finite or "
+            "diverged in the updates watched before it."
+        ],
+        alternatives=[
+            {"cause": f.cause, "confidence": round(f.confidence, 3)} for f in findings[:3]
+        ],
+        run=run,
+        granularity=trace.granularity,
+        summary=summary,
+        extra=_extra(ctx) if ctx is not None else {},
     )
 
 

@@ -176,6 +176,7 @@ def _finite(tensors: list[Any]) -> bool:
     for t in tensors:
         if t.is_meta:
             continue  # no values to read (a model built on the meta device)
+        t = t.detach()  # no graph node, no saved tensor (a checkpoint counts what a forward saves)
         narrow = t.dtype in (torch.float16, torch.bfloat16)
         s = t.sum(dtype=torch.float32) if narrow else t.sum()
         if not bool(torch.isfinite(s)) and not bool(torch.isfinite(t).all()):
@@ -365,6 +366,8 @@ class FirstUpdateWatch:
         from torch.nn.modules import module as module_mod
         from torch.overrides import TorchFunctionMode
 
+        from nanscope.torch._hooks import transforming
+
         self.lib = _lib_dirs()
         watch = self
 
@@ -372,6 +375,8 @@ class FirstUpdateWatch:
             def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
                 kwargs = kwargs or {}
                 if not watch.active or compiling() or threading.get_ident() != watch.thread:
+                    return func(*args, **kwargs)
+                if transforming():  # a torch.func transform's or a jit trace's stand-in values
                     return func(*args, **kwargs)
                 if _multi_rank():
                     # ranks exchange tensors (DDP, FSDP): checking ops here would wait on or

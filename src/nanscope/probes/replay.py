@@ -139,7 +139,7 @@ class _Replay:
         rows = self._suspect_rows(window)
         sizes = {u.step: self._batch_size(u) for u in window}
         # rows that are the whole batch (a column broken in every row) cannot be left out
-        rows = {s: r for s, r in rows.items() if sizes.get(s) is None or len(r) < sizes[s]}
+        rows = {s: r for s, r in rows.items() if len(r) < (sizes.get(s) or len(r) + 1)}
         if rows:
             changes.append(("without_rows", {"rows": rows}))
         columns = self._unscaled_columns()

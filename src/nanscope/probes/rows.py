@@ -17,20 +17,23 @@ training loop holds, not the one being prefetched. A loader read one batch ahead
 few index sets and picks, only when read, the one whose dataset rows equal the batch's rows.
 Iterable-style datasets have no indices: ``current`` stays ``None``. ``install()`` does the
 same for every DataLoader of the process (``nanscope run``); ``uninstall()`` undoes it.
+
+Nothing is put on the loader, its sampler or its iterator: the indices are read where torch's
+loader iterator draws them (``_next_index``) and yields a batch (``__next__``), patched once for
+the process, so a tracked loader pickles, copies and answers ``isinstance`` as it does bare.
 """
 
 from __future__ import annotations
 
 import contextlib
 import threading
+import weakref
 from collections import deque
-from collections.abc import Iterator
 from typing import Any
 
 __all__ = ["BatchRows", "LoaderTracker", "current_batch_index", "current_batch_rows", "install",
            "track_dataloader", "uninstall"]  # fmt: skip
 
-_ATTR = "_nanscope_tracker"
 _last: dict[str, Any] = {"index": None, "tracker": None}
 #: index sets kept per tracker: a loader that prefetches (accelerate's DataLoaderShard, Lightning's
 #: fetcher) has already yielded the next batch when the model runs on this one
@@ -39,6 +42,13 @@ KEEP = 4
 CHECK_ROWS = 3
 _patched: dict[str, Any] = {}
 _lock = threading.Lock()
+#: the tracker of each tracked loader, and of each loader iterator made from one
+_trackers: weakref.WeakKeyDictionary[Any, LoaderTracker] = weakref.WeakKeyDictionary()
+_iterators: weakref.WeakKeyDictionary[Any, LoaderTracker] = weakref.WeakKeyDictionary()
+#: the tracker of the iterator being made on this thread (it draws its first indices as it is
+#: made, before it can be looked up) and whether every loader is tracked (:func:`install`)
+_state = threading.local()
+_every = {"on": False}
 
 
 def current_batch_index() -> list[int] | None:
@@ -154,26 +164,6 @@ def _same(item: Any, row: Any) -> bool:
     return bool(torch.allclose(a, b, rtol=1e-6, atol=0.0, equal_nan=True))
 
 
-class _Recording:
-    """Wraps a (batch) sampler: passes its indices through and queues a copy of each batch's."""
-
-    def __init__(self, inner: Any, tracker: LoaderTracker, batched: bool) -> None:
-        self._inner = inner
-        self._tracker = tracker
-        self._batched = batched
-
-    def __iter__(self) -> Iterator[Any]:
-        for item in self._inner:
-            self._tracker._drawn.append(list(item) if self._batched else [item])
-            yield item
-
-    def __len__(self) -> int:
-        return len(self._inner)
-
-    def __getattr__(self, name: str) -> Any:  # batch_size, drop_last, sampler ...
-        return getattr(self._inner, name)
-
-
 class LoaderTracker:
     """The dataset indices of the batch a DataLoader yielded last (``current``)."""
 
@@ -198,68 +188,73 @@ class LoaderTracker:
         self.recent.clear()
 
 
-class _TrackedIter:
-    def __init__(self, inner: Any, tracker: LoaderTracker) -> None:
-        self._inner = inner
-        self._tracker = tracker
-
-    def __iter__(self) -> _TrackedIter:
-        return self
-
-    def __next__(self) -> Any:
-        batch = next(self._inner)
-        with contextlib.suppress(Exception):
-            self._tracker._yielded()
-        return batch
-
-    def __len__(self) -> int:
-        return len(self._inner)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
-
-
-def _prepare(loader: Any) -> LoaderTracker | None:
-    """Attach a tracker to a DataLoader (once); None when its batches have no indices."""
-    tracker = loader.__dict__.get(_ATTR)
-    if tracker is not None:
-        return tracker  # type: ignore[no-any-return]
+def _tracker_for(loader: Any, make: bool) -> LoaderTracker | None:
+    """The loader's tracker; a new one when ``make`` (None for a loader without indices)."""
+    tracker = _trackers.get(loader)
+    if tracker is not None or not make:
+        return tracker
     if type(getattr(loader, "dataset", None)).__name__ == "IterableDataset" or getattr(
         loader, "_dataset_kind", 0
     ) == 1:
         return None
     tracker = LoaderTracker(getattr(loader, "dataset", None))
-    batch_sampler = getattr(loader, "batch_sampler", None)
-    if batch_sampler is not None:
-        object.__setattr__(loader, "batch_sampler", _Recording(batch_sampler, tracker, True))
-    elif getattr(loader, "sampler", None) is not None:
-        object.__setattr__(loader, "sampler", _Recording(loader.sampler, tracker, False))
-    else:
-        return None
-    object.__setattr__(loader, _ATTR, tracker)
+    _trackers[loader] = tracker
     return tracker
 
 
-def _tracked_class(cls: type) -> type:
-    cached = _patched.get(f"class:{id(cls)}")
-    if cached is not None:
-        return cached  # type: ignore[no-any-return]
+def _drawn(iterator: Any, index: Any) -> None:
+    tracker = _iterators.get(iterator) or getattr(_state, "building", None)
+    if tracker is not None:
+        batched = getattr(iterator, "_auto_collation", isinstance(index, list))
+        tracker._drawn.append(list(index) if batched else [index])
+
+
+def _patch() -> None:
+    """torch's loader iterator reports the indices it draws and the batches it yields to the
+    tracker of its loader (once per process; without a tracker they pass through)."""
+    from torch.utils.data import DataLoader
+    from torch.utils.data import dataloader as dataloader_mod
+
+    if "iter" in _patched:
+        return
+    base = dataloader_mod._BaseDataLoaderIter
+    next_index, next_batch, make_iter = base._next_index, base.__next__, DataLoader.__iter__
+
+    def _next_index(self: Any) -> Any:
+        index = next_index(self)
+        with contextlib.suppress(Exception):
+            _drawn(self, index)
+        return index
+
+    def __next__(self: Any) -> Any:
+        batch = next_batch(self)
+        tracker = _iterators.get(self)
+        if tracker is not None:
+            with contextlib.suppress(Exception):
+                tracker._yielded()
+        return batch
 
     def __iter__(self: Any) -> Any:
-        return _wrap_iter(self, lambda: cls.__iter__(self))  # type: ignore[attr-defined]
+        try:
+            tracker = _tracker_for(self, _every["on"])
+        except Exception:
+            tracker = None
+        if tracker is None:
+            return make_iter(self)
+        tracker._reset()
+        _state.building = tracker
+        try:
+            iterator = make_iter(self)
+        finally:
+            _state.building = None
+        with contextlib.suppress(TypeError):
+            _iterators[iterator] = tracker
+        return iterator
 
-    sub = type(cls.__name__, (cls,), {"__iter__": __iter__, "__module__": cls.__module__})
-    _patched[f"class:{id(cls)}"] = sub
-    return sub
-
-
-def _wrap_iter(loader: Any, make: Any) -> Any:
-    """Reset the tracker, then build the loader's iterator (it may prefetch at once)."""
-    tracker = loader.__dict__.get(_ATTR)
-    if tracker is None:
-        return make()
-    tracker._reset()
-    return _TrackedIter(make(), tracker)
+    _patched.update(iter=make_iter, next=next_batch, next_index=next_index)
+    base._next_index = _next_index  # type: ignore[method-assign]
+    base.__next__ = __next__  # type: ignore[method-assign]
+    DataLoader.__iter__ = __iter__  # type: ignore[method-assign]
 
 
 def track_dataloader(loader: Any) -> LoaderTracker | None:
@@ -272,14 +267,9 @@ def track_dataloader(loader: Any) -> LoaderTracker | None:
         with _lock:
             if not hasattr(loader, "_get_iterator"):
                 return None
-            known = loader.__dict__.get(_ATTR)
-            if known is not None:
-                return known  # type: ignore[no-any-return]
-            tracker = _prepare(loader)
-            if tracker is None:
-                return None
-            if "__iter__" not in _patched and type(loader).__iter__ is not _patched.get("iter"):
-                loader.__class__ = _tracked_class(type(loader))
+            tracker = _tracker_for(loader, True)
+            if tracker is not None:
+                _patch()
             return tracker
     except Exception:
         return None
@@ -287,32 +277,13 @@ def track_dataloader(loader: Any) -> LoaderTracker | None:
 
 def install() -> None:
     """Track every ``torch.utils.data.DataLoader`` of the process from its first iteration."""
-    from torch.utils.data import DataLoader
-
     with _lock:
-        if "__iter__" in _patched:
-            return
-        original = DataLoader.__iter__
-
-        def __iter__(self: Any) -> Any:
-            try:
-                with _lock:
-                    _prepare(self)  # before the iterator is built, so it draws from the wrapper
-            except Exception:
-                pass
-            return _wrap_iter(self, lambda: original(self))
-
-        _patched["__iter__"] = original
-        _patched["iter"] = __iter__
-        DataLoader.__iter__ = __iter__  # type: ignore[method-assign]
+        _patch()
+        _every["on"] = True
 
 
 def uninstall() -> None:
-    """Undo :func:`install` (loaders already tracked keep their trackers)."""
-    from torch.utils.data import DataLoader
-
+    """Undo :func:`install`: loaders not tracked yet stay untracked (the ones tracked keep their
+    trackers)."""
     with _lock:
-        original = _patched.pop("__iter__", None)
-        _patched.pop("iter", None)
-        if original is not None:
-            DataLoader.__iter__ = original  # type: ignore[method-assign]
+        _every["on"] = False

@@ -182,11 +182,12 @@ def _located_text(located: Mapping[str, Any]) -> str:
 
 
 #: verdicts that are not a failure found at an update
-_NOT_A_FAILURE = ("healthy", "unobserved", "interrupted")
+_NOT_A_FAILURE = ("healthy", "unobserved", "interrupted", "crashed")
 #: what the verdict box says instead of the cause ``unknown`` for the verdicts that are no finding
 _VERDICT_WORDS = {
     "unobserved": "nothing was watched: no update recorded",
     "interrupted": "stopped from outside before a verdict: no failure found until then",
+    "crashed": "the script ended with its own exception: no failure found before it",
 }
 
 
@@ -197,12 +198,14 @@ def _verdict_box(d: Mapping[str, Any]) -> str:
     bits = []
     if verdict == "interrupted" and d.get("step") is not None:
         bits.append(f"stopped from outside after {unit} {d['step']}")
+    elif verdict == "crashed" and d.get("step") is not None:
+        bits.append(f"the script raised after {unit} {d['step']}")
     elif d.get("step") is not None and verdict not in _NOT_A_FAILURE:
         bits.append(f"detected at {unit} {d['step']}")
     fn = d.get("first_nonfinite")
     if isinstance(fn, Mapping) and fn.get("step") is not None:
         bits.append(f"first non-finite {fn.get('what', 'value')} at {unit} {fn['step']}")
-    if d.get("confidence") is not None and verdict not in ("unobserved", "interrupted"):
+    if d.get("confidence") is not None and verdict not in ("unobserved", "interrupted", "crashed"):
         bits.append(f"confidence {fmt_number(d.get('confidence'))}")
     located = d.get("located")
     if isinstance(located, Mapping):
@@ -724,6 +727,7 @@ _FRAGMENT_COLORS = {
     "suspect": ("#f2ecf8", "#7b4fb3"),
     "unobserved": ("#eef1f5", "#56657a"),
     "interrupted": ("#fff8d6", "#b08800"),
+    "crashed": ("#f6eeec", "#8c564b"),
 }
 
 

@@ -62,6 +62,7 @@ VERDICT_COLORS: Mapping[str, str] = {
     "suspect": "#7b4fb3",
     "unobserved": "#56657a",
     "interrupted": "#b08800",
+    "crashed": "#8c564b",
 }
 #: most per-layer gradient lines drawn (the largest ones); the rest are counted in the title
 MAX_LAYERS = 8
@@ -292,7 +293,7 @@ def build_panels(
     marks = loss_marks(trace)
     verdict = str(_get(diagnosis, "verdict") or "")
     detect = _get(diagnosis, "step")
-    failed = verdict not in ("healthy", "unobserved", "interrupted")
+    failed = verdict not in ("healthy", "unobserved", "interrupted", "crashed")
     detect_step = int(detect) if isinstance(detect, (int, float)) and failed else None
     common: dict[str, Any] = {
         "xlim": xlim,

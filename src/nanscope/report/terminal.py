@@ -32,6 +32,7 @@ _VERDICT_STYLE = {
     "suspect": "bold yellow",
     "unobserved": "bold magenta",
     "interrupted": "bold yellow",
+    "crashed": "bold red",
 }
 
 

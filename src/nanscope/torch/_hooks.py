@@ -8,7 +8,21 @@ Patched once, on first use, and dispatched to the live watchers (a weak set):
 * ``torch.nn.utils.clip_grad_norm_`` (and ``clip_grads_with_norm_``, which accelerate uses): the
   total norm is the *pre-clip* gradient norm;
 * ``torch.amp.GradScaler.scale`` / ``.step``: which backward tensor is scaled, and the steps the
-  scaler skips (the optimizer's own hooks never see those).
+  scaler skips (the optimizer's own hooks never see those);
+* ``torch.nn.Module.__reduce_ex__``: a copy of a watched module (``pickle``, ``torch.save(model)``,
+  ``copy.deepcopy``, ``copy.copy``) leaves nanscope's hooks behind, so it pickles as it does
+  bare, loads with ``weights_only=True``, and a deep copy (an EMA, ``AveragedModel``) is an
+  unwatched model;
+* ``torch.jit.script``, ``torch.jit.trace``, ``torch.jit.trace_module``, ``torch.export.export``:
+  run with nanscope standing aside (:func:`standing_aside`: its hooks off torch's tables and the
+  watched models) and every other hook quiet (:func:`transforming`);
+* ``torch.nn.modules.module._has_any_global_hook`` (what ``torch.compile(module)`` warns about
+  on every call: hooks that fire once more for its wrapper) leaves nanscope's own global module
+  hooks out: they count the nesting, so the wrapper's call is no extra one for them.
+
+Every hook passes through while the framework transforms, traces or recomputes (:func:`aside`):
+inside ``torch.func`` transforms, a jit trace, and an activation checkpoint's recomputation it
+saves no tensor, adds no graph node and raises nothing; the updates around them are watched.
 
 Each patch calls the original first or last and does nothing else when no watcher is live. A fault
 inside nanscope's part of a patch is caught by :class:`Guard` (the one fault guard,
@@ -33,8 +47,8 @@ from nanscope._guard import REPORT, FaultGuard
 from nanscope.errors import DivergenceError
 from nanscope.probes.failure import CallSite
 
-__all__ = ["GUARD", "REPORT", "CallerSites", "Guard", "compiling", "install", "live_watchers",
-           "standing_aside", "user_site"]  # fmt: skip
+__all__ = ["GUARD", "REPORT", "CallerSites", "Guard", "aside", "compiling", "install",
+           "live_watchers", "standing_aside", "transforming", "user_site"]  # fmt: skip
 
 
 class Guard(FaultGuard):
@@ -61,6 +75,68 @@ def _never_compiling() -> bool:
 compiling: Callable[[], bool] = getattr(
     getattr(torch, "compiler", None), "is_compiling", None
 ) or _never_compiling
+
+_functorch: Any = getattr(torch._C, "_functorch", None)
+_transform_level: Callable[[], Any] = getattr(_functorch, "peek_interpreter_stack", None) or (
+    lambda: None
+)
+_jit_tracing: Callable[[], bool] = getattr(torch._C, "_is_tracing", None) or _never_compiling
+_graph_task: Callable[[], int] = getattr(torch._C, "_current_graph_task_id", None) or (lambda: -1)
+#: how many calls nanscope stands aside for now (:func:`standing_aside`)
+_ASIDE = [0]
+
+
+def transforming() -> bool:
+    """True inside a ``torch.func`` transform (``vmap``, ``grad``, ``jvp``...), a jit trace, or a
+    call nanscope stands aside for: the tensors there are the transform's (batched, traced), not
+    the update's, and reading one (``.item()``, ``bool``) is an error."""
+    return bool(_ASIDE[0]) or _transform_level() is not None or _jit_tracing()
+
+
+def aside() -> bool:
+    """:func:`transforming`, or a forward run while a backward runs: an activation checkpoint
+    recomputing its segment (reentrant or not), which must save the tensors the first forward
+    saved, no more. The hooks of the model, the loss and the backward pass through then."""
+    return bool(_ASIDE[0]) or _transform_level() is not None or _jit_tracing() or (
+        _graph_task() != -1
+    )
+
+
+#: the hook tables of a module: hooks keyed by handle id, and the flags kept per id
+_HOOK_TABLES = ("_forward_pre_hooks", "_forward_hooks", "_backward_hooks", "_backward_pre_hooks")
+_FLAG_TABLES = ("_forward_pre_hooks_with_kwargs", "_forward_hooks_with_kwargs",
+                "_forward_hooks_always_called")  # fmt: skip
+
+
+def _without_ours(state: Any) -> Any:
+    """A module's pickled state with nanscope's hooks (and their flags) left out; the same object
+    when it holds none."""
+    if not isinstance(state, dict):
+        return state
+    ids = {key for name in _HOOK_TABLES for key, hook in (state.get(name) or {}).items()
+           if _ours(hook)}  # fmt: skip
+    if not ids:
+        return state
+    state = dict(state)
+    for name in (*_HOOK_TABLES, *_FLAG_TABLES):
+        table = state.get(name)
+        if table and not ids.isdisjoint(table):
+            kept = table.copy()
+            for key in ids.intersection(table):
+                del kept[key]
+            state[name] = kept
+    return state
+
+
+@contextlib.contextmanager
+def _quiet() -> Any:
+    """Every hook passes through (:func:`transforming` is true) while torch runs a tracer."""
+    _ASIDE[0] += 1
+    try:
+        yield
+    finally:
+        _ASIDE[0] -= 1
+
 
 #: the live watchers as a tuple of weak references, what the patches read on every call (a
 #: ``WeakSet``'s ``len`` and iteration are Python calls; a tuple's are not). Remade on register,
@@ -276,8 +352,8 @@ def _notify_backward(tensors: Any) -> None:
     """``backward()`` is about to run on ``tensors``: a one-element tensor is a loss, handed to
     every live watcher with the user's line. Under :data:`GUARD` (written out: it runs on every
     backward; the line is read 3 frames up: this one, the patch, the caller)."""
-    if "backward" in GUARD.off:
-        return
+    if "backward" in GUARD.off or aside():
+        return  # (a checkpoint's backward inside the backward, a tracer's: not the loss)
     try:
         if isinstance(tensors, torch.Tensor):
             tensor = tensors
@@ -309,6 +385,9 @@ def install() -> None:
         _patch_loss()
         _patch_clip()
         _patch_scaler()
+        _patch_copies()
+        _patch_tracers()
+        _patch_global_hook_check()
 
 
 def _patch_backward() -> None:
@@ -347,7 +426,7 @@ def _patch_loss() -> None:
     call = torch.nn.Module.__call__
 
     def loss_call(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if _LIVE_NOW and "loss module" not in GUARD.off and not compiling():
+        if _LIVE_NOW and "loss module" not in GUARD.off and not compiling() and not aside():
             try:
                 LOSS_SITE["site"] = user_site(2)  # the user's line that called the loss module
                 for ref in _LIVE_NOW:
@@ -466,3 +545,58 @@ def _patch_scaler() -> None:
 
     scaler_cls.scale = scale_
     scaler_cls.step = step_
+
+
+def _patch_copies() -> None:
+    module_cls = torch.nn.Module
+    reduce_ex = module_cls.__reduce_ex__
+
+    @functools.wraps(reduce_ex)
+    def __reduce_ex__(self: Any, protocol: Any) -> Any:
+        rv = reduce_ex(self, protocol)
+        if isinstance(rv, tuple) and len(rv) > 2:
+            state = _without_ours(rv[2])
+            if state is not rv[2]:
+                rv = (*rv[:2], state, *rv[3:])
+        return rv
+
+    module_cls.__reduce_ex__ = __reduce_ex__  # type: ignore[assignment,method-assign]
+
+
+def _patch_tracers() -> None:
+    """torch's tracers and compilers that read a module's hooks, or run them on stand-in tensors
+    (see the module doc); the call is torch's, unchanged, with nanscope standing aside."""
+    export = getattr(torch, "export", None)
+    for owner, name in ((torch.jit, "script"), (torch.jit, "trace"), (torch.jit, "trace_module"),
+                        (export, "export")):  # fmt: skip
+        original = getattr(owner, name, None)
+        if original is None:
+            continue
+
+        def make(original: Callable[..., Any]) -> Callable[..., Any]:
+            @functools.wraps(original)
+            def call(obj: Any, *args: Any, **kwargs: Any) -> Any:
+                with standing_aside(), _quiet():
+                    return original(obj, *args, **kwargs)
+
+            return call
+
+        setattr(owner, name, make(original))
+
+
+def _patch_global_hook_check() -> None:
+    from torch.nn.modules import module as module_mod
+
+    check = getattr(module_mod, "_has_any_global_hook", None)
+    if check is None:
+        return
+    # (the tables of flags by hook id are left out: a removed hook's id can stay in them)
+    names = ("_global_backward_pre_hooks", "_global_backward_hooks", "_global_forward_pre_hooks",
+             "_global_forward_hooks")  # fmt: skip
+
+    @functools.wraps(check)
+    def _has_any_global_hook() -> bool:
+        return any(not _ours(hook) for name in names
+                   for hook in (getattr(module_mod, name, None) or {}).values())  # fmt: skip
+
+    module_mod._has_any_global_hook = _has_any_global_hook

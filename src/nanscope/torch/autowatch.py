@@ -246,6 +246,8 @@ def _narrow() -> None:
         return
     for watcher in watchers:
         watcher.hook_model()
+    if not all(w.model_hooked for w in watchers):
+        return  # a scripted model takes no hooks of its own: the global ones stay
     if _MANUAL.off:  # (for good: an optimizer steps) its backward and loss hooks have no use
         _hooks_module().unregister(_MANUAL)
     for handle in _MODULE_HANDLES:
@@ -280,14 +282,16 @@ def _forward_pre(module: Any, args: Any) -> None:
     _STATE.depth = getattr(_STATE, "depth", 0) + 1
 
 
-def _forward_post(module: Any, args: Any, kwargs: Any, output: Any) -> None:
+def _forward_post(module: Any, args: Any, *rest: Any) -> None:
+    # (kwargs, output); torch calls an always-called hook with (module, args, None) alone when
+    # the forward raised: the depth goes back down and the call is no model's
     if _compiling():
         return
     depth = getattr(_STATE, "depth", 1) - 1
     _STATE.depth = max(depth, 0)
-    if depth > 0:
-        return
-    _guard().run("autowatch forward", _outermost, module, args, kwargs, output)
+    if depth > 0 or len(rest) != 2 or _hooks_module().aside():
+        return  # (a transform's or a checkpoint's call is not the model's forward of the update)
+    _guard().run("autowatch forward", _outermost, module, args, rest[0], rest[1])
 
 
 def _outermost(module: Any, args: Any, kwargs: Any, output: Any) -> None:

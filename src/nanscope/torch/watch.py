@@ -271,6 +271,8 @@ class Watcher:
         """Hook the bound model's forward (``nanscope run`` binds first, hooks once it knows)."""
         if self.model is None or self.model_hooked:
             return
+        if isinstance(self.model, torch.jit.ScriptModule):
+            return  # it takes no Python hooks: nanscope run's global module hooks see its calls
         self.model_hooked = True
         self._handles.append(
             self.model.register_forward_pre_hook(self._forward_pre, with_kwargs=True)
@@ -328,17 +330,22 @@ class Watcher:
             window = self.window
             window.args, window.kwargs, window.rng = args, kwargs, None
             return
-        if "forward pre" in self.guard.off:
-            return
+        if "forward pre" in self.guard.off or _hooks.aside():
+            return  # (a transform's or a checkpoint's call: not this update's batch)
         try:
             self.on_forward(args, kwargs)
         except Exception as exc:
             self.guard.fault("forward pre", exc)
 
     def _forward_post(self, module: Any, args: Any, output: Any) -> None:
+        if _hooks.compiling():
+            self.window.output = output
+            return
+        if _hooks.aside():
+            return
         window = self.window
         window.output = output
-        if not (window.want_output_grad or window.rng_probing) or _hooks.compiling():
+        if not (window.want_output_grad or window.rng_probing):
             return
         if window.want_output_grad:
             self.guard.run("output gradient", window.keep_output_grad, output)

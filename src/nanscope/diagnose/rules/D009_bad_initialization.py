@@ -7,9 +7,10 @@ What it does
     that overflowed on inputs in a sane scale. It follows the producer: an op of the model (an
     ``exp``, a matmul) that overflowed from finite inputs at update 1 is seen, not guessed. A
     failure after the first step, or on a batch with a column in raw units, is not the
-    initialiser's without the weight scale to show it. With the PyTorch replay it also reads two measures of the first batch: the
-    magnitude of each layer's output in forward order (``activations``: does it grow layer by
-    layer?) and the scale of each weight matrix against the ``1 / sqrt(fan_in)`` that keeps
+    initialiser's without the weight scale to show it. With the PyTorch replay it also reads two
+    measures of the first batch: the magnitude of each layer's output in forward order
+    (``activations``: does it grow layer by layer?) and the scale of each weight matrix against
+    the ``1 / sqrt(fan_in)`` that keeps
     activations of order one (``weight_scale``: ``std(W) * sqrt(fan_in)``, about 0.5 to 1.5 for
     the standard initialisers).
 
