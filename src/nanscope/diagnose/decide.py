@@ -11,10 +11,12 @@ answer:
   optimizer (``log_of_zero`` for a log, else ``zero_division``), the unscaled columns
   standardised or a smaller learning rate (``step_size_too_large``), the gradient norm clipped
   (``exploding_gradients``), a standard initialisation (``bad_initialization``);
-* where several remove it, the one that changes least of the fit wins, in the seed's triage
-  order: the data, the precision, the op, the step; clipping and a smaller step both curing it is
-  ``exploding_gradients`` only when a tenth of the learning rate alone did not, or when the
-  gradient norm grew by orders of magnitude while the loss barely moved;
+* where several remove it, a fix at the script's own learning rate that names one cause wins
+  over a smaller step (a smaller step postpones almost any failure), in the seed's triage order:
+  the data, the precision, the op, the column scale, the initialisation (only when the initial
+  weights were measured far from the framework's default scale), then the gradient (clipping
+  that cures it where a tenth of the learning rate does not, or after the gradient norm grew by
+  orders of magnitude while the loss barely moved), then the step;
 * a cause whose intervention ran and did **not** remove the failure is contradicted: it is not
   reported, whatever its rule said;
 * when the control reproduced the failure and nothing removed it, the answer is ``unknown``, with
@@ -31,13 +33,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["CONFIRMED", "TESTS", "UNCONFIRMED", "Decision", "decide", "first_actions",
-           "lr_that_worked"]
+__all__ = ["CONFIRMED", "INIT_SCALE_FAR", "TESTS", "UNCONFIRMED", "Decision", "decide",
+           "first_actions", "lr_that_worked"]
 
 #: the confidence of a cause an intervention confirmed
 CONFIRMED = 0.95
 #: the most a rule's answer may claim when a replay was tried and could not decide
 UNCONFIRMED = 0.7
+#: initial weights whose std is this many times the framework default's (either way) are a
+#: bad initialisation
+INIT_SCALE_FAR = 8.0
 
 #: causes a bad row can carry: leaving the rows out removes each of them
 _ROW_BORNE = ("nonfinite_input", "extreme_batch", "log_of_zero", "zero_division", "fp16_overflow")
@@ -66,6 +71,8 @@ class Decision:
     evidence: list[str] = field(default_factory=list)
     tried: list[str] = field(default_factory=list)
     unknown: bool = False  # the control reproduced the failure and nothing removed it
+    #: the first thing to do, when the intervention that decided says it best
+    lead: str | None = None
     cap: float | None = None  # a replay was tried and could not decide: cap the rules' answer
     note: str | None = None
 
@@ -129,14 +136,18 @@ def decide(entries: Sequence[Mapping[str, Any]], priors: Sequence[tuple[str, flo
         cause = _eps_cause(entries) or op_cause
     elif "standardised" in fixed:
         cause = "step_size_too_large"
-    elif lr_fixed and "clipped" in fixed and ("lr_x0.1" not in fixed or gradient_grew):
+    elif "standard_init" in fixed and _init_far(entries):
+        # a standard initialisation cures it at the script's own lr, and the initial weights
+        # were measured far from the framework's default scale: the init, not the step
+        cause = "bad_initialization"
+    elif "clipped" in fixed and ("lr_x0.1" not in fixed or gradient_grew):
+        # bounding the gradient cures it at the script's own lr where a tenfold smaller step
+        # does not: the gradient, not the step, is out of scale
         cause = "exploding_gradients"
     elif lr_fixed:
         cause = "step_size_too_large"
     elif "clipped" in fixed:
         cause = "exploding_gradients"
-    elif "standard_init" in fixed:
-        cause = "bad_initialization"
     elif "eps" in fixed:
         cause = _eps_cause(entries) or "zero_division"
     if cause is not None:
@@ -148,10 +159,28 @@ def decide(entries: Sequence[Mapping[str, Any]], priors: Sequence[tuple[str, flo
                 decision.evidence.append(str(e.get("text")))
         if lr_fixed and cause == "step_size_too_large":
             decision.note = f"the largest learning rate factor that removed it: {lr_fixed[0][4:]}"
+        if cause == "step_size_too_large" and "standardised" in fixed:
+            columns = next((e.get("columns") for e in ran if e.get("change") == "standardised"),
+                           None)  # fmt: skip
+            named = ", ".join(str(c) for c in columns) if columns else "in raw units"
+            decision.lead = (f"Standardise input column(s) {named} (subtract the mean, divide by "
+                             "the std): rerun from update 1 with them standardised, the fit no "
+                             "longer diverges at its own learning rate.")  # fmt: skip
         return decision
     decision.unknown = not fixed
     decision.evidence = [str(e.get("text")) for e in ran]
     return decision
+
+
+def _init_far(entries: Sequence[Mapping[str, Any]]) -> bool:
+    """The standard-init replay measured the initial weights far from the framework's default
+    scale for their modules (``INIT_SCALE_FAR`` either way)."""
+    for e in entries:
+        if e.get("change") == "standard_init" and e.get("scope") == "window":
+            ratio = (e.get("initial_scale") or {}).get("ratio")
+            if isinstance(ratio, (int, float)) and ratio > 0:
+                return ratio >= INIT_SCALE_FAR or ratio <= 1 / INIT_SCALE_FAR
+    return False
 
 
 def _eps_cause(entries: Sequence[Mapping[str, Any]]) -> str | None:

@@ -255,6 +255,9 @@ def _decided(ctx: Context, findings: list[Finding]) -> tuple[list[Finding], Deci
                       evidence=evidence, actions=first_actions(decision.cause, ctx),
                       step=_break_step(ctx))  # fmt: skip
         rest = kept
+    if decision.lead and not any(a.startswith("Standardise") for a in top.actions[:1]):
+        top = replace(top, actions=[decision.lead, *[a for a in top.actions
+                                                     if not a.startswith("Standardise")]])
     return [top, *rest], decision
 
 

@@ -65,6 +65,7 @@ class Plan:
     skipped: list[int] = field(default_factory=list)
     optimizer: str | None = None
     fed: tuple[str, ...] = ()
+    accumulates: bool = False
     reason: str | None = None
 
     @property
@@ -161,10 +162,9 @@ def _make(plan: Plan, tree: ast.Module, function: str, model_line: int | None) -
         plan.reason = f"no statement at line {plan.line}"
         return
     top = next(s for s in body if _holds(s, plan.line))
-    if isinstance(top, ast.If) and plan.unit == "loop":
-        plan.reason = ("the step() call is conditional inside the loop (gradient accumulation "
-                       "over loop iterations): one iteration is not one update")  # fmt: skip
-        return
+    # a step under a condition in the loop (gradient accumulation over loop iterations): an
+    # update is several iterations, each replayed as it ran (the condition holds at its last)
+    plan.accumulates = isinstance(top, ast.If) and plan.unit == "loop"
     plan.optimizer = _step_receiver(step_stmt)
     upto = body[: body.index(top) + 1]
     fed: set[str] = set()
@@ -182,7 +182,10 @@ def _make(plan: Plan, tree: ast.Module, function: str, model_line: int | None) -
     final: list[ast.stmt] = []
     _drop_rebinds(kept, set(captured), final, plan.skipped)
     plan.captured = tuple(dict.fromkeys(captured))
-    module = ast.Module(body=final, type_ignores=[])
+    # one pass of a loop around the step, so that its own ``continue`` / ``break`` still work
+    once = ast.For(target=ast.Name(id="__nanscope_once__", ctx=ast.Store()),
+                   iter=ast.Tuple(elts=[ast.Constant(0)], ctx=ast.Load()), body=final, orelse=[])
+    module = ast.Module(body=[ast.copy_location(once, final[0])], type_ignores=[])
     ast.fix_missing_locations(module)
     plan.lines = sorted({s.lineno for s in _walk_statements(final)})
     plan.code = compile(module, plan.file, "exec")

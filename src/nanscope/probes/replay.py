@@ -47,6 +47,13 @@ MATCH = 0.05
 REPLAY_SECONDS = 30.0
 #: the window is rerun this many times over (a failure delayed by a smaller step shows later)
 PASSES = 2
+#: ... and at least this many updates in all (a window of two updates is rerun 12 times)
+MIN_UPDATES = 24
+#: a table column holding a value this large is not standardised (10 standard deviations out)
+RAW_UNITS = 10.0
+#: the gradient norm a clipping replay bounds to when too few updates came before the trouble
+#: to know its level: the ``max_norm`` most scripts pass to ``clip_grad_norm_``
+CLIP_DEFAULT = 1.0
 #: ops whose non-finite output an epsilon can prevent, and how (see ``_EpsilonMode``)
 LOG_OPS = ("log", "log2", "log10", "log1p", "xlogy")
 DIVISION_OPS = ("div", "true_divide", "divide", "reciprocal", "rsqrt", "sqrt", "norm",
@@ -137,12 +144,12 @@ class _Replay:
             for factor in (0.1, 0.01, 0.001):
                 changes.append((f"lr_x{factor:g}", {"lr": factor}))
         rows = self._suspect_rows(window)
-        sizes = {u.step: self._batch_size(u) for u in window}
+        sizes = {u.step: _batch_size(u.forwards) for u in window}
         # rows that are the whole batch (a column broken in every row) cannot be left out
         rows = {s: r for s, r in rows.items() if len(r) < (sizes.get(s) or len(r) + 1)}
         if rows:
             changes.append(("without_rows", {"rows": rows}))
-        columns = self._unscaled_columns()
+        columns = self._unscaled_columns(window)
         if columns and snap.step == 1:
             changes.append(("standardised", {"columns": columns}))
         located = self.found.get("located") or {}
@@ -155,11 +162,53 @@ class _Replay:
             changes.append(("eps", {"op": op}))
         if any(g.get("eps") == 0 for g in self.optimizer.param_groups):
             changes.append(("optimizer_eps", {"optimizer_eps": 1e-8}))
-        if len(window) >= 2 and self._clip_level(snap.step) is not None:
+        if self._narrow():
+            changes.append(("float32", {"float32": True}))
+        if len(window) >= 2:
             changes.append(("clipped", {"clip": True}))
         if snap.step == 1:
             changes.append(("standard_init", {"reinit": True}))
         return changes
+
+    def _initial_scale(self, snap: Any) -> dict[str, Any] | None:
+        """How far the snapshot's weights sit from the framework's default initialisation of
+        their module: the weight matrix whose std is the most times (either way) that of a fresh
+        ``reset_parameters()`` of a copy of its module. ``{"param", "ratio"}``, or None."""
+        import copy
+
+        torch = self.torch
+        if self.model is None:
+            return None
+        position = {id(p): i for i, p in enumerate(self.params)}
+        worst: tuple[float, str, float] | None = None
+        for name, module in self.model.named_modules():
+            own = [(n, p) for n, p in module.named_parameters(recurse=False)
+                   if p.dim() >= 2 and p.is_floating_point() and id(p) in position]  # fmt: skip
+            if not own or not callable(getattr(module, "reset_parameters", None)):
+                continue
+            if sum(p.numel() for _, p in own) > 50_000_000:
+                continue
+            fresh = copy.deepcopy(module)
+            with torch.random.fork_rng(devices=[]):
+                fresh.reset_parameters()
+            default = dict(fresh.named_parameters(recurse=False))
+            for pname, p in own:
+                base = float(default[pname].detach().float().std())
+                now = float(snap.params[position[id(p)]].detach().float().std())
+                if base > 0 and now > 0:
+                    ratio = now / base
+                    far = max(ratio, 1 / ratio)
+                    if worst is None or far > worst[0]:
+                        worst = (far, f"{name}.{pname}" if name else pname, ratio)
+        if worst is None:
+            return None
+        return {"param": worst[1], "ratio": round(worst[2], 4)}
+
+    def _narrow(self) -> bool:
+        """The fit computes in half precision or bf16: its weights, or autocast at the forward."""
+        torch = self.torch
+        narrow = (torch.float16, torch.bfloat16)
+        return any(p.dtype in narrow for p in self.params) or self.f.autocast in narrow
 
     def _suspect_rows(self, window: list[Any]) -> dict[int, list[int]]:
         """``{update: [batch rows]}``: every row of a kept batch that holds NaN/inf (read here,
@@ -167,9 +216,11 @@ class _Replay:
         steps = {u.step for u in window}
         out: dict[int, list[int]] = {}
         for update in window:
-            bad = self._nonfinite_rows(update)
+            bad: set[int] = set()
+            for it in update.iterations:
+                bad |= set(_nonfinite_rows(it.forwards, it.values))
             if bad:
-                out[update.step] = bad
+                out[update.step] = sorted(bad)
         for row in [*(self.found.get("rows") or []), *(self.f.extra.get("rows") or [])]:
             if not isinstance(row, dict) or row.get("why") not in ("nonfinite", "nan", "inf",
                                                                    "extreme"):  # fmt: skip
@@ -181,23 +232,24 @@ class _Replay:
                     out[step].append(batch_row)
         return out
 
-    def _nonfinite_rows(self, update: Any) -> list[int]:
+    def _unscaled_columns(self, window: list[Any]) -> list[int]:
+        """The columns of a table-shaped model input that are not in standardised units: a
+        value of more than ``RAW_UNITS`` in magnitude (10 standard deviations out, were the
+        column standardised) in the window's batches, or the one the trace named."""
         torch = self.torch
-        size = self._batch_size(update)
-        if size is None:
-            return []
-        bad = torch.zeros(size, dtype=torch.bool)
-        for value in [*(a for args, kw in update.forwards for a in (*args, *kw.values())),
-                      *update.values.values()]:  # fmt: skip
-            if isinstance(value, torch.Tensor) and value.is_floating_point() and (
-                    value.dim() >= 1 and value.shape[0] == size):  # fmt: skip
-                rows = ~torch.isfinite(value.detach()).reshape(size, -1).all(dim=1)
-                bad |= rows.cpu()
-        return [int(i) for i in torch.nonzero(bad).flatten().tolist()]
-
-    def _unscaled_columns(self) -> list[int]:
-        column = self.f.extra.get("unscaled_column")
-        return [int(column)] if isinstance(column, int) else []
+        top: Any = None
+        for update in window:
+            for args, _ in update.forwards:
+                x = args[0] if args else None
+                if isinstance(x, torch.Tensor) and x.dim() == 2 and x.is_floating_point():
+                    col = torch.nan_to_num(x.detach().abs().double(), nan=0.0, posinf=0.0)
+                    col = col.amax(dim=0).cpu()
+                    top = col if top is None or top.shape != col.shape else torch.maximum(top, col)
+        columns = [] if top is None else [int(i) for i in torch.nonzero(top > RAW_UNITS).flatten()]
+        named = self.f.extra.get("unscaled_column")
+        if isinstance(named, int) and named not in columns:
+            columns.append(named)
+        return sorted(columns)
 
     # ------------------------------------------------------------------ one rerun
 
@@ -247,9 +299,18 @@ class _Replay:
                 entry["text"] = (f"updates {snap.step}-{window[-1].step} rerun unchanged from a "
                                  f"snapshot reproduce the failure ({judged.text()})")
             return entry
+        if setup.get("clip"):
+            setup = {**setup, "clip_to": self._clip_level(snap.step)}
+        if setup.get("reinit"):
+            scale = self._initial_scale(snap)
+            if scale:
+                entry["initial_scale"] = scale
+                setup = {**setup, "initial_scale": scale}
         entry["text"] = _describe(change, setup, snap, window, judged, fixed)
         if setup.get("op"):
             entry["op"] = setup["op"]
+        if setup.get("columns"):
+            entry["columns"] = list(setup["columns"])
         return entry
 
     def _losses(self, snap: Any, window: list[Any], setup: dict[str, Any]) -> list[float]:
@@ -264,7 +325,6 @@ class _Replay:
             return self._run_window(snap, window, {**setup, "replace_rows": True})
 
     def _run_window(self, snap: Any, window: list[Any], setup: dict[str, Any]) -> list[float]:
-        torch = self.torch
         self._load(snap)
         if setup.get("reinit"):
             _reinitialise(self.model)
@@ -272,10 +332,15 @@ class _Replay:
             for group in self.optimizer.param_groups:
                 if group.get("eps") == 0:
                     group["eps"] = setup["optimizer_eps"]
+        if setup.get("float32"):
+            self._widen()
         losses: list[float] = []
         stats = self._column_stats(window, setup.get("columns") or [])
         clip_to = self._clip_level(snap.step) if setup.get("clip") else None
-        for _ in range(PASSES):
+        # a short window is rerun over and over, so that a failure a smaller step only delays
+        # still shows (at least MIN_UPDATES updates, at least PASSES passes)
+        passes = max(PASSES, math.ceil(MIN_UPDATES / max(len(window), 1)))
+        for _ in range(passes):
             for update in window:
                 loss = self._one(update, setup, stats, clip_to)
                 losses.append(loss)
@@ -283,40 +348,45 @@ class _Replay:
                     return losses
                 if time.monotonic() > self.deadline + 10.0:
                     raise TimeoutError("the replay ran past its time budget")
-        del torch
         return losses
 
     def _one(self, update: Any, setup: dict[str, Any], stats: dict[int, tuple[float, float]],
              clip_to: float | None) -> float:  # fmt: skip
+        """Rerun one update: each of its loop iterations as it ran, the step at its last."""
         torch = self.torch
         plan = self.h.plan
-        rows = (setup.get("rows") or {}).get(update.step)
         for group, lr in zip(self.optimizer.param_groups, update.lrs):
             if math.isfinite(lr):
                 group["lr"] = lr
-        # one namespace (a comprehension in the step sees the loop's names as globals)
-        namespace = {**(self.h.frame_globals or {}), **(self.h.frame_locals or {})}
-        for name in plan.fed:  # what only the model reads: it is fed what it got
-            namespace.setdefault(name, None)
-        size = self._batch_size(update)
-        if setup.get("replace_rows"):
-            namespace.update(update.values)
-            forwards = [(_without_rows(a, rows, size, replace=True),
-                         _without_rows(k, rows, size, replace=True))
-                        for a, k in update.forwards]  # fmt: skip
-        else:
-            for name, value in update.values.items():
-                namespace[name] = _without_rows(value, rows, size)
-            forwards = [(_without_rows(a, rows, size), _without_rows(k, rows, size))
-                        for a, k in update.forwards]  # fmt: skip
-        if stats:
-            forwards = [(_standardise(a, stats), k) for a, k in forwards]
         factor = float(setup.get("lr", 1.0))
         before = [p.detach().clone() for p in self.params] if factor != 1.0 else None
+        self.optimizer.zero_grad(set_to_none=True)  # each update starts from no gradient
         backward: list[Any] = []
-        with _feeding(self.model, forwards), _catching(torch, backward), \
-                _clipping(self.optimizer, clip_to), _epsilon(torch, setup.get("op")):
-            exec(plan.code, namespace)  # the user's training step, on their model
+        base = {**(self.h.frame_globals or {}), **(self.h.frame_locals or {})}
+        iterations = update.iterations
+        for index, iteration in enumerate(iterations):
+            rows = self._rows_for(setup, update, index, iteration)
+            # one namespace (a comprehension in the step sees the loop's names as globals)
+            namespace = dict(base)
+            for name in plan.fed:  # what only the model reads: it is fed what it got
+                namespace.setdefault(name, None)
+            size = _batch_size(iteration.forwards)
+            replace = bool(setup.get("replace_rows"))
+            for name, value in iteration.values.items():
+                namespace[name] = value if replace else _without_rows(value, rows, size)
+            forwards = [(_without_rows(a, rows, size, replace=replace),
+                         _without_rows(k, rows, size, replace=replace))
+                        for a, k in iteration.forwards]  # fmt: skip
+            if stats:
+                forwards = [(_standardise(a, stats), k) for a, k in forwards]
+            if setup.get("float32"):
+                forwards = [(_as_float32(a), _as_float32(k)) for a, k in forwards]
+                for name in iteration.values:
+                    namespace[name] = _as_float32(namespace[name])
+            with _feeding(self.model, forwards), _catching(torch, backward), \
+                    _clipping(self.optimizer, clip_to), _epsilon(torch, setup.get("op")), \
+                    _full_precision(torch, bool(setup.get("float32"))):
+                exec(plan.code, namespace)  # the user's training step, on their model
         if before is not None:
             with torch.no_grad():
                 for p, b in zip(self.params, before):
@@ -330,12 +400,35 @@ class _Replay:
             values = [v / scale for v in values]
         return math.fsum(values) / len(values)
 
-    def _batch_size(self, update: Any) -> int | None:
-        for args, _ in update.forwards:
-            for a in args:
-                if isinstance(a, self.torch.Tensor) and a.dim() >= 1:
-                    return int(a.shape[0])
-        return None
+    def _rows_for(self, setup: dict[str, Any], update: Any, index: int,
+                  iteration: Any) -> list[int] | None:  # fmt: skip
+        """The rows to leave out of this iteration's batch: those holding NaN/inf in it, and
+        the extreme rows the probes named in the update's last iteration."""
+        rows_by_step = setup.get("rows")
+        if not rows_by_step or update.step not in rows_by_step:
+            return None
+        rows = set(_nonfinite_rows(iteration.forwards, iteration.values))
+        if index == len(update.iterations) - 1:
+            rows |= set(rows_by_step[update.step])
+        size = _batch_size(iteration.forwards)
+        if size is not None and len(rows) >= size:
+            return None  # the whole batch: nothing to leave out (a column broken everywhere)
+        return sorted(rows) or None
+
+    def _widen(self) -> None:
+        """The model, its buffers and the optimizer's state in float32 (from half or bf16)."""
+        torch = self.torch
+        narrow = (torch.float16, torch.bfloat16)
+        state = self.optimizer.state_dict()
+        with torch.no_grad():
+            for p in self.params:
+                if p.dtype in narrow:
+                    p.data = p.data.float()
+            for b in self._buffers():
+                if b.dtype in narrow:
+                    b.data = b.data.float()
+        self.optimizer.load_state_dict(state)  # (its floating state follows the params' dtype)
+
 
     def _column_stats(self, window: list[Any], columns: list[int]) -> dict[int, tuple[float,
                                                                                      float]]:
@@ -353,12 +446,12 @@ class _Replay:
                     out[column] = (float(col.mean()), std if std > 0 else 1.0)
         return out
 
-    def _clip_level(self, step: int) -> float | None:
+    def _clip_level(self, step: int) -> float:
         """The median gradient norm of the updates before ``step`` (at least three of them):
-        the level before the trouble. None when too few were seen to say."""
+        the level before the trouble; with fewer seen, 1.0, the usual ``max_norm``."""
         norms = sorted(v for s, v in self.f.extra.get("grad_norms") or [] if s <= step and
                        math.isfinite(v) and v > 0)  # fmt: skip
-        return norms[len(norms) // 2] if len(norms) >= 3 else None
+        return norms[len(norms) // 2] if len(norms) >= 3 else CLIP_DEFAULT
 
     # ------------------------------------------------------------------ state
 
@@ -382,11 +475,11 @@ class _Replay:
         torch = self.torch
         with torch.no_grad():
             for p, value in zip(self.params, saved["params"]):
-                p.copy_(value)
+                _put(p, value)
             for p, grad in zip(self.params, saved["grads"]):
                 p.grad = grad
             for b, value in zip(self._buffers(), saved["buffers"]):
-                b.copy_(value)
+                _put(b, value)
         self.optimizer.load_state_dict(saved["optimizer"])
         if saved["scaler"] is not None:
             self.f.grad_scaler.load_state_dict(saved["scaler"])
@@ -399,10 +492,10 @@ class _Replay:
         torch = self.torch
         with torch.no_grad():
             for p, value in zip(self.params, snap.params):
-                p.copy_(value)
                 p.grad = None
+                _put(p, value)
             for b, value in zip(self._buffers(), snap.buffers):
-                b.copy_(value)
+                _put(b, value)
         self.optimizer.load_state_dict(copy.deepcopy(snap.optimizer))
         if snap.rng is not None:
             torch.set_rng_state(snap.rng)
@@ -420,6 +513,91 @@ def _same_loss(replayed: float, recorded: float) -> bool:
         return not math.isfinite(replayed)
     return math.isfinite(replayed) and abs(replayed - recorded) <= MATCH * max(abs(recorded),
                                                                              1e-12)
+
+
+def _put(tensor: Any, value: Any) -> None:
+    """``tensor`` holds ``value`` again, in ``value``'s dtype (a float32 rerun widened it)."""
+    if tensor.dtype != value.dtype:
+        tensor.data = value.clone()
+    else:
+        tensor.copy_(value)
+
+
+def _batch_size(forwards: list[Any]) -> int | None:
+    """The first dimension of the first tensor a forward was given."""
+    import torch
+
+    for args, kwargs in forwards:
+        for a in (*args, *kwargs.values()):
+            if isinstance(a, torch.Tensor) and a.dim() >= 1:
+                return int(a.shape[0])
+    return None
+
+
+def _nonfinite_rows(forwards: list[Any], values: dict[str, Any]) -> list[int]:
+    """Every row of the batch (the forwards' tensors and the captured ones of the batch's size)
+    that holds a NaN or an inf."""
+    import torch
+
+    size = _batch_size(forwards)
+    if size is None:
+        return []
+    bad = torch.zeros(size, dtype=torch.bool)
+    for value in [*(a for args, kw in forwards for a in (*args, *kw.values())),
+                  *values.values()]:  # fmt: skip
+        if isinstance(value, torch.Tensor) and value.is_floating_point() and (
+                value.dim() >= 1 and value.shape[0] == size):  # fmt: skip
+            bad |= (~torch.isfinite(value.detach()).reshape(size, -1).all(dim=1)).cpu()
+    return [int(i) for i in torch.nonzero(bad).flatten().tolist()]
+
+
+def _as_float32(value: Any) -> Any:
+    """Half and bf16 tensors as float32, inside tuples, lists and dicts."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.float() if value.dtype in (torch.float16, torch.bfloat16) else value
+    if isinstance(value, tuple):
+        return tuple(_as_float32(v) for v in value)
+    if isinstance(value, list):
+        return [_as_float32(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _as_float32(v) for k, v in value.items()}
+    return value
+
+
+@contextlib.contextmanager
+def _full_precision(torch: Any, on: bool) -> Iterator[None]:
+    """While the step runs: autocast does nothing, and ``.half()`` / ``.bfloat16()`` /
+    ``.to(torch.float16)`` leave a tensor in float32 (the model is float32 for this rerun)."""
+    if not on:
+        yield
+        return
+    tensor = torch.Tensor
+    saved = {name: getattr(tensor, name) for name in ("half", "bfloat16", "to")}
+    narrow = (torch.float16, torch.bfloat16)
+    original_to = saved["to"]
+
+    def keep(self: Any, *args: Any, **kwargs: Any) -> Any:
+        return self
+
+    def to(self: Any, *args: Any, **kwargs: Any) -> Any:
+        args = tuple(torch.float32 if a in narrow else a for a in args)
+        if kwargs.get("dtype") in narrow:
+            kwargs["dtype"] = torch.float32
+        return original_to(self, *args, **kwargs)
+
+    enter, leave = torch.autocast.__enter__, torch.autocast.__exit__
+    tensor.half, tensor.bfloat16, tensor.to = keep, keep, to
+    torch.autocast.__enter__ = lambda self: self  # type: ignore[assignment]
+    torch.autocast.__exit__ = lambda self, *exc: False  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(tensor, name, value)
+        torch.autocast.__enter__ = enter  # type: ignore[method-assign]
+        torch.autocast.__exit__ = leave  # type: ignore[method-assign]
 
 
 def _json_float(value: float) -> float | str:
@@ -440,9 +618,14 @@ def _describe(change: str, setup: dict[str, Any], snap: Any, window: list[Any], 
         "standardised": f"with input column(s) {setup.get('columns')} standardised",
         "eps": f"with an epsilon at the {setup.get('op')} op",
         "optimizer_eps": "with the optimizer's eps set to 1e-8",
-        "clipped": "with the gradient norm clipped to its level before the trouble",
-        "standard_init": "from the framework's default initialisation",
+        "clipped": f"with the gradient norm clipped to {setup.get('clip_to', 1.0):.3g}",
+        "standard_init": "from the framework's default initialisation"
+        + (f" (the initial {setup['initial_scale']['param']} had "
+           f"{setup['initial_scale']['ratio']:.3g} times the default's std)"
+           if setup.get("initial_scale") else ""),
     }.get(change)
+    if change == "float32":
+        what = "in float32 (weights, inputs and autocast)"
     if what is None and change.startswith("lr_x"):
         what = f"at {change[4:]} times the learning rate"
     verdict = "removes the failure" if fixed else "does not remove the failure"

@@ -11,12 +11,13 @@ before the trouble began, once unchanged and once per intervention
   ``COST_SHARE`` of the fit's own time (a large model is copied rarely, a small one often); a
   model whose snapshot would exceed ``MAX_SNAPSHOT_BYTES`` is not snapshotted and the diagnosis
   says so instead of replaying.
-* **each update's inputs**, by reference: the arguments of every forward call of the model in
-  that update (a replayed forward is given exactly these), the values of the names the training
-  step captures (:mod:`nanscope.probes.loopslice`: the loop's variables, a batch drawn by
-  ``next(it)``), and the learning rate of each parameter group. References only: a batch the
-  loop makes anew each update stays alive until it leaves the window (at most
-  ``MAX_KEPT_BYTES`` of them).
+* **each update's inputs**, by reference: for each loop iteration the update took (several
+  under gradient accumulation over loop iterations), the values of the names the training step
+  captures (:mod:`nanscope.probes.loopslice`: the loop's variables, a batch drawn by
+  ``next(it)``), read when the model's forward is called, and the arguments of every forward
+  call (a replayed forward is given exactly these); and the learning rate of each parameter
+  group. References only: a batch the loop makes anew each update stays alive until it leaves
+  the window (at most ``MAX_KEPT_BYTES`` of them).
 
 The training step is read once, from the frame that called ``optimizer.step()`` at the first
 check. Everything here runs inside the watcher's fault guard: a fault turns the history off and
@@ -37,7 +38,7 @@ import torch
 from nanscope.probes.loopslice import Plan, plan_for
 
 __all__ = ["COST_SHARE", "KEEP", "MAX_KEPT_BYTES", "MAX_SNAPSHOT_BYTES", "SNAPSHOT_EVERY",
-           "History", "Snapshot", "UpdateInputs"]  # fmt: skip
+           "History", "Iteration", "Snapshot", "UpdateInputs"]  # fmt: skip
 
 #: the fewest updates between two snapshots
 SNAPSHOT_EVERY = 16
@@ -63,16 +64,33 @@ class Snapshot:
     nbytes: int = 0
 
 
+#: one forward call's arguments
+Forward = tuple[tuple[Any, ...], dict[str, Any]]
+
+
+@dataclass
+class Iteration:
+    """One pass of the loop body within an update: the captured names' values when its first
+    forward ran, and the arguments of every forward call it made (several in one iteration: a
+    closure evaluated again, two models)."""
+
+    values: dict[str, Any] = field(default_factory=dict)
+    forwards: list[Forward] = field(default_factory=list)
+
+
 @dataclass
 class UpdateInputs:
-    """What update ``step`` was computed from: its forwards' arguments, the captured names'
-    values and each parameter group's learning rate."""
+    """What update ``step`` was computed from: the loop iterations it took (several under
+    gradient accumulation over loop iterations) and each parameter group's learning rate."""
 
     step: int
     lrs: list[float]
-    forwards: list[tuple[tuple[Any, ...], dict[str, Any]]] = field(default_factory=list)
-    values: dict[str, Any] = field(default_factory=dict)
+    iterations: list[Iteration] = field(default_factory=list)
     nbytes: int = 0
+
+    @property
+    def forwards(self) -> list[Forward]:
+        return [f for it in self.iterations for f in it.forwards]
 
 
 class History:
@@ -91,7 +109,10 @@ class History:
         self.frame_locals: dict[str, Any] | None = None
         #: why nothing can be replayed (set once; the history then keeps nothing more)
         self.off: str | None = None
-        self._forwards: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
+        self._iterations: list[Iteration] = []
+        #: before the training step is read (the first update): each forward's caller's
+        #: namespace, copied
+        self._first_scopes: list[dict[str, Any]] = []
         self._kept_bytes = 0
         self._code: Any = None
         self._depth = 0
@@ -105,16 +126,39 @@ class History:
     def bind(self, model: Any) -> None:
         self.model = model
 
-    def on_forward(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        """The model's forward was called (references; several per update are micro-batches)."""
-        if self.off is None and len(self._forwards) < 256:
-            self._forwards.append((args, kwargs))
+    def on_forward(self, args: tuple[Any, ...], kwargs: dict[str, Any], frame_depth: int = 1
+                   ) -> None:  # fmt: skip
+        """The model's forward was called (references): a new loop iteration when the captured
+        names hold other values than at the last forward of this update."""
+        if self.off is not None or len(self._iterations) >= 256:
+            return
+        plan = self.plan
+        values: dict[str, Any] = {}
+        if plan is None:
+            # the training step is read at the first check: until then each forward keeps a
+            # copy of its caller's namespace, to read the captured names from then
+            frame = self._user_frame(frame_depth + 1)
+            self._first_scopes.append(dict(frame.f_locals) if frame is not None else {})
+            self._iterations.append(Iteration({}, [(args, kwargs)]))
+            return
+        else:
+            frame = self._step_frame(frame_depth + 1)
+            if frame is not None:
+                scope = frame.f_locals
+                for name in plan.captured:
+                    if name in scope:
+                        values[name] = scope[name]
+        its = self._iterations
+        if its and _same_values(its[-1].values, values):
+            its[-1].forwards.append((args, kwargs))
+        else:
+            its.append(Iteration(values, [(args, kwargs)]))
 
     def on_check(self, step: int, frame_depth: int, model_site: Any = None) -> None:
         """Update ``step`` is being checked, before its step: keep its inputs, snapshot if due.
         ``frame_depth``: frames from the caller of this method up to the hook's own frame;
         ``model_site``: the user's line that called the model (a ``CallSite``), if known."""
-        forwards, self._forwards = self._forwards, []
+        iterations, self._iterations = self._iterations, []
         if self.off is not None:
             return
         now = time.perf_counter()
@@ -125,21 +169,22 @@ class History:
         self._last_check = now
         frame = self._user_frame(frame_depth + 1)
         if self.plan is None:
+            if _multi_rank():
+                self.off = ("the fit runs on several ranks: a replay on one rank would run the "
+                            "collectives of a distributed step alone")  # fmt: skip
+                return
             self._read_plan(frame, model_site)
             if self.off is not None:
                 return
-        plan = self.plan
-        assert plan is not None
-        values: dict[str, Any] = {}
+            iterations = self._first_iterations(iterations)
+        captured = self.plan.captured if self.plan is not None else ()
         if frame is not None:
-            scope = frame.f_locals
-            self.frame_locals = scope
-            for name in plan.captured:
-                if name in scope:
-                    values[name] = scope[name]
+            self.frame_locals = frame.f_locals
+            if not iterations:  # no forward seen (a closure, a model outside the watch)
+                scope = frame.f_locals
+                iterations = [Iteration({n: scope[n] for n in captured if n in scope})]
         lrs = [_float(g.get("lr")) for g in self.optimizer.param_groups]
-        entry = UpdateInputs(step, lrs, forwards, values, _new_bytes(forwards, values,
-                                                                    self.updates))  # fmt: skip
+        entry = UpdateInputs(step, lrs, iterations, _new_bytes(iterations, self.updates))
         self.updates.append(entry)
         self._kept_bytes += entry.nbytes
         horizon = self.every * (KEEP + 1) + 2
@@ -150,11 +195,41 @@ class History:
         if self.first is None or self._since_snapshot >= self.every:
             self._take(step)
 
+    def _first_iterations(self, forwards: list[Iteration]) -> list[Iteration]:
+        """The first update's iterations, its forwards grouped by the captured names' values
+        read from each forward's copied namespace."""
+        scopes, self._first_scopes = self._first_scopes, []
+        captured = self.plan.captured if self.plan is not None else ()
+        out: list[Iteration] = []
+        for it, scope in zip(forwards, scopes):
+            values = {n: scope[n] for n in captured if n in scope}
+            if out and _same_values(out[-1].values, values):
+                out[-1].forwards.extend(it.forwards)
+            else:
+                out.append(Iteration(values, list(it.forwards)))
+        return out
+
     def _snap_seconds_last(self) -> float:
         seconds, self._snap_seconds = self._snap_seconds, 0.0
         return seconds
 
     # ------------------------------------------------------------------ the training step
+
+    def _step_frame(self, depth: int) -> Any:
+        """The frame running the training step (the plan's code), up from a forward hook."""
+        code = self._code
+        frame: Any
+        try:
+            frame = sys._getframe(depth)
+        except ValueError:
+            return None
+        for _ in range(16):
+            if frame is None:
+                return None
+            if frame.f_code is code:
+                return frame
+            frame = frame.f_back
+        return None
 
     def _user_frame(self, depth: int) -> Any:
         """The frame that called ``optimizer.step()``: the first outside torch and nanscope."""
@@ -251,6 +326,15 @@ class History:
         return sum(s.nbytes for s in self.snapshots()) + self._kept_bytes
 
 
+def _multi_rank() -> bool:
+    dist = getattr(torch, "distributed", None)
+    try:
+        return bool(dist is not None and dist.is_available() and dist.is_initialized()
+                    and dist.get_world_size() > 1)  # fmt: skip
+    except (RuntimeError, ValueError):
+        return False
+
+
 def _float(value: Any) -> float:
     if isinstance(value, torch.Tensor):
         return float(value.detach().cpu())
@@ -272,17 +356,24 @@ def _tensors(obj: Any, depth: int = 0) -> list[torch.Tensor]:
     return []
 
 
-def _new_bytes(forwards: list[tuple[tuple[Any, ...], dict[str, Any]]], values: dict[str, Any],
-               before: deque[UpdateInputs]) -> int:  # fmt: skip
+def _same_values(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """The same objects under the same names: still the same loop iteration."""
+    return a.keys() == b.keys() and all(a[k] is b[k] for k in a)
+
+
+def _parts(iterations: list[Iteration]) -> list[Any]:
+    return [[it.forwards, list(it.values.values())] for it in iterations]
+
+
+def _new_bytes(iterations: list[Iteration], before: deque[UpdateInputs]) -> int:
     """The bytes of this update's tensors that the previous update did not hold already (a
     full batch reused every update costs nothing more)."""
     seen: set[int] = set()
     if before:
-        last = before[-1]
-        for t in _tensors([last.forwards, list(last.values.values())]):
+        for t in _tensors(_parts(before[-1].iterations)):
             seen.add(id(t))
     total = 0
-    for t in _tensors([forwards, list(values.values())]):
+    for t in _tensors(_parts(iterations)):
         if id(t) not in seen:
             seen.add(id(t))
             total += t.numel() * t.element_size()

@@ -360,7 +360,11 @@ class Watcher:
         probe = self.step % self.records.every == 0 or training is not self._training
         self._training = training
         self.window.on_forward(args, kwargs, output, rng=self.failure is None, probe=probe)
-        self.history.on_forward(args, kwargs)
+        if self.history.off is None:
+            try:
+                self.history.on_forward(args, kwargs)
+            except Exception as exc:  # the replay is lost, never the forward hook
+                self.history.off = f"the history of updates failed ({type(exc).__name__}: {exc})"
         try:
             # the user's line that called the model (None when called late, not from a forward)
             self.window.model_site = self._model_sites.get(2, skip_from="_bind")
