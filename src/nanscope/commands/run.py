@@ -473,6 +473,14 @@ def _arm_torch() -> None:
         warn(f"could not arm the PyTorch hooks ({exc}); the script runs unwatched by them")
 
 
+def _arm_numpy() -> None:
+    """numpy's floating-point errors are recorded from the script's first line: a log of a zero
+    count in the data preparation is the producer of the -inf a later batch holds."""
+    from nanscope.probes import fperrors
+
+    fperrors.arm()
+
+
 def _disarm_torch() -> None:
     autowatch = sys.modules.get("nanscope.torch.autowatch")
     if autowatch is None:
@@ -725,6 +733,7 @@ def main(argv: list[str]) -> int:
         _remembered(target)
     if target.program is None:
         _arm_torch()
+        _arm_numpy()
     if ranks:
         ranks.arm()
     started = time.time()

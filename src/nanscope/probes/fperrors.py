@@ -28,12 +28,15 @@ import weakref
 from collections import deque
 from typing import Any
 
-__all__ = ["errors_of", "watch"]
+__all__ = ["arm", "errors_of", "watch"]
 
 _KINDS = ("divide", "over", "invalid")
 _LOCK = threading.Lock()
 _WATCHES: weakref.WeakSet[_Watch] = weakref.WeakSet()
 _STATE: dict[str, Any] = {"installed": False, "previous": None}
+#: errors seen before any Monitor watched (``nanscope run`` arms this at the script's start): the
+#: data preparation before training, where a log of a zero count makes the -inf a batch holds
+_PRELUDE: deque[dict[str, Any]] = deque(maxlen=16)
 
 #: the message kind numpy passes to the callback -> its np.seterr key
 _SETTING = {"overflow": "over", "divide by zero": "divide", "invalid value": "invalid",
@@ -89,6 +92,13 @@ class _Watch:
         return out
 
 
+def arm() -> None:
+    """Record numpy's floating-point errors from now on, before any Monitor exists (``nanscope
+    run`` calls this before the script starts): the warnings numpy prints are printed as before."""
+    with contextlib.suppress(Exception):
+        _install()
+
+
 def watch(monitor: Any) -> Any:
     """Start recording numpy's floating-point errors for ``monitor``; returns its probe."""
     w = _Watch(monitor)
@@ -104,16 +114,29 @@ def errors_of(w: _Watch, step: int, monitor: Any) -> dict[str, Any] | None:
     """The producer of update ``step`` (its first floating-point error), with the rest as chain."""
     count = int(getattr(monitor, "_count", step) or step)
     events = [e for e in w.events if e["update"] == count]
+    made_batch = _batch_nonfinite(monitor, step)
+    how = "numpy floating-point error"
+    producers = [e for e in events if e["why"].get("kind") != "nonfinite_input"]
+    if made_batch and not producers:
+        # the batch was broken before training began: an op of the data preparation made it
+        prelude = [e for e in _PRELUDE if e["why"].get("kind") != "nonfinite_input"]
+        if prelude:
+            events = [*prelude, *events]
+            producers = prelude
+            how = "numpy floating-point error, in the data preparation before training"
     if not events:
         return None
-    producers = [e for e in events if e["why"].get("kind") != "nonfinite_input"]
     first = producers[0] if producers else events[0]
     located: dict[str, Any] = {
         "op": first["op"], "source": first["source"], "message": first["message"],
-        "observed": bool(producers), "how": "numpy floating-point error", "step": step,
+        "observed": bool(producers), "how": how, "step": step,
         "why": first["why"], "inputs": first["inputs"],
         "input_zero": bool(first["why"].get("zero", False)),
     }  # fmt: skip
+    if producers and made_batch:
+        # an op that made a value from finite ones, and the batch handed to update() holds a
+        # non-finite value: the loop's (or the data preparation's) own op made the batch
+        located["phase"] = "preprocess"
     also = [p for p in producers[1:] if p["source"].get("line") != first["source"].get("line")
             or p["op"] != first["op"]]  # fmt: skip
     if also:
@@ -126,6 +149,16 @@ def errors_of(w: _Watch, step: int, monitor: Any) -> dict[str, Any] | None:
         located["chain"] = [{"op": e["op"], "source": e["source"], "message": e["message"]}
                             for e in rest[:8]]  # fmt: skip
     return located
+
+
+def _batch_nonfinite(monitor: Any, step: int) -> bool:
+    """The inputs or targets given to update ``step`` hold a NaN or inf."""
+    trace = getattr(monitor, "trace", None)
+    records = getattr(trace, "records", None) or []
+    for record in reversed(records[-8:]):
+        if record.get("step") == step:
+            return bool(record.get("nf_inputs") or record.get("nf_targets"))
+    return False
 
 
 # ---------------------------------------------------------------------------- the numpy side
@@ -168,9 +201,13 @@ def _on_error(kind: str, flag: int) -> None:
     except Exception:
         event, user = None, frame
     if event is not None:
-        for w in list(_WATCHES):
+        watches = list(_WATCHES)
+        for w in watches:
             with contextlib.suppress(Exception):
                 w.add(event)
+        if not watches:
+            event.pop("operands", None)
+            _PRELUDE.append({**event, "update": 0})
     previous = _STATE.get("previous")
     setting = (_STATE.get("modes") or {}).get(_SETTING.get(kind, ""), "warn")
     if setting == "call" and callable(previous):

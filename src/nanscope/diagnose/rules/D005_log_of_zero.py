@@ -199,9 +199,11 @@ def check(ctx: Context) -> Finding | None:
                           "-(p * log_p).sum(-1) with log_p = log_softmax(logits), whose gradient "
                           "is finite at p = 0; or clamp p to [eps, 1] before xlogy / entr.")
     if computed:
+        where_made = ("in the data preparation before training" if "data preparation" in
+                      str(located.get("how")) else "in the training loop")  # fmt: skip
         evidence.append(Evidence(
-            CODE, "the -inf/NaN in the batch is computed by this log in the training loop, not "
-            "read from the data", {"phase": "preprocess"}))  # fmt: skip
+            CODE, f"the -inf/NaN in the batch is computed by this log {where_made}, not read "
+            "from the data", {"phase": "preprocess"}))  # fmt: skip
         src = located.get("source") or {}
         where = f"{src.get('file')}:{src.get('line')}" if src.get("file") else "the log"
         actions = [f"Fix {where}: a log transform of counts or amounts that can be 0 needs "

@@ -121,9 +121,10 @@ def check(ctx: Context) -> Finding | None:
             evidence.append(
                 Evidence(
                     CODE,
-                    "the NaN/inf in the batch is computed by this division in the training loop, "
-                    "not read from the data: the same column breaks in every row, so dropping "
-                    "rows cannot fix it",
+                    "the NaN/inf in the batch is computed by this division "
+                    + ("in the data preparation before training" if "data preparation" in
+                       str(located.get("how")) else "in the training loop")
+                    + ", not read from the data: the division is what to fix, not the rows",
                     {"phase": "preprocess"},
                 )
             )
