@@ -320,10 +320,13 @@ def _reporting(stmt: ast.stmt) -> bool:
 
 
 def _keep(body: list[ast.stmt], step_line: int, captured: set[str],
-          model_line: int | None = None, fed: set[str] | None = None) -> list[ast.stmt]:
+          model_line: int | None = None, fed: set[str] | None = None,
+          needed: set[str] | None = None) -> list[ast.stmt]:
     """The statements of ``body`` an update needs, up to the step() call (see the module doc);
-    names only the model call at ``model_line`` reads are added to ``fed``, not needed."""
-    needed: set[str] = set()
+    names only the model call at ``model_line`` reads are added to ``fed``, not needed.
+    ``needed``: the names the statements after this body read (a block's body is kept for
+    what follows the block too)."""
+    needed = set(needed or ())
     kept: list[ast.stmt] = []
     fed = set() if fed is None else fed
     for stmt in reversed(body):
@@ -410,12 +413,12 @@ def _inner(stmt: ast.stmt, step_line: int, captured: set[str], needed: set[str],
     if not _compound(stmt) or isinstance(stmt, ast.While):
         return None
     if isinstance(stmt, ast.Try):
-        body = _keep(stmt.body, step_line, captured, model_line, fed)
+        body = _keep(stmt.body, step_line, captured, model_line, fed, needed)
         if not body:
             return None
         return ast.copy_location(ast.Try(body=body, handlers=stmt.handlers, orelse=[],
                                          finalbody=[]), stmt)  # fmt: skip
-    body = _keep(getattr(stmt, "body", []), step_line, captured, model_line, fed)
+    body = _keep(getattr(stmt, "body", []), step_line, captured, model_line, fed, needed)
     loop_binds = _names(stmt.target) if isinstance(stmt, (ast.For, ast.AsyncFor)) else []
     useful = any(_essential(s) for s in _walk_statements(body)) or any(
         _binds(s) & needed for s in _walk_statements(body))
@@ -428,7 +431,8 @@ def _inner(stmt: ast.stmt, step_line: int, captured: set[str], needed: set[str],
     new = ast.copy_location(type(stmt)(**{f: getattr(stmt, f) for f in stmt._fields}), stmt)
     new.body = body  # type: ignore[attr-defined]
     if isinstance(stmt, ast.If):
-        new.orelse = _keep(stmt.orelse, step_line, captured)  # type: ignore[attr-defined]
+        new.orelse = _keep(stmt.orelse, step_line, captured, model_line, fed,  # type: ignore[attr-defined]
+                           needed)
     elif hasattr(new, "orelse"):
         new.orelse = []  # type: ignore[attr-defined]
     del loop_binds

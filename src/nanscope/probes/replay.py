@@ -383,10 +383,14 @@ class _Replay:
                 forwards = [(_as_float32(a), _as_float32(k)) for a, k in forwards]
                 for name in iteration.values:
                     namespace[name] = _as_float32(namespace[name])
+            # autocast caches its casts of the weights while any autocast region is open (the
+            # check runs inside the user's step, which may be inside one): not across updates
+            torch.clear_autocast_cache()
             with _feeding(self.model, forwards), _catching(torch, backward), \
                     _clipping(self.optimizer, clip_to), _epsilon(torch, setup.get("op")), \
                     _full_precision(torch, bool(setup.get("float32"))):
                 exec(plan.code, namespace)  # the user's training step, on their model
+            torch.clear_autocast_cache()
         if before is not None:
             with torch.no_grad():
                 for p, b in zip(self.params, before):
