@@ -301,6 +301,9 @@ class Monitor:
         self.diagnosis: Diagnosis | None = None
         self.evidence: dict[str, Any] = {}
         self.probes: list[Probe] = []
+        #: asked before a stop: a reason the alarm is no failure (a departure that is the data's
+        #: doing, by the torch adapter's replay), or None
+        self.holds: list[Callable[[Monitor, Alarm], str | None]] = []
         from nanscope.probes import fperrors  # numpy's fp errors name the producer op and line
 
         self.probes.append(fperrors.watch(self))
@@ -708,6 +711,8 @@ class Monitor:
             return  # only ever a reason to roll back, never to stop
         if not first and self.policy == "warn":
             return
+        if self._held(alarm):
+            return
         self.alarm = alarm
         try:  # the trace up to the alarm is on disk whatever happens next
             flush = getattr(self._writer, "flush", None)
@@ -730,6 +735,20 @@ class Monitor:
                 warnings.warn(message, RuntimeWarning, stacklevel=4)
             return
         raise DivergenceError(message, diagnosis)
+
+    def _held(self, alarm: Alarm) -> bool:
+        """An adapter's experiment showed the alarm is no failure (a loss that stepped up with
+        its data): recorded as a ``held`` event, and the fit goes on."""
+        for hold in self.holds:
+            try:
+                reason = hold(self, alarm)
+            except Exception as exc:
+                self._internal_fault("hold", exc)
+                continue
+            if reason:
+                self.record_event("held", step=alarm.step, kind=alarm.kind, text=str(reason))
+                return True
+        return False
 
     def _freeze_last_good(self, alarm: Alarm) -> None:
         last = self.trace.records[-1] if self.trace.records else {}

@@ -32,11 +32,7 @@ CODES = {"sys_exit_code": 4}
 WARNING = re.compile(r"(Warning:|nanscope: warning|internal error)")
 #: cases nanscope fails today, each a bug named here; strict, so the fix turns the case red until
 #: its entry goes
-KNOWN_BUGS = {
-    "curriculum": "the departure detector reads a harder stage whose loss settles above where the "
-    "run started as Adam's jump to a plateau (diverging; a longer run is stopped): from the loss "
-    "alone the two look alike, the decisive check is a replay of the jump's batch from before it",
-}
+KNOWN_BUGS: dict[str, str] = {}
 
 
 def test_the_corpus_holds_every_pattern() -> None:

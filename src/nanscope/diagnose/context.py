@@ -131,13 +131,16 @@ class Context:
 
         detectors: list[Ascent | Divergence | Departure | Explosion] = [
             Ascent(), Divergence(), Departure(), Explosion()]
+        # alarms the run held (an experiment showed the data stepped up, not the weights)
+        held = {e.get("step") for e in self.trace.meta.get("events") or []
+                if isinstance(e, Mapping) and e.get("event") == "held"}  # fmt: skip
         for record in self.records:
             loss = record.get("loss")
             if loss is None or not math.isfinite(loss):
                 return None  # the first non-finite update comes first
             for detector in detectors:
                 fired = detector.step(dict(record))
-                if fired is not None:
+                if fired is not None and fired.step not in held:
                     return {"kind": fired.kind, "step": fired.step, "text": fired.text,
                             "replayed": True, **fired.data}  # fmt: skip
         return None

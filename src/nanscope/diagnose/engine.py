@@ -139,10 +139,15 @@ def diagnose(trace: Trace | Any, evidence: Mapping[str, Any] | None = None) -> D
         verdict = "healthy"
     if verdict == "healthy" and _zeros(ctx) is not None:
         verdict = "suspect"  # a loss stuck at exactly 0.0 is not a converged one
+    held = _last_event(trace, "held")
+    if verdict == "healthy" and held is not None:
+        verdict = "suspect"  # the loss stepped up with its data: not stopped, not healthy either
     summary = _summary(ctx)
     notes = _notes(ctx, stopped)
     if verdict == "suspect" and outcome.kind == "returned":
         notes.insert(0, _outcome_evidence(outcome))
+    if held is not None and verdict == "suspect":
+        notes.insert(0, Evidence("replay", str(held.get("text")), {"step": held.get("step")}))
     if crashed is not None:  # a failure found before the script's own exception: it stands
         notes.append(crash_note(crashed))
     if verdict == "healthy":

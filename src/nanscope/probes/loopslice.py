@@ -65,6 +65,7 @@ class Plan:
     skipped: list[int] = field(default_factory=list)
     optimizer: str | None = None
     fed: tuple[str, ...] = ()
+    free: tuple[str, ...] = ()
     accumulates: bool = False
     reason: str | None = None
 
@@ -182,6 +183,11 @@ def _make(plan: Plan, tree: ast.Module, function: str, model_line: int | None) -
     final: list[ast.stmt] = []
     _drop_rebinds(kept, set(captured), final, plan.skipped)
     plan.captured = tuple(dict.fromkeys(captured))
+    bound = {n for stmt in _walk_statements(final) for n in _binds(stmt)}
+    bound |= {n for stmt in _walk_statements(final) if isinstance(stmt, (ast.For, ast.AsyncFor))
+              for n in _names(stmt.target)}  # fmt: skip
+    reads = set().union(*(_reads(stmt) for stmt in final)) if final else set()
+    plan.free = tuple(sorted(reads - bound - set(plan.captured)))
     # one pass of a loop around the step, so that its own ``continue`` / ``break`` still work
     once = ast.For(target=ast.Name(id="__nanscope_once__", ctx=ast.Store()),
                    iter=ast.Tuple(elts=[ast.Constant(0)], ctx=ast.Load()), body=final, orelse=[])

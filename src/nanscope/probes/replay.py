@@ -39,7 +39,7 @@ from typing import Any
 from nanscope.outcome import FAR, judge
 from nanscope.probes.failure import TorchFailure
 
-__all__ = ["MATCH", "REPLAY_SECONDS", "experiments"]
+__all__ = ["MATCH", "REPLAY_SECONDS", "data_step", "experiments", "onset_of"]
 
 #: the control's first loss must be within this relative distance of the recorded one
 MATCH = 0.05
@@ -73,6 +73,23 @@ def experiments(failure: TorchFailure, found: dict[str, Any]) -> list[dict[str, 
         raise
     except BaseException as exc:  # a probe bug must never kill the user's run
         return [_not_run("replay", f"the replay failed ({type(exc).__name__}: {exc})")]
+
+
+def data_step(failure: TorchFailure, alarm: dict[str, Any]) -> str | None:
+    """Whether a departure (the loss out of its range and staying out) is the data's doing: the
+    weights from before the jump, frozen, give the same high loss on the batches after it (a
+    harder curriculum stage, a new data shard, a GAN's discriminator catching up), rather than
+    the low loss they had. A sentence saying so, or None (the weights moved: a divergence, or
+    no replay could tell). Never raises."""
+    history = failure.extra.get("history")
+    if history is None or history.off is not None:
+        return None
+    try:
+        return _Replay(failure, {}, history).data_step(alarm)
+    except KeyboardInterrupt:
+        raise
+    except BaseException:
+        return None
 
 
 def _not_run(change: str, text: str) -> dict[str, Any]:
@@ -128,6 +145,46 @@ class _Replay:
                 out.append(self._rerun(snap, window, change, setup))
         finally:
             self._restore(saved)
+
+    def data_step(self, alarm: dict[str, Any]) -> str | None:
+        jump_from, jump_to = alarm.get("jump_from_step"), alarm.get("jump_to_step")
+        fail = int(self.f.step or 0)
+        if not isinstance(jump_from, int) or not isinstance(jump_to, int) or jump_to > fail:
+            return None
+        snap = next((s for s in reversed(self.h.snapshots()) if s.step <= jump_from
+                     and self.h.inputs(s.step, fail) is not None), None)  # fmt: skip
+        after = self.h.inputs(jump_to, fail)
+        if snap is None or after is None:
+            return None
+        before = [v for s, v in self.recorded.items() if snap.step <= s <= jump_from
+                  and math.isfinite(v)]  # fmt: skip
+        observed = [v for s, v in self.recorded.items() if jump_to <= s <= fail
+                    and math.isfinite(v)]  # fmt: skip
+        if not before or not observed:
+            return None
+        saved = self._save()
+        try:
+            with self.torch.random.fork_rng(devices=[]):
+                self._load(snap)
+                frozen = [self._one(u, {"lr": 0.0}, {}, None) for u in after]
+        finally:
+            self._restore(saved)
+        if not frozen or not all(math.isfinite(v) for v in frozen):
+            return None
+        level_before = sorted(before)[len(before) // 2]
+        level_after = sorted(observed)[len(observed) // 2]
+        level_frozen = sorted(frozen)[len(frozen) // 2]
+        if level_before <= 0 or level_after <= level_before:
+            return None
+        # on the log scale, the frozen weights' loss is nearer the loss after the jump than the
+        # loss before it: the batches got harder, the weights did not break
+        if math.log(level_frozen / level_before) < 0.5 * math.log(level_after / level_before):
+            return None
+        return (f"the loss stepped up at update {jump_to} with the data, not the weights: the "
+                f"weights of update {snap.step}, from before the step, give a median loss of "
+                f"{level_frozen:.4g} on the batches of updates {jump_to}-{fail} (the run had "
+                f"{level_after:.4g} there and {level_before:.4g} before): a harder stage or a new "
+                "shard of data, not a divergence")
 
     def _snapshot(self, onset: int, fail: int) -> Any:
         """The latest snapshot taken before the trouble (at least one update before a failure

@@ -148,8 +148,19 @@ class History:
                 for name in plan.captured:
                     if name in scope:
                         values[name] = scope[name]
+                if frame.f_globals is not scope:
+                    glb = frame.f_globals
+                    for name in plan.free:
+                        value = scope[name] if name in scope else glb.get(name, _MISSING)
+                        if _data(value):
+                            values[name] = value
+                else:
+                    for name in plan.free:
+                        value = scope.get(name, _MISSING)
+                        if _data(value):
+                            values[name] = value
         its = self._iterations
-        if its and _same_values(its[-1].values, values):
+        if its and _same_values(its[-1].values, values, plan.captured):
             its[-1].forwards.append((args, kwargs))
         else:
             its.append(Iteration(values, [(args, kwargs)]))
@@ -200,10 +211,12 @@ class History:
         read from each forward's copied namespace."""
         scopes, self._first_scopes = self._first_scopes, []
         captured = self.plan.captured if self.plan is not None else ()
+        free = self.plan.free if self.plan is not None else ()
         out: list[Iteration] = []
         for it, scope in zip(forwards, scopes):
             values = {n: scope[n] for n in captured if n in scope}
-            if out and _same_values(out[-1].values, values):
+            values.update({n: scope[n] for n in free if n in scope and _data(scope[n])})
+            if out and _same_values(out[-1].values, values, captured):
                 out[-1].forwards.extend(it.forwards)
             else:
                 out.append(Iteration(values, list(it.forwards)))
@@ -356,9 +369,19 @@ def _tensors(obj: Any, depth: int = 0) -> list[torch.Tensor]:
     return []
 
 
-def _same_values(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    """The same objects under the same names: still the same loop iteration."""
-    return a.keys() == b.keys() and all(a[k] is b[k] for k in a)
+_MISSING = object()
+
+
+def _data(value: Any) -> bool:
+    """A value an iteration reads that may change between iterations: a tensor, an array, a
+    number (not a module, a function or an optimizer, which the replay reads as they are)."""
+    return isinstance(value, (torch.Tensor, int, float)) or type(value).__name__ == "ndarray"
+
+
+def _same_values(a: dict[str, Any], b: dict[str, Any], captured: tuple[str, ...] = ()) -> bool:
+    """The same loop variables (the captured names) hold the same objects: the same iteration."""
+    keys = [k for k in captured if k in a or k in b] if captured else list(a.keys() | b.keys())
+    return all(a.get(k, _MISSING) is b.get(k, _MISSING) for k in keys)
 
 
 def _parts(iterations: list[Iteration]) -> list[Any]:

@@ -229,6 +229,7 @@ class Watcher:
         if model is not None:
             self.bind_model(model, hook=hook_model)
         monitor.probes.append(self._probe)
+        monitor.holds.append(self._hold)
         _producer.LIVE.start()  # producer: check every op of the first update (probes/producer.py)
         if monitor.rollback_handler is None:
             monitor.rollback_handler = self._rollback
@@ -765,6 +766,17 @@ class Watcher:
             if entries:
                 evidence["confirmation"] = [*(evidence.get("confirmation") or []), *entries]
         return evidence
+
+    def _hold(self, monitor: Monitor, alarm: Alarm) -> str | None:
+        """A departure whose frozen pre-jump weights give the same high loss on the batches after
+        the jump is the data's step, not a divergence (probes/replay.py): not stopped."""
+        if not self._observing or alarm.data.get("shape") != "departure":
+            return None
+        from nanscope.probes.replay import data_step
+
+        failure = self._make_failure(alarm)
+        self._for_replay(failure, monitor, alarm)
+        return data_step(failure, dict(alarm.data))
 
     def _for_replay(self, failure: TorchFailure, monitor: Monitor, alarm: Alarm) -> None:
         """What the replay needs besides the failure: the history, the recorded losses and

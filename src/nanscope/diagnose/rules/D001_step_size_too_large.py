@@ -333,6 +333,8 @@ def departure(ctx: Context) -> dict[str, Any] | None:
         return dict(alarm)
     if ctx.stop is not None:
         return None  # stopped by another detector
+    held = [e.get("step") for e in ctx.trace.meta.get("events") or []
+            if isinstance(e, dict) and e.get("event") == "held"]  # fmt: skip
     detector = Departure()
     found: dict[str, Any] | None = None
     for record in ctx.records[: ctx.end]:
@@ -345,6 +347,8 @@ def departure(ctx: Context) -> dict[str, Any] | None:
         if found is None or found["window"] < detector.WINDOW:
             return None
         # still out of its range where the trace ends, however long the jump took
+    if any(isinstance(h, int) and found["jump_to_step"] <= h for h in held):
+        return None  # the run showed that step-up was its data's, not the weights'
     return found
 
 
