@@ -173,13 +173,14 @@ def decide(entries: Sequence[Mapping[str, Any]], priors: Sequence[tuple[str, flo
 
 
 def _init_far(entries: Sequence[Mapping[str, Any]]) -> bool:
-    """The standard-init replay measured the initial weights far from the framework's default
-    scale for their modules (``INIT_SCALE_FAR`` either way)."""
+    """The standard-init replay measured initial weights ``INIT_SCALE_FAR`` times or more the
+    framework default's scale for their module (too small an init vanishes; it does not blow up
+    a loss, which is what a failure here is)."""
     for e in entries:
         if e.get("change") == "standard_init" and e.get("scope") == "window":
             ratio = (e.get("initial_scale") or {}).get("ratio")
             if isinstance(ratio, (int, float)) and ratio > 0:
-                return ratio >= INIT_SCALE_FAR or ratio <= 1 / INIT_SCALE_FAR
+                return ratio >= INIT_SCALE_FAR
     return False
 
 

@@ -49,6 +49,8 @@ REPLAY_SECONDS = 30.0
 PASSES = 2
 #: ... and at least this many updates in all (a window of two updates is rerun 12 times)
 MIN_UPDATES = 24
+#: a rerun that ends more than this many times above its first loss has not removed the failure
+RISEN = 2.0
 #: a table column holding a value this large is not standardised (10 standard deviations out)
 RAW_UNITS = 10.0
 #: the gradient norm a clipping replay bounds to when too few updates came before the trouble
@@ -228,9 +230,10 @@ class _Replay:
         return changes
 
     def _initial_scale(self, snap: Any) -> dict[str, Any] | None:
-        """How far the snapshot's weights sit from the framework's default initialisation of
-        their module: the weight matrix whose std is the most times (either way) that of a fresh
-        ``reset_parameters()`` of a copy of its module. ``{"param", "ratio"}``, or None."""
+        """How far the snapshot's weights sit above the framework's default initialisation of
+        their module: the weight matrix whose std is the most times that of a fresh
+        ``reset_parameters()`` of a copy of its module (lookup tables left out).
+        ``{"param", "ratio"}``, or None."""
         import copy
 
         torch = self.torch
@@ -239,6 +242,8 @@ class _Replay:
         position = {id(p): i for i, p in enumerate(self.params)}
         worst: tuple[float, str, float] | None = None
         for name, module in self.model.named_modules():
+            if isinstance(module, (torch.nn.Embedding, torch.nn.EmbeddingBag)):
+                continue  # a lookup table: its default N(0, 1) is no fan-in scale to compare to
             own = [(n, p) for n, p in module.named_parameters(recurse=False)
                    if p.dim() >= 2 and p.is_floating_point() and id(p) in position]  # fmt: skip
             if not own or not callable(getattr(module, "reset_parameters", None)):
@@ -254,9 +259,8 @@ class _Replay:
                 now = float(snap.params[position[id(p)]].detach().float().std())
                 if base > 0 and now > 0:
                     ratio = now / base
-                    far = max(ratio, 1 / ratio)
-                    if worst is None or far > worst[0]:
-                        worst = (far, f"{name}.{pname}" if name else pname, ratio)
+                    if worst is None or ratio > worst[0]:  # the largest: what can blow up
+                        worst = (ratio, f"{name}.{pname}" if name else pname, ratio)
         if worst is None:
             return None
         return {"param": worst[1], "ratio": round(worst[2], 4)}
@@ -323,7 +327,9 @@ class _Replay:
             return _not_run(change, text)
         seconds = time.monotonic() - started
         judged = judge(losses)
-        fixed = judged.kind == "ok"
+        # removed: finite, no excursion, and not climbing away (ended at most RISEN times its
+        # start: a loss that ends 8x up is no fit that trains, however finite)
+        fixed = judged.kind == "ok" and judged.end_ratio <= RISEN
         first = losses[0] if losses else math.nan
         entry: dict[str, Any] = {
             "change": change,
@@ -459,7 +465,10 @@ class _Replay:
         if scaler is not None and getattr(scaler, "is_enabled", lambda: False)():
             scale = float(scaler.get_scale())
             values = [v / scale for v in values]
-        return math.fsum(values) / len(values)
+        if isinstance(self.optimizer, torch.optim.LBFGS):
+            return values[0]  # the closure's first evaluation, as the record holds it
+        # the sum over the micro-batches, as the record holds it: (loss / n).backward() each
+        return math.fsum(values)
 
     def _rows_for(self, setup: dict[str, Any], update: Any, index: int,
                   iteration: Any) -> list[int] | None:  # fmt: skip
@@ -774,14 +783,19 @@ def _catching(torch: Any, out: list[Any]) -> Iterator[None]:
     """Keep the tensor each ``backward()`` of the replayed update is called on (the loss)."""
     original = torch.Tensor.backward
     autograd_backward = torch.autograd.backward
+    inside = [False]  # Tensor.backward calls torch.autograd.backward: one loss, counted once
 
     def backward(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if self.numel() == 1:
+        if self.numel() == 1 and not inside[0]:
             out.append(self.detach())
-        return original(self, *args, **kwargs)
+        inside[0] = True
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            inside[0] = False
 
     def autograd_bw(tensors: Any, *args: Any, **kwargs: Any) -> Any:
-        if isinstance(tensors, torch.Tensor) and tensors.numel() == 1:
+        if isinstance(tensors, torch.Tensor) and tensors.numel() == 1 and not inside[0]:
             out.append(tensors.detach())
         return autograd_backward(tensors, *args, **kwargs)
 
