@@ -8,7 +8,9 @@ answer:
 * an intervention that **removes** the failure names its cause: the suspect rows left out
   (``without_rows``: ``nonfinite_input`` when the rows held NaN/inf, else ``extreme_batch``),
   float32 instead of half precision (``fp16_overflow``), an epsilon at the producing op or in the
-  optimizer (``log_of_zero`` for a log, else ``zero_division``), the unscaled columns
+  optimizer (``log_of_zero`` for a log, else ``zero_division``), the applied update turned
+  round (``update_sign_error``: it trains where the script's own update climbs), the unscaled
+  columns
   standardised or a smaller learning rate (``step_size_too_large``), the gradient norm clipped
   (``exploding_gradients``), a standard initialisation (``bad_initialization``);
 * where several remove it, a fix at the script's own learning rate that names one cause wins
@@ -57,6 +59,7 @@ TESTS: dict[str, tuple[str, ...]] = {
     "zero_division": ("eps", "optimizer_eps"),
     "exploding_gradients": ("clipped",),
     "bad_initialization": ("standard_init",),
+    "update_sign_error": ("sign_flipped",),
 }
 
 
@@ -134,6 +137,9 @@ def decide(entries: Sequence[Mapping[str, Any]], priors: Sequence[tuple[str, flo
         op_cause = "log_of_zero" if prior.get("log_of_zero", 0.0) >= prior.get(
             "zero_division", 0.0) else "zero_division"
         cause = _eps_cause(entries) or op_cause
+    elif "sign_flipped" in fixed and not lr_fixed:
+        # turned round, the update trains at the script's own lr: it pointed uphill
+        cause = "update_sign_error"
     elif "standardised" in fixed:
         cause = "step_size_too_large"
     elif "standard_init" in fixed and _init_far(entries):
@@ -144,6 +150,8 @@ def decide(entries: Sequence[Mapping[str, Any]], priors: Sequence[tuple[str, flo
         # bounding the gradient cures it at the script's own lr where a tenfold smaller step
         # does not: the gradient, not the step, is out of scale
         cause = "exploding_gradients"
+    elif "sign_flipped" in fixed:
+        cause = "update_sign_error"
     elif lr_fixed:
         cause = "step_size_too_large"
     elif "clipped" in fixed:

@@ -11,7 +11,8 @@ cut out of their loop (:mod:`nanscope.probes.loopslice`). :func:`experiments` th
    diagnosis says the replay was not faithful;
 3. reruns it once per intervention that bears on the candidates: the learning rate cut to
    1/10, 1/100, 1/1000 (the applied update scaled, which is the learning rate for SGD, momentum,
-   Adam, AdamW, RMSprop and Adagrad alike); the suspect rows left out of their batches; the
+   Adam, AdamW, RMSprop and Adagrad alike); the applied update turned round (a flipped sign);
+   the suspect rows left out of their batches; the
    unscaled input columns standardised (from a snapshot before update 1 only); an epsilon at the
    producing op; the optimizer's ``eps`` restored; the gradient norm clipped to its level before
    the trouble; a standard initialisation.
@@ -49,8 +50,10 @@ REPLAY_SECONDS = 30.0
 PASSES = 2
 #: ... and at least this many updates in all (a window of two updates is rerun 12 times)
 MIN_UPDATES = 24
-#: a rerun that ends more than this many times above its first loss has not removed the failure
-RISEN = 2.0
+#: a rerun whose last pass over the window's batches gives losses above this many times those
+#: of its first pass has not removed the failure: it does not train (gradient descent on the
+#: same batches lowers their loss, however small the step: the direction is what counts)
+NOISE = 1.0
 #: a table column holding a value this large is not standardised (10 standard deviations out)
 RAW_UNITS = 10.0
 #: the gradient norm a clipping replay bounds to when too few updates came before the trouble
@@ -202,6 +205,8 @@ class _Replay:
         if len(window) >= 2:
             for factor in (0.1, 0.01, 0.001):
                 changes.append((f"lr_x{factor:g}", {"lr": factor}))
+            # the applied update turned round: what a flipped sign (w + lr * g) needs
+            changes.append(("sign_flipped", {"lr": -1.0}))
         rows = self._suspect_rows(window)
         sizes = {u.step: _batch_size(u.forwards) for u in window}
         # rows that are the whole batch (a column broken in every row) cannot be left out
@@ -327,9 +332,10 @@ class _Replay:
             return _not_run(change, text)
         seconds = time.monotonic() - started
         judged = judge(losses)
-        # removed: finite, no excursion, and not climbing away (ended at most RISEN times its
-        # start: a loss that ends 8x up is no fit that trains, however finite)
-        fixed = judged.kind == "ok" and judged.end_ratio <= RISEN
+        # removed: finite, no blow-up and no excursion, and it trains: the window's own batches
+        # give a lower loss on its last pass than on its first (a flipped sign only climbs more
+        # slowly at a smaller step; batches of different difficulty alternate in a cycle)
+        fixed = judged.kind == "ok" and _trains(losses, len(window))
         first = losses[0] if losses else math.nan
         entry: dict[str, Any] = {
             "change": change,
@@ -670,6 +676,17 @@ def _full_precision(torch: Any, on: bool) -> Iterator[None]:
         torch.autocast.__exit__ = leave  # type: ignore[method-assign]
 
 
+def _trains(losses: list[float], width: int) -> bool:
+    """The last pass over the window's batches ends no higher than the first pass did, batch for
+    batch (by the mean of their logs; of the values where a loss can be negative)."""
+    if width < 1 or len(losses) < 2 * width:
+        return len(losses) >= 2 and losses[-1] <= losses[0]
+    first, last = losses[:width], losses[len(losses) - width:]
+    if min(first + last) > 0:
+        return sum(math.log(b / a) for a, b in zip(first, last)) / width <= math.log(NOISE)
+    return sum(b - a for a, b in zip(first, last)) <= (NOISE - 1) * sum(abs(a) for a in first)
+
+
 def _json_float(value: float) -> float | str:
     """A float as the diagnosis JSON holds it: non-finite values as their words."""
     return value if math.isfinite(value) else _text(value)
@@ -696,6 +713,8 @@ def _describe(change: str, setup: dict[str, Any], snap: Any, window: list[Any], 
     }.get(change)
     if change == "float32":
         what = "in float32 (weights, inputs and autocast)"
+    if change == "sign_flipped":
+        what = "with each applied update turned round (w - step instead of w + step)"
     if what is None and change.startswith("lr_x"):
         what = f"at {change[4:]} times the learning rate"
     verdict = "removes the failure" if fixed else "does not remove the failure"
