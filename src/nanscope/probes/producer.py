@@ -212,6 +212,27 @@ def summary(t: Any) -> dict[str, Any]:
     return out
 
 
+def number_summary(value: float) -> dict[str, Any]:
+    """A Python number an op took (a divisor ``n - 1``), summarised as a tensor would be."""
+    return {"dtype": "python", "shape": [], "absmax": abs(float(value)), "min": float(value),
+            "zeros": int(value == 0), "numel": 1}  # fmt: skip
+
+
+def _in_order(args: Any, tensors: list[Any]) -> list[dict[str, Any]]:
+    """The op's inputs in argument order: its floating tensors and its plain numbers (a divisor
+    that is a Python 0 is as much a zero denominator as a tensor's); at most four."""
+    out: list[dict[str, Any]] = []
+    ids = {id(t) for t in tensors}
+    for arg in args:
+        if id(arg) in ids:
+            out.append(summary(arg))
+        elif isinstance(arg, (int, float)) and not isinstance(arg, bool) and math.isfinite(arg):
+            out.append(number_summary(arg))
+    if not any(s["dtype"] != "python" for s in out):
+        out = [summary(t) for t in tensors]  # the tensors came by keyword: those, at least
+    return out[:4]
+
+
 def why_nonfinite(op: str, ins: list[dict[str, Any]], out_dtype: str) -> dict[str, Any]:
     """The input values that made a finite-input op non-finite, in the rules' terms.
 
@@ -535,7 +556,7 @@ class FirstUpdateWatch:
         else:
             tensors = _floats(args) + _floats(kwargs)
             in_finite = _finite(tensors)
-            ins = [summary(t) for t in tensors[:4]]
+            ins = _in_order(args, tensors)
             call_args = args
         if not in_finite or nonfinite_scalar(args, kwargs):
             return  # a propagator of a value made before the watch, or a deliberate inf

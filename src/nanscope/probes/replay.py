@@ -703,7 +703,9 @@ def _describe(change: str, setup: dict[str, Any], snap: Any, window: list[Any], 
         "without_rows": "without the suspect rows "
         + ", ".join(f"{rows} of update {s}" for s, rows in (setup.get("rows") or {}).items()),
         "standardised": f"with input column(s) {setup.get('columns')} standardised",
-        "eps": f"with an epsilon at the {setup.get('op')} op",
+        "eps": (f"with the {setup.get('op')} op masked where its divisor is exactly 0"
+                if setup.get("op") in ("div", "true_divide", "divide")
+                else f"with an epsilon at the {setup.get('op')} op"),
         "optimizer_eps": "with the optimizer's eps set to 1e-8",
         "clipped": f"with the gradient norm clipped to {setup.get('clip_to', 1.0):.3g}",
         "standard_init": "from the framework's default initialisation"
@@ -848,9 +850,9 @@ def _clipping(optimizer: Any, limit: float | None) -> Iterator[None]:
 
 @contextlib.contextmanager
 def _epsilon(torch: Any, op: str | None) -> Iterator[None]:
-    """At ops of the producer's family, the input moved off the value that made it non-finite:
-    a log's input kept at least the smallest normal number, a divisor, a sqrt's or a norm's input
-    kept away from zero."""
+    """At ops of the producer's family, the guard each needs: a log's input kept at least the
+    smallest normal number, a division masked where its divisor is exactly 0, a sqrt's or a
+    norm's input kept away from zero."""
     if not op:
         yield
         return
@@ -865,6 +867,8 @@ def _epsilon(torch: Any, op: str | None) -> Iterator[None]:
             kwargs = kwargs or {}
             fname = getattr(func, "__name__", "")
             if fname.rstrip("_") == name and args:
+                if name in ("div", "true_divide", "divide") and len(args) > 1:
+                    return _masked_division(torch, func, list(args), kwargs)
                 args = _guarded(torch, fname, is_log, list(args))
             return func(*args, **kwargs)
 
@@ -872,18 +876,28 @@ def _epsilon(torch: Any, op: str | None) -> Iterator[None]:
         yield
 
 
+def _masked_division(torch: Any, func: Callable[..., Any], args: list[Any],
+                     kwargs: dict[str, Any]) -> Any:  # fmt: skip
+    """``a / d`` with the entries whose divisor is exactly 0 set to 0, their gradient 0 too (the
+    division's guard a padded or constant entry needs: ``where(d == 0, 0, a / d_safe)``, never
+    ``where`` around an inf, whose backward is NaN)."""
+    d = args[1]
+    if isinstance(d, torch.Tensor) and d.is_floating_point():
+        zero = d == 0
+        safe = torch.where(zero, torch.ones_like(d), d)
+        out = func(args[0], safe, *args[2:], **kwargs)
+        return torch.where(zero, torch.zeros_like(out), out)
+    if isinstance(d, (int, float)) and not isinstance(d, bool) and d == 0:
+        a = args[0]
+        return a * 0.0 if isinstance(a, torch.Tensor) else 0.0
+    return func(*args, **kwargs)
+
+
 def _guarded(torch: Any, name: str, is_log: bool, args: list[Any]) -> tuple[Any, ...]:
     tiny = 1.1754943508222875e-38
     if is_log and isinstance(args[0], torch.Tensor) and args[0].is_floating_point():
         eps = max(float(torch.finfo(args[0].dtype).tiny), tiny)
         args[0] = args[0].clamp_min(eps)
-    elif name in ("div", "true_divide", "divide") and len(args) > 1:
-        d = args[1]
-        if isinstance(d, torch.Tensor) and d.is_floating_point():
-            eps = float(torch.finfo(d.dtype).eps)
-            args[1] = torch.where(d.abs() < eps, torch.full_like(d, eps), d)
-        elif isinstance(d, (int, float)) and d == 0:
-            args[1] = 1e-8
     elif isinstance(args[0], torch.Tensor) and args[0].is_floating_point():
         eps = float(torch.finfo(args[0].dtype).eps)
         if name in ("sqrt", "rsqrt", "reciprocal"):

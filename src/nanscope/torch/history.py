@@ -180,6 +180,10 @@ class History:
         self._last_check = now
         frame = self._user_frame(frame_depth + 1)
         if self.plan is None:
+            if not isinstance(self.optimizer, torch.optim.Optimizer):
+                self.off = ("the parameters are updated by hand, without a torch.optim "
+                            "optimizer: the replay reruns an optimizer's step")  # fmt: skip
+                return
             if _multi_rank():
                 self.off = ("the fit runs on several ranks: a replay on one rank would run the "
                             "collectives of a distributed step alone")  # fmt: skip
