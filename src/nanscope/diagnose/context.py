@@ -19,7 +19,10 @@ import numpy as np
 from nanscope.outcome import Outcome, judge
 from nanscope.trace import Trace
 
-__all__ = ["Context", "Rise"]
+__all__ = ["LIVE_SOURCES", "Context", "Rise"]
+
+#: what a watched run writes as its trace's ``source`` (a log reader writes the file's kind)
+LIVE_SOURCES = ("monitor", "torch", "keras", "lightning", "transformers")
 
 
 @dataclass(frozen=True)
@@ -167,6 +170,13 @@ class Context:
         if index is None or not 0 <= index < self.n:
             return None
         return int(self.steps[index])
+
+    @cached_property
+    def live(self) -> bool:
+        """The trace was recorded by a watched run (a Monitor, the torch adapter, a trainer
+        callback), not read from a log after the fact."""
+        source = str(self.trace.meta.get("source") or "")
+        return source.startswith(LIVE_SOURCES)
 
     # ------------------------------------------------------------------ shapes of the curve
 

@@ -108,10 +108,11 @@ def decide(entries: Sequence[Mapping[str, Any]], priors: Sequence[tuple[str, flo
     # same evidence for the precision and the rows (the window cannot rerun a loop's own
     # preprocessing, whose output it feeds the model as it was)
     for e in entries:
-        if e.get("scope") != "window" and e.get("change") in ("float32", "without_rows") and (
-                e.get("finite") is True):  # fmt: skip
-            fixed.add(str(e["change"]))
-            failed.discard(str(e["change"]))
+        change = str(e.get("change"))
+        if e.get("scope") != "window" and change in ("float32", "without_rows") and (
+                e.get("finite") is True and change not in failed):  # fmt: skip
+            # (a window rerun of the same change, over several updates, has the last word)
+            fixed.add(change)
             ran.append(e)
     decision.tried = [str(e["change"]) for e in ran]
     for tested, tests in TESTS.items():
@@ -131,6 +132,10 @@ def decide(entries: Sequence[Mapping[str, Any]], priors: Sequence[tuple[str, flo
         cause = "fp16_overflow"
     elif "optimizer_eps" in fixed:
         cause = "zero_division"
+    elif "standardised" in fixed:
+        # the column in raw units made the values the op met (a sigmoid saturated by a logit in
+        # dollars): the scale, not the op
+        cause = "step_size_too_large"
     elif "eps" in fixed and not (lr_fixed and prior.get("step_size_too_large", 0.0) >= 0.5):
         # an epsilon that cures it while a smaller step does too, after a growth phase the rules
         # saw: the op only met what the oversized steps made
@@ -140,8 +145,6 @@ def decide(entries: Sequence[Mapping[str, Any]], priors: Sequence[tuple[str, flo
     elif "sign_flipped" in fixed and not lr_fixed:
         # turned round, the update trains at the script's own lr: it pointed uphill
         cause = "update_sign_error"
-    elif "standardised" in fixed:
-        cause = "step_size_too_large"
     elif "standard_init" in fixed and _init_far(entries):
         # a standard initialisation cures it at the script's own lr, and the initial weights
         # were measured far from the framework's default scale: the init, not the step

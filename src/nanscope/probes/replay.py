@@ -10,8 +10,8 @@ cut out of their loop (:mod:`nanscope.probes.loopslice`). :func:`experiments` th
    losses (the first within ``MATCH``) and the failure, or no experiment is believed and the
    diagnosis says the replay was not faithful;
 3. reruns it once per intervention that bears on the candidates: the learning rate cut to
-   1/10, 1/100, 1/1000 (the applied update scaled, which is the learning rate for SGD, momentum,
-   Adam, AdamW, RMSprop and Adagrad alike); the applied update turned round (a flipped sign);
+   1/10, 1/100, 1/1000 (each parameter group's recorded lr scaled); the applied update turned
+   round (a flipped sign: the step's change of the weights negated);
    the suspect rows left out of their batches; the
    unscaled input columns standardised (from a snapshot before update 1 only); an epsilon at the
    producing op; the optimizer's ``eps`` restored; the gradient norm clipped to its level before
@@ -424,11 +424,14 @@ class _Replay:
         """Rerun one update: each of its loop iterations as it ran, the step at its last."""
         torch = self.torch
         plan = self.h.plan
+        factor = float(setup.get("lr", 1.0))
+        # a smaller step is the optimizer's own lr scaled (exact for every torch optimizer, LBFGS
+        # and its line search included); a turned-round update is the applied update negated
+        scale = factor if factor > 0 else 1.0
         for group, lr in zip(self.optimizer.param_groups, update.lrs):
             if math.isfinite(lr):
-                group["lr"] = lr
-        factor = float(setup.get("lr", 1.0))
-        before = [p.detach().clone() for p in self.params] if factor != 1.0 else None
+                group["lr"] = lr * scale
+        before = [p.detach().clone() for p in self.params] if factor <= 0 else None
         self.optimizer.zero_grad(set_to_none=True)  # each update starts from no gradient
         backward: list[Any] = []
         base = {**(self.h.frame_globals or {}), **(self.h.frame_locals or {})}

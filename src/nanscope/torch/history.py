@@ -333,10 +333,19 @@ class History:
         return out
 
     def inputs(self, first: int, last: int) -> list[UpdateInputs] | None:
-        """The kept inputs of updates ``first`` to ``last``, or None when any is missing."""
+        """The kept inputs of updates ``first`` to ``last``, or None when any is missing or
+        incomplete: under ``nanscope run`` the watcher is made at the first step, so the first
+        update's earlier micro-batches (accumulation over loop iterations) were not seen; it
+        took fewer iterations than the next update then."""
         found = {u.step: u for u in self.updates}
         out = [found.get(s) for s in range(first, last + 1)]
-        return None if any(u is None for u in out) else out  # type: ignore[return-value]
+        if any(u is None for u in out):
+            return None
+        head, after = found.get(first), found.get(first + 1)
+        if head is not None and after is not None and len(head.iterations) < len(
+                after.iterations) and first == min(found):  # fmt: skip
+            return None
+        return out  # type: ignore[return-value]
 
     def memory(self) -> int:
         """Bytes held by snapshots and kept batches (the batches: those made for the window)."""

@@ -244,6 +244,9 @@ class Watcher:
         if isinstance(base, (int, float)) and not isinstance(base, bool) and base > 0:
             # the lr the optimizer was built with: a schedule's peak, where the script has one
             monitor.meta.setdefault("optimizer_lr", float(base))
+        eps = defaults.get("eps") if isinstance(defaults, dict) else None
+        if isinstance(eps, (int, float)) and not isinstance(eps, bool):
+            monitor.meta.setdefault("optimizer_eps", float(eps))  # (0 in float16 below 6e-8)
 
     # ------------------------------------------------------------------ binding
 

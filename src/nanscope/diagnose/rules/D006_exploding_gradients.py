@@ -49,6 +49,26 @@ TITLE = "Exploding gradients"
 JUMP = 100.0
 
 
+def _lasting(g: np.ndarray, k: int, ref: float) -> bool:
+    """A finished run's gradient explosion that was more than one batch's spike: a climb of two
+    updates or more at 10x the reference and above up to the peak at ``k``, or a gradient level
+    after it (the median of the next updates) ten times away from the reference either way (the
+    explosion saturated or threw the model, it did not just pass)."""
+    run = 0
+    j = k
+    while j >= 0 and math.isfinite(g[j]) and g[j] >= 10 * ref:
+        run += 1
+        j -= 1
+    if run >= 2:
+        return True
+    after = g[k + 1 : k + 11]
+    after = after[np.isfinite(after) & (after > 0)]
+    if after.size < 3:
+        return False
+    level = float(np.median(after))
+    return level >= 10 * ref or level <= ref / 10
+
+
 def check(ctx: Context) -> Finding | None:
     if not ctx.trace.has("grad_norm"):
         return None
@@ -109,6 +129,8 @@ def check(ctx: Context) -> Finding | None:
         return None
     if not broke and ratio < 1e3:
         return None
+    if not broke and not _lasting(g, k, ref):
+        return None  # one batch's spike the run absorbed: the next update was ordinary again
     # a loss that climbs along with the gradient (on a bowl, loss ~ gradient^2) is an oversized
     # step; an explosion is the gradient running ahead while the loss has barely moved
     elastic = (

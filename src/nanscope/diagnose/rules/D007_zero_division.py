@@ -40,6 +40,7 @@ import math
 
 from nanscope.diagnose.context import Context
 from nanscope.diagnose.diagnosis import Evidence, Finding
+from nanscope.diagnose.rules._common import HALF_TINY
 from nanscope.diagnose.rules._producer import producer_of
 
 CODE = "D007"
@@ -147,6 +148,7 @@ def check(ctx: Context) -> Finding | None:
         )
     else:
         return None
+    alternatives: list[tuple[str, float]] = []
     if phase == "optimizer":
         evidence.append(
             Evidence(
@@ -157,6 +159,12 @@ def check(ctx: Context) -> Finding | None:
                 {"phase": "optimizer"},
             )
         )
+        eps = ctx.trace.meta.get("optimizer_eps")
+        if (str(located.get("dtype")) == "float16" and isinstance(eps, (int, float))
+                and 0 < eps < HALF_TINY):  # fmt: skip
+            # the script's eps is not 0: float16 made it 0 (D008's story)
+            confidence = min(confidence, 0.5)
+            alternatives.append(("fp16_overflow", 0.85))
     elif not computed and ("div" in op.lower() or family == "root"):
         evidence.append(
             Evidence(
@@ -193,5 +201,5 @@ def check(ctx: Context) -> Finding | None:
         actions=actions,
         step=ctx.step_at(i) if i is not None else located.get("step"),
         located=located,
-        alternatives=[("log_of_zero", 0.1)] if not zero else [],
+        alternatives=alternatives + ([("log_of_zero", 0.1)] if not zero else []),
     )

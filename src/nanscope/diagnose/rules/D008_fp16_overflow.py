@@ -40,7 +40,7 @@ from typing import Any
 
 from nanscope.diagnose.context import Context
 from nanscope.diagnose.diagnosis import Evidence, Finding
-from nanscope.diagnose.rules._common import num
+from nanscope.diagnose.rules._common import HALF_TINY, num
 from nanscope.diagnose.rules._producer import producer_of
 
 CODE = "D008"
@@ -197,6 +197,17 @@ def check(ctx: Context) -> Finding | None:
                     {"op": located.get("op"), "dtype": "float16"},
                 )
             )
+            eps = ctx.trace.meta.get("optimizer_eps")
+            if (located.get("phase") == "optimizer" and dtype == "float16"
+                    and isinstance(eps, (int, float)) and 0 < eps < HALF_TINY):  # fmt: skip
+                # the optimizer's epsilon itself is 0 in half precision: its denominator
+                # sqrt(v) + eps is exactly 0 wherever the second moment underflowed
+                confidence = 0.85
+                evidence.append(Evidence(
+                    CODE, f"the optimizer's eps ({num(eps)}) is 0 in float16 (below its smallest "
+                    f"value, {num(HALF_TINY)}): the step's denominator sqrt(v) + eps is exactly 0 "
+                    "wherever the second moment underflowed, so the weights' dtype, not the "
+                    "eps the script set, made the 0/0", {"eps": eps}))  # fmt: skip
     scale_conf, scale_ev = _scale_story(ctx)
     if scale_conf:
         confidence = max(confidence, scale_conf) + (0.05 if confidence else 0.0)

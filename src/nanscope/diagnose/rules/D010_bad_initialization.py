@@ -66,6 +66,8 @@ ACTIONS = [
 def check(ctx: Context) -> Finding | None:
     if ctx.n == 0:
         return None
+    if ctx.live and ctx.fail is None and ctx.stop is None and ctx.outcome.good:
+        return None  # a watched run that trained on large numbers: its own judgement holds
     loss = ctx.loss
     grad = ctx.trace.column("grad_norm")
     first_loss = float(loss[0])

@@ -7,7 +7,10 @@ from typing import Any
 from nanscope.formatting import number
 from nanscope.formatting import row as row_words
 
-__all__ = ["num", "row_text", "tenfold_action"]
+__all__ = ["HALF_TINY", "num", "row_text", "tenfold_action"]
+
+#: the smallest positive float16 (a subnormal): anything below rounds to 0
+HALF_TINY = 5.960464477539063e-08
 
 
 def num(value: Any) -> str:
