@@ -16,6 +16,7 @@ import sqlite3
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -96,3 +97,18 @@ def _recorded_by_this_suite(started: float, home: Path, config: pytest.Config) -
     except sqlite3.Error:
         return []
     return [str(s) for (s,) in rows if s and any(str(s).startswith(r) for r in roots)]
+
+
+@pytest.fixture(autouse=True)
+def _signal_handlers_left_as_they_were() -> Any:
+    """nanscope sets SIGINT/SIGTERM handlers only while a script runs: a test after which they
+    differ has found code that leaves them behind (a Ctrl-C the next script never sees)."""
+    import signal
+
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    yield
+    changed = {s: h for s, h in before.items() if signal.getsignal(s) is not h}
+    for s, handler in changed.items():
+        signal.signal(s, handler)
+    names = sorted(signal.Signals(s).name for s in changed)
+    assert not changed, f"signal handlers left changed: {names}"

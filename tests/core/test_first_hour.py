@@ -310,11 +310,13 @@ def test_the_run_folder_ignores_itself_and_runs_can_be_pruned(tmp_path: Path) ->
     for f in runs[0].iterdir():
         os.utime(f, (old, old))
     root = str(folder / "runs")
+    # the newest is the one written last (names from the same second do not sort in time)
+    newest = max(runs[1:], key=lambda r: (max(f.stat().st_mtime for f in r.rglob("*")), r.name))
     pruned = _nanscope("runs", "prune", "--older-than", "30d", "--run-dir", root, cwd=tmp_path)
     assert pruned.returncode == 0 and not runs[0].exists() and runs[1].exists()
     kept = _nanscope("runs", "prune", "--keep", "1", "--run-dir", root, cwd=tmp_path)
     assert kept.returncode == 0 and kept.stdout.count("removed ") == 1
-    assert sorted(p.name for p in (folder / "runs").iterdir()) == sorted(["notes", runs[2].name])
+    assert sorted(p.name for p in (folder / "runs").iterdir()) == sorted(["notes", newest.name])
     refused = _nanscope("runs", "prune", "--run-dir", root, cwd=tmp_path)
     assert refused.returncode == 2 and "--keep N" in refused.stderr
 

@@ -175,8 +175,10 @@ class Context:
     def live(self) -> bool:
         """The trace was recorded by a watched run (a Monitor, the torch adapter, a trainer
         callback), not read from a log after the fact."""
-        source = str(self.trace.meta.get("source") or "")
-        return source.startswith(LIVE_SOURCES)
+        meta = self.trace.meta
+        # a nanscope trace read from its file: the file's path is its source, the format says it
+        return str(meta.get("source") or "").startswith(LIVE_SOURCES) or (
+            meta.get("format") == "nanscope")
 
     # ------------------------------------------------------------------ shapes of the curve
 

@@ -107,12 +107,17 @@ def decide(entries: Sequence[Mapping[str, Any]], priors: Sequence[tuple[str, flo
     # the failing update alone rerun in float32, or without its suspect rows, and finite: the
     # same evidence for the precision and the rows (the window cannot rerun a loop's own
     # preprocessing, whose output it feeds the model as it was)
+    # (a window rerun of the same change, over several updates, has the last word, unless it
+    # passed the update where the control failed and failed later: that update's failure is
+    # removed, and what follows is another, like an unscaled loss scale's oversized steps)
+    outlasted = {str(e["change"]) for e in ran if not e.get("fixed")
+                 and int(e.get("updates") or 0) > int(control.get("updates") or 0)}  # fmt: skip
     for e in entries:
         change = str(e.get("change"))
-        if e.get("scope") != "window" and change in ("float32", "without_rows") and (
-                e.get("finite") is True and change not in failed):  # fmt: skip
-            # (a window rerun of the same change, over several updates, has the last word)
+        single = e.get("scope") != "window" and change in ("float32", "without_rows")
+        if single and e.get("finite") is True and (change not in failed or change in outlasted):
             fixed.add(change)
+            failed.discard(change)
             ran.append(e)
     decision.tried = [str(e["change"]) for e in ran]
     for tested, tests in TESTS.items():
@@ -132,9 +137,10 @@ def decide(entries: Sequence[Mapping[str, Any]], priors: Sequence[tuple[str, flo
         cause = "fp16_overflow"
     elif "optimizer_eps" in fixed:
         cause = "zero_division"
-    elif "standardised" in fixed:
-        # the column in raw units made the values the op met (a sigmoid saturated by a logit in
-        # dollars): the scale, not the op
+    elif "standardised" in fixed and (lr_fixed or "eps" not in fixed):
+        # the column in raw units made the values the op met over the steps (a sigmoid
+        # saturated by a logit in dollars): the scale, not the op. Where no smaller step helps
+        # and an epsilon does, no step made them: the op met its 0 from the first forward on
         cause = "step_size_too_large"
     elif "eps" in fixed and not (lr_fixed and prior.get("step_size_too_large", 0.0) >= 0.5):
         # an epsilon that cures it while a smaller step does too, after a growth phase the rules

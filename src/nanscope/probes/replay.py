@@ -65,6 +65,10 @@ DIVISION_OPS = ("div", "true_divide", "divide", "reciprocal", "rsqrt", "sqrt", "
                 "vector_norm", "pow", "std", "var", "cosine_similarity", "normalize")  # fmt: skip
 
 
+class _Unfed(Exception):
+    """The replayed step never called the model through its hooks."""
+
+
 def experiments(failure: TorchFailure, found: dict[str, Any]) -> list[dict[str, Any]]:
     """The control and each intervention's outcome (``confirmation`` entries); never raises."""
     history = failure.extra.get("history")
@@ -328,7 +332,8 @@ class _Replay:
         except KeyboardInterrupt:
             raise
         except BaseException as exc:  # the user's step may exit, or raise a test's own failure
-            text = f"not run: the rerun raised {type(exc).__name__}: {str(exc)[:160]}"
+            text = f"not run: {exc}" if isinstance(exc, _Unfed) else \
+                f"not run: the rerun raised {type(exc).__name__}: {str(exc)[:160]}"  # fmt: skip
             return _not_run(change, text)
         seconds = time.monotonic() - started
         judged = judge(losses)
@@ -449,6 +454,12 @@ class _Replay:
             forwards = [(_without_rows(a, rows, size, replace=replace),
                          _without_rows(k, rows, size, replace=replace))
                         for a, k in iteration.forwards]  # fmt: skip
+            if rows and not _changed(forwards, iteration.forwards) and not _changed(
+                    [namespace[name] for name in iteration.values],
+                    list(iteration.values.values())):  # fmt: skip
+                # the batch the model was fed is made inside the step, out of the replay's reach
+                raise _Unfed("the suspect rows could not be left out: the replay does not hold "
+                             "the batch the model was fed (a compiled model's inputs are not seen)")
             if stats:
                 forwards = [(_standardise(a, stats), k) for a, k in forwards]
             if setup.get("float32"):
@@ -756,6 +767,16 @@ def _without_rows(value: Any, rows: list[int] | None, size: int | None, *,
     return value
 
 
+def _changed(new: Any, old: Any) -> bool:
+    """Whether ``_without_rows`` replaced any tensor inside ``old`` (leaves compared by identity,
+    the containers it rebuilds looked into)."""
+    if isinstance(old, (tuple, list)) and isinstance(new, (tuple, list)) and len(new) == len(old):
+        return any(_changed(n, o) for n, o in zip(new, old))
+    if isinstance(old, dict) and isinstance(new, dict):
+        return any(_changed(new[k], o) for k, o in old.items() if k in new)
+    return new is not old
+
+
 def _standardise(args: tuple[Any, ...], stats: dict[int, tuple[float, float]]) -> tuple[Any, ...]:
     import torch
 
@@ -800,6 +821,11 @@ def _feeding(model: Any, forwards: list[tuple[tuple[Any, ...], dict[str, Any]]])
         finally:
             if handle is not None:
                 handle.remove()
+    if forwards and len(queue) == len(forwards):
+        # a compiled model runs its graph, not its hooks: what the replay feeds never arrives,
+        # so no change to the batches could be tested (nor the rerun trusted)
+        raise _Unfed("the model's forward did not pass through its hooks (a compiled model?): "
+                     "the replay cannot feed it the recorded batches")
 
 
 @contextlib.contextmanager

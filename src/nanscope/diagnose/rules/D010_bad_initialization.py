@@ -42,7 +42,7 @@ import numpy as np
 
 from nanscope.diagnose.context import Context
 from nanscope.diagnose.diagnosis import Evidence, Finding
-from nanscope.diagnose.rules._common import num
+from nanscope.diagnose.rules._common import RAW_UNITS, num
 from nanscope.diagnose.rules._logs import from_log
 
 CODE = "D010"
@@ -66,8 +66,10 @@ ACTIONS = [
 def check(ctx: Context) -> Finding | None:
     if ctx.n == 0:
         return None
-    if ctx.live and ctx.fail is None and ctx.stop is None and ctx.outcome.good:
-        return None  # a watched run that trained on large numbers: its own judgement holds
+    if ctx.live and ctx.fail is None and ctx.stop is None and ctx.outcome.good and _raw_data(ctx):
+        # the data's units made the large start (measured), and the watched fit trains on
+        # them: no initialisation story, and its own judgement holds
+        return None
     loss = ctx.loss
     grad = ctx.trace.column("grad_norm")
     first_loss = float(loss[0])
@@ -142,6 +144,16 @@ def check(ctx: Context) -> Finding | None:
         step=ctx.step_at(0),
         alternatives=[("step_size_too_large", 0.3)],
     )
+
+
+def _raw_data(ctx: Context) -> bool:
+    """The first batch's inputs or targets were measured in raw units (a value beyond what
+    standardised data holds)."""
+    for key in ("input_absmax", "target_absmax"):
+        value = ctx.trace.column(key)
+        if value.size and math.isfinite(float(value[0])) and float(value[0]) > RAW_UNITS:
+            return True
+    return False
 
 
 def _came_down(values: np.ndarray, first: float) -> bool:
