@@ -7,7 +7,7 @@ tests build on these readers.
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator, Mapping
 from functools import cache
 from pathlib import Path
 
@@ -79,7 +79,8 @@ def _import_module_call(node: ast.AST) -> str | None:
     return None
 
 
-def imports_of(module: str) -> set[str]:
+@cache
+def imports_of(module: str) -> frozenset[str]:
     """The modules ``module`` imports, at any depth (a lazy import inside a function counts):
     ``from a import b`` counts ``a``, and ``a.b`` too when ``b`` is a module of the package. Wide
     on purpose: a layer may not even touch a package it must not know."""
@@ -96,10 +97,11 @@ def imports_of(module: str) -> set[str]:
         elif (name := _import_module_call(node)) is not None:
             found.add(name)
     found.discard(module)
-    return found
+    return frozenset(found)
 
 
-def edges_of(module: str) -> set[str]:
+@cache
+def edges_of(module: str) -> frozenset[str]:
     """The package's modules whose code runs because ``module`` imports them, precisely:
     ``from a import b`` is an edge to ``a.b`` when ``b`` is a module, else to ``a``; ``import
     a.b`` is an edge to ``a.b`` (the parent packages' ``__init__`` are left out: every module has
@@ -115,7 +117,7 @@ def edges_of(module: str) -> set[str]:
                 found.add(sub if sub in MODULES else base)
         elif (name := _import_module_call(node)) is not None:
             found.add(name)
-    return {m for m in found if m in MODULES and m != module}
+    return frozenset(m for m in found if m in MODULES and m != module)
 
 
 def definitions(
@@ -173,7 +175,7 @@ def private_uses(module: str, tree: ast.AST | None = None) -> set[str]:
     return found
 
 
-def cycles(graph: dict[str, set[str]]) -> list[set[str]]:
+def cycles(graph: Mapping[str, Collection[str]]) -> list[set[str]]:
     """The strongly connected components of ``graph`` with more than one node: each is a set of
     modules that import one another, round a cycle (Tarjan's algorithm)."""
     index: dict[str, int] = {}

@@ -11,6 +11,7 @@ code (split the function, move the shared helper into a module of its own under 
 from __future__ import annotations
 
 import ast
+from functools import cache
 
 from ._source import MODULES, cycles, definitions, edges_of, private_uses, tree_of
 
@@ -92,16 +93,23 @@ LONG_FUNCTIONS: dict[str, int] = {
 _FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
 
 
+@cache
+def _private_uses() -> frozenset[tuple[str, str]]:
+    return frozenset((module, used) for module in MODULES for used in private_uses(module))
+
+
 def _stale(allowed: set[str], found: set[str], what: str) -> str:
     gone = sorted(allowed - found)
     return f"fixed, remove from {what}: {gone}" if gone else ""
 
 
-def _cycle_edges() -> set[tuple[str, str]]:
+@cache
+def _cycle_edges() -> frozenset[tuple[str, str]]:
     graph = {module: edges_of(module) for module in MODULES}
-    return {(a, b) for ring in cycles(graph) for a in ring for b in graph[a] & ring}
+    return frozenset((a, b) for ring in cycles(graph) for a in ring for b in graph[a] & ring)
 
 
+@cache
 def _over(kind: type[ast.AST] | tuple[type[ast.AST], ...], limit: int) -> dict[str, int]:
     return {
         f"{module}:{name}": lines
@@ -132,8 +140,7 @@ def test_no_import_cycle() -> None:
 
 
 def test_no_private_name_taken_from_another_module() -> None:
-    found = {(module, used) for module in MODULES for used in private_uses(module)}
-    new = sorted(found - PRIVATE_IMPORTS)
+    new = sorted(_private_uses() - PRIVATE_IMPORTS)
     assert not new, (
         "private names taken from another module (make them public, in a module of their own):\n"
         + "\n".join(f"{module}: {used}" for module, used in new)
@@ -154,7 +161,7 @@ def test_the_allowances_only_shrink() -> None:
         _stale({f"{a} -> {b}" for a, b in CYCLE_EDGES},
                {f"{a} -> {b}" for a, b in _cycle_edges()}, "CYCLE_EDGES"),
         _stale({f"{m}: {u}" for m, u in PRIVATE_IMPORTS},
-               {f"{m}: {u}" for m in MODULES for u in private_uses(m)}, "PRIVATE_IMPORTS"),
+               {f"{m}: {u}" for m, u in _private_uses()}, "PRIVATE_IMPORTS"),
         _stale(set(LARGE_CLASSES), set(_over(ast.ClassDef, MAX_CLASS_LINES)), "LARGE_CLASSES"),
         _stale(set(LONG_FUNCTIONS), set(_over(_FUNCTIONS, MAX_FUNCTION_LINES)), "LONG_FUNCTIONS"),
     ]  # fmt: skip
