@@ -3,7 +3,7 @@
 Before any test, ``NANSCOPE_LEDGER`` and ``NANSCOPE_DIR`` point into one temporary folder for the
 session (the xdist workers and every subprocess a test starts inherit them), so no test writes to
 the user's run ledger or to a ``.nanscope/`` folder of the directory it runs in.
-``tests/core/test_isolation.py`` proves it with real runs; at the end of the session the user's
+``tests/ledger/test_isolation.py`` proves it with real runs; at the end of the session the user's
 ledger is read (read-only) and a run this suite recorded there fails the session.
 """
 

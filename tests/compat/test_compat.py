@@ -20,6 +20,8 @@ from pathlib import Path
 import pytest
 from tests.compat._runs import run_both
 
+pytestmark = pytest.mark.slow  # every corpus script run bare and under nanscope, in subprocesses
+
 SCRIPTS = sorted((Path(__file__).resolve().parent / "scripts").glob("*.py"))
 
 #: the command-line arguments a script is given (the same bare and under run)

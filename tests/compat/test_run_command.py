@@ -18,6 +18,8 @@ from tests.compat._runs import run_both
 import nanscope
 from nanscope.ledger import Ledger
 
+pytestmark = pytest.mark.slow  # nanscope run in subprocesses
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 

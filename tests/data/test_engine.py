@@ -135,6 +135,7 @@ def test_progress_bar_does_not_change_the_result(capsys):
     assert capsys.readouterr().out == ""  # the bar goes to stderr, never stdout
 
 
+@pytest.mark.slow
 def test_wide_data_finds_its_duplicate_and_unscaled_columns(monkeypatch):
     # 1,200 columns in several pass-1 chunks; the grouping and the sorted-median paths must find
     # the same columns the pairwise comparisons did

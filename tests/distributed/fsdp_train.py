@@ -127,9 +127,9 @@ def main():
                 weights = [full(p.detach()).clone() for p in model.parameters()]
             opt.step()
             if reference and watcher is None:  # under nanscope run: the watcher it made
-                from nanscope.torch import _hooks
+                from nanscope.torch._hooks import live_watchers
 
-                live = [w for w in _hooks.live_watchers() if hasattr(w, "monitor")]
+                live = [w for w in live_watchers() if hasattr(w, "monitor")]
                 watcher = live[0] if live else None
             if reference and watcher is not None:
                 ok = reference_check(watcher, model, weights, previous)

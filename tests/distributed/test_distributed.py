@@ -14,6 +14,8 @@ import pytest
 
 from ._launch import run_root, torchrun
 
+pytestmark = pytest.mark.slow  # torchrun: two ranks in subprocesses
+
 HERE = Path(__file__).parent
 SCRIPT = HERE / "ddp_train.py"
 BOUND = 120  # seconds for a whole job, start-up of two torch processes included (a loaded CI box)

@@ -29,6 +29,8 @@ from nanscope.errors import UsageError
 from nanscope.torch import sharded
 from torch import nn
 
+pytestmark = pytest.mark.slow  # torchrun: two ranks in subprocesses
+
 HERE = Path(__file__).parent
 SCRIPT = HERE / "fsdp_train.py"
 BOUND = 240  # seconds for a whole job (a guard against a hang; about 20 s on a quiet machine)

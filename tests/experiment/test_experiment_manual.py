@@ -14,6 +14,8 @@ import pytest
 
 from nanscope.experiment import run_experiment
 
+pytestmark = pytest.mark.slow  # run --experiment in subprocesses on zoo fits
+
 pytest.importorskip("torch")
 
 ZOO = Path(__file__).resolve().parents[1] / "zoo" / "torch"

@@ -13,6 +13,8 @@ from nanscope.cli import main
 from nanscope.diagnose import Diagnosis
 from nanscope.experiment import run_experiment
 
+pytestmark = pytest.mark.slow  # sweeps: the script run once per factor, in subprocesses
+
 SCRIPTS = Path(__file__).parent / "scripts"
 
 

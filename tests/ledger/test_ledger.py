@@ -7,6 +7,7 @@ import sqlite3
 import time
 import warnings
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -100,6 +101,16 @@ def test_record_and_read_back(tmp_path: Path, script: Path) -> None:
         assert len(ledger.runs(moved)) == 2
 
 
+def _pragma(path: Path | str, name: str, every: bool = False) -> Any:
+    """A ``PRAGMA`` read from the ledger's file by a connection of its own."""
+    db = sqlite3.connect(path)
+    try:
+        rows = db.execute(f"PRAGMA {name}")
+        return rows.fetchall() if every else rows.fetchone()
+    finally:
+        db.close()
+
+
 def test_migration_from_v1(tmp_path: Path, script: Path) -> None:
     path = tmp_path / "old.db"
     db = sqlite3.connect(path)
@@ -113,9 +124,9 @@ def test_migration_from_v1(tmp_path: Path, script: Path) -> None:
     db.close()
     with Ledger(path) as ledger:
         assert ledger.ok
-        (version,) = ledger._db.execute("PRAGMA user_version").fetchone()  # type: ignore[union-attr]
+        (version,) = _pragma(path, "user_version")  # the file on disk was migrated
         assert version == SCHEMA_VERSION == 2
-        cols = {row[1] for row in ledger._db.execute("PRAGMA table_info(runs)")}  # type: ignore[union-attr]
+        cols = {row[1] for row in _pragma(path, "table_info(runs)", every=True)}
         assert {"sweep_lr", "sweep_factor", "sweep_text"} <= cols
         (old,) = ledger.runs(script)
         assert old["id"] == "old-run" and old["failed_at"] == 7 and old["sweep_lr"] is None
@@ -157,8 +168,8 @@ def test_concurrent_writers_lose_nothing(tmp_path: Path) -> None:
         assert ledger.count() == 100
         ids = {r["id"] for r in ledger.runs(limit=1000)}
         assert ids == {f"w{w}-{i}" for w in range(4) for i in range(25)}
-        (mode,) = ledger._db.execute("PRAGMA journal_mode").fetchone()  # type: ignore[union-attr]
-        assert mode == "wal"
+    (mode,) = _pragma(path, "journal_mode")  # kept by the file itself
+    assert mode == "wal"
 
 
 def test_a_corrupt_ledger_never_stops_a_run(tmp_path: Path, script: Path) -> None:

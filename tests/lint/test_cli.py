@@ -190,10 +190,10 @@ def test_lint_near_returns_nearby_findings_nearest_first(tmp_path: Path) -> None
 
 
 def test_a_file_over_the_size_limit_is_one_finding_and_is_not_read(tmp_path: Path) -> None:
-    from nanscope.lint import _engine
+    from nanscope.lint._engine import MAX_SOURCE_BYTES
 
     big = tmp_path / "generated.py"
-    big.write_text("x = [" + "1, " * (_engine.MAX_SOURCE_BYTES // 3 + 10) + "]\n")
+    big.write_text("x = [" + "1, " * (MAX_SOURCE_BYTES // 3 + 10) + "]\n")
     ok = tmp_path / "train.py"
     ok.write_text(BAD)
     report = lint_paths([tmp_path])

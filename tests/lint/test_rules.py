@@ -1,5 +1,5 @@
 """Every rule has its fixture; each fixture flags exactly its expected lines (the docs of every
-rule family are checked in tests/core/test_rule_docs.py)."""
+rule family are checked in tests/docs/test_rule_docs.py)."""
 
 from __future__ import annotations
 

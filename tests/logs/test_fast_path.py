@@ -127,6 +127,7 @@ def _write(path: Path, lines: list[str], newline: str = "\n", end: bool = True) 
     path.write_bytes(text.encode("utf-8", errors="surrogateescape"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shape", SHAPES)
 def test_framework_shapes_from_a_real_fit(tmp_path: Path, shape: str) -> None:
     losses = _losses(3000)
@@ -231,6 +232,7 @@ def _mix(seed: int, n: int) -> list[str]:
     return lines
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", range(12))
 def test_random_mixes_with_tiny_blocks(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seed: int
@@ -298,6 +300,7 @@ WORDS = st.sampled_from(
 )  # fmt: skip
 
 
+@pytest.mark.slow
 @settings(
     max_examples=60,
     deadline=None,

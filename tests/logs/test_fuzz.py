@@ -72,6 +72,7 @@ def _check(path: Path) -> Trace | None:
     return trace
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(data=st.binary(max_size=2000), name=st.sampled_from(NAMES))
 def test_random_bytes(tmp_path: Path, data: bytes, name: str) -> None:

@@ -102,6 +102,7 @@ def test_exact_zeros_after_a_finite_loss_are_read_as_zeros(tmp_path: Path) -> No
     assert not any(r.get("nf_loss") for r in trace)
 
 
+@pytest.mark.slow
 def test_block_reader_gives_what_the_line_reader_gives(tmp_path: Path) -> None:
     losses = _fit(30_000, lr=0.0205)
     path = tmp_path / "big.log"

@@ -32,6 +32,7 @@ def _counts() -> tuple[torch.Tensor, torch.Tensor]:
     return counts, torch.randn(256, 1)
 
 
+@pytest.mark.slow
 def test_a_later_log_in_the_loop_is_the_producer_at_its_own_line() -> None:
     counts, y = _counts()
     model = nn.Sequential(nn.Linear(4, 16), nn.Tanh(), nn.Linear(16, 1))
@@ -59,6 +60,7 @@ def test_a_later_log_in_the_loop_is_the_producer_at_its_own_line() -> None:
     assert rerun["ran"] and rerun["finite"] and rerun["rows"] == [4]
 
 
+@pytest.mark.slow
 def test_a_batch_rebound_from_itself_is_not_re_evaluated() -> None:
     counts, y = _counts()
     batches = [(counts[i : i + 32], y[i : i + 32]) for i in range(0, 256, 32)]
@@ -87,6 +89,7 @@ def _prepare(x: torch.Tensor) -> torch.Tensor:
     return torch.log(x)
 
 
+@pytest.mark.slow
 def test_a_user_function_in_the_loop_is_not_called_again() -> None:
     counts, y = _counts()
     PREPARED.clear()

@@ -157,6 +157,7 @@ def test_optimizer_step_producer_from_finite_gradients() -> None:
     assert "eps" in d.actions[0]
 
 
+@pytest.mark.slow
 def test_half_squared_error_overflow_is_measured_in_float32() -> None:
     torch.manual_seed(0)
     X = torch.randn(64, 4).half()
@@ -181,6 +182,7 @@ def test_half_squared_error_overflow_is_measured_in_float32() -> None:
     assert f32["ran"] and f32["finite"] is True
 
 
+@pytest.mark.slow
 def test_static_loss_scale_is_named_as_the_overflowing_scale() -> None:
     torch.manual_seed(0)
     X = torch.randn(64, 10).half()
@@ -406,6 +408,7 @@ def test_a_replayed_loss_module_producer_gets_the_line_that_called_the_loss() ->
     assert loc["source"]["call"] == "loss module"
 
 
+@pytest.mark.slow
 def test_a_replayed_backward_producer_in_a_torch_module_gets_the_model_call_line() -> None:
     torch.manual_seed(0)
     X = (300 + 100 * torch.randn(64, 16)).half()

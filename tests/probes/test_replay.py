@@ -21,6 +21,7 @@ def _window(d: nanscope.Diagnosis) -> dict[str, dict]:  # type: ignore[type-arg]
     return {c["change"]: c for c in d.confirmation if c.get("scope") == "window"}
 
 
+@pytest.mark.slow
 def test_a_column_in_dollars_is_standardised_by_the_replay_and_named_first() -> None:
     # SGD on a price column (mean 5000): one step throws the loss up 1e17x, and no lr down to
     # a thousandth of the script's own trains it, while the same fit on the column
@@ -55,6 +56,7 @@ def test_a_column_in_dollars_is_standardised_by_the_replay_and_named_first() -> 
     assert d.actions[0].startswith("Standardise input column") and " 0 " in d.actions[0]
 
 
+@pytest.mark.slow
 def test_adam_with_eps_zero_is_the_division_the_optimizer_makes() -> None:
     # a dead ReLU unit has a gradient of exactly 0 at the first step: Adam divides 0 by 0
     torch.manual_seed(3)
@@ -83,6 +85,7 @@ def test_adam_with_eps_zero_is_the_division_the_optimizer_makes() -> None:
     assert d.cause == "zero_division"
 
 
+@pytest.mark.slow
 def test_accumulation_over_loop_iterations_is_replayed_as_it_ran() -> None:
     # the step every fourth iteration of the loader (gradient accumulation), SGD too large: the
     # replay reruns each update's four iterations, its loss the sum of their (loss / 4), as the
@@ -117,6 +120,7 @@ def test_accumulation_over_loop_iterations_is_replayed_as_it_ran() -> None:
     assert d.cause == "step_size_too_large" and d.confidence >= 0.9
 
 
+@pytest.mark.slow
 def test_a_relu_recurrence_at_the_identity_is_the_gradient_not_the_step() -> None:
     # an IRNN (ReLU recurrence started at the identity) on long sequences: the gradient explodes
     # at once; clipping it trains at the script's own lr, a tenth of the lr does not

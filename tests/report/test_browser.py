@@ -24,7 +24,7 @@ import nanscope
 from nanscope.report.html import write_report
 from nanscope.report.plots import VERDICT_COLORS
 
-pytestmark = pytest.mark.browser
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 #: the fit's learning rate is constant, so it gets a note, not a panel
 #: (the sign-flip fraction, measured at one update of this short fit, is a note, not a panel)

@@ -34,6 +34,7 @@ def test_run_dir_without_diagnosis_is_diagnosed(nan_run: Path, tmp_path: Path) -
     assert 'data-verdict="nonfinite"' in page and 'id="plots"' not in page
 
 
+@pytest.mark.slow
 def test_trace_file_with_pngs(diverging_run: Path, tmp_path: Path, capsys) -> None:
     out = tmp_path / "r.html"
     code = nanscope_main(["report", str(diverging_run / "trace.jsonl"), "-o", str(out),

@@ -177,6 +177,7 @@ def test_located_source_not_readable_still_renders() -> None:
     assert "/nonexistent/x.py:9" in page and "not readable here" in page
 
 
+@pytest.mark.slow
 def test_write_report_and_pngs(diverging_run: Path, tmp_path: Path) -> None:
     trace = load(diverging_run / "trace.jsonl")
     out = write_report(trace, nanscope.diagnose(trace), tmp_path / "sub" / "r.html",

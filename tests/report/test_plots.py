@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import math
+from importlib import resources
 from pathlib import Path
 
 import numpy as np
@@ -118,9 +119,8 @@ def test_plots_use_the_page_width() -> None:
     # the axes take most of the picture, and the page shows the picture as wide as its column
     left, _, right, _ = plots.AXES_BOX
     assert right - left > 0.75
-    from nanscope.report.html import _css
-
-    css = _css()
+    # the stylesheet the package ships, which every page inlines
+    css = (resources.files("nanscope.report") / "assets" / "report.css").read_text("utf-8")
     rule = css[css.index(".plots img") :].split("}", 1)[0]
     assert "width: 100%" in rule and "max-width" not in rule
 

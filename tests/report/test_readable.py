@@ -88,6 +88,7 @@ for _step in range(500):
 '''
 
 
+@pytest.mark.slow
 def test_report_from_another_folder_keeps_title_and_source(tmp_path: Path) -> None:
     pytest.importorskip("torch")
     project, elsewhere = tmp_path / "project", tmp_path / "elsewhere"

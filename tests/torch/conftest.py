@@ -9,9 +9,9 @@ pytest.importorskip("torch")
 def _run_root(tmp_path, monkeypatch):
     monkeypatch.setenv("NANSCOPE_DIR", str(tmp_path / "runs"))
     yield
-    from nanscope.torch import _hooks
+    from nanscope.torch._hooks import live_watchers
 
-    for watcher in _hooks.live_watchers():
+    for watcher in live_watchers():
         watcher.close()
 
 

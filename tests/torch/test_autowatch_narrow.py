@@ -38,6 +38,7 @@ def _steps(model, opt, x, y, n):
         opt.step()
 
 
+@pytest.mark.slow
 def test_the_global_module_hooks_go_once_the_model_is_known(armed):
     torch.manual_seed(0)
     model = _model()
@@ -55,6 +56,7 @@ def test_the_global_module_hooks_go_once_the_model_is_known(armed):
     assert records[FULL_EVERY]["input_absmax"] == pytest.approx(float(x.abs().max()))
 
 
+@pytest.mark.slow
 def test_a_nan_batch_after_the_narrowing_is_still_found_with_its_row(armed):
     torch.manual_seed(0)
     model = _model()

@@ -19,6 +19,8 @@ import torch
 from nanscope.torch import autowatch
 from torch import nn
 
+pytestmark = pytest.mark.slow  # torch.compile: every test compiles graphs
+
 
 @pytest.fixture(autouse=True)
 def _fresh_compiler():

@@ -68,6 +68,7 @@ def _still_watched(model, opt, watcher) -> None:
     watcher.close()
 
 
+@pytest.mark.slow
 def test_copies_of_a_watched_model_leave_its_hooks_behind(tmp_path) -> None:
     model, opt, watcher = _watched(tmp_path)
     _fit(model, opt, 4)
@@ -92,6 +93,7 @@ def test_copies_of_a_watched_model_leave_its_hooks_behind(tmp_path) -> None:
     _still_watched(model, opt, watcher)
 
 
+@pytest.mark.slow
 def test_a_state_dict_round_trip_keeps_the_model_watched(tmp_path) -> None:
     model, opt, watcher = _watched(tmp_path)
     _fit(model, opt, 4)
@@ -106,6 +108,7 @@ def test_a_state_dict_round_trip_keeps_the_model_watched(tmp_path) -> None:
     _still_watched(model, opt, watcher)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["script", "trace", "export"])
 def test_torch_scripts_traces_and_exports_a_watched_model_as_bare(tmp_path, how) -> None:
     model, opt, watcher = _watched(tmp_path)
@@ -125,6 +128,7 @@ def test_torch_scripts_traces_and_exports_a_watched_model_as_bare(tmp_path, how)
     _still_watched(model, opt, watcher)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("ckpt", ["reentrant", "non_reentrant"])
 def test_activation_checkpointing_recomputes_as_bare_and_its_updates_are_watched(
     tmp_path, ckpt

@@ -56,6 +56,7 @@ KEYS = ("step", "loss", "nf_loss", "lr", "grad_norm", "nf_grads", "update_norm",
         "grad_cos", "flip_frac", "weight_norm", "input_absmax")  # fmt: skip
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("options", [{}, {"clip": 0.05}, {"micro": 3}, {"deep": True},
                                      {"wide": True, "lr": 0.005}])  # fmt: skip
 def test_the_lean_records_are_the_full_check_records(options):
@@ -107,6 +108,7 @@ def _watched(tmp_path, *hidden):
     return model, opt, watcher, torch.randn(64, 4), torch.randn(64, 1)
 
 
+@pytest.mark.slow
 def test_a_nan_in_a_lean_run_stops_before_the_step_with_the_batch_observed(tmp_path):
     model, opt, watcher, x, y = _watched(tmp_path, nn.ReLU())
     with pytest.raises(nanscope.DivergenceError):
@@ -142,6 +144,7 @@ class _Gated(nn.Module):
         return self.head(self.body(x) * self.gate.abs().sqrt())
 
 
+@pytest.mark.slow
 def test_a_nan_in_one_small_gradient_stops_the_stacked_lean_check(tmp_path):
     """A model of many small layers has its small gradients stacked in a few buffers by the lean
     check: a NaN in one element of one of them still stops the update before its step."""
@@ -253,6 +256,7 @@ def _nan_at(step_bad, model, opt, x, y, *, train_from=1):
             opt.step()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("train_from", "bad"), [(1, 23), (6, 10)])
 def test_a_forward_with_dropout_keeps_its_rng_state_for_an_exact_replay(tmp_path, train_from, bad):
     model, opt, watcher, x, y = _watched(tmp_path, nn.ReLU(), nn.Dropout(0.5))
@@ -268,6 +272,7 @@ def test_a_forward_with_dropout_keeps_its_rng_state_for_an_exact_replay(tmp_path
     watcher.close()
 
 
+@pytest.mark.slow
 def test_a_forward_without_randomness_skips_the_rng_copy_and_still_locates(tmp_path):
     model, opt, watcher, x, y = _watched(tmp_path, nn.ReLU())
     _nan_at(23, model, opt, x, y)

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # nanscope run in subprocesses: plain loop, Lightning, HF
+
 pytest.importorskip("torch")
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -31,6 +31,7 @@ def _params(model):
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
+@pytest.mark.slow
 def test_diverging_sgd_stops_before_nan_reaches_weights(tmp_path):
     x, y = _data(scale=10.0)
     model = _mlp()
@@ -82,6 +83,7 @@ def test_measures_match_a_plain_reference():
         prev_w, prev_g = w, g
 
 
+@pytest.mark.slow
 def test_default_thins_only_the_full_measures():
     x, y = _data()
     model = _mlp()
@@ -159,6 +161,7 @@ def test_lbfgs_closure_checked_inside_the_closure(tmp_path):
         assert torch.equal(good[name], value)
 
 
+@pytest.mark.slow
 def test_adam_closure_loss_comes_from_the_closure():
     x, y = _data()
     model = _mlp()
@@ -253,6 +256,7 @@ def test_custom_optimizer_subclass():
     assert watcher.monitor.trace.records[-1]["lr"] == 1e-3
 
 
+@pytest.mark.slow
 def test_gradscaler_skips_are_events_and_collapse_fires(tmp_path):
     if not hasattr(torch.amp, "GradScaler"):
         pytest.skip("no torch.amp.GradScaler")
@@ -506,6 +510,7 @@ def test_a_nan_loss_is_located_from_its_live_graph(tmp_path, monkeypatch):
     assert located["source"]["code"].startswith("cos = (o * t)")
 
 
+@pytest.mark.slow
 def test_a_stop_during_warm_up_names_the_optimizers_lr_and_the_adam_advice(tmp_path):
     """The live diagnosis reads what the watcher put in the Monitor's meta (the optimizer), and
     a run stopped in its warm-up is told to cut the lr it was built with, not the one reached."""

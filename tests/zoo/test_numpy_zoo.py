@@ -11,6 +11,8 @@ import pytest
 
 import nanscope
 
+pytestmark = pytest.mark.slow  # the zoo: every case a whole fit
+
 _spec = importlib.util.spec_from_file_location(
     "_nanscope_zoo_loader", Path(__file__).with_name("_zoo.py")
 )

@@ -15,14 +15,15 @@ x = torch.randn(128, 4, generator=g) * torch.tensor([1.0, 3.0, 5.0, 8.0])
 y = x @ torch.tensor([1.0, -2.0, 0.5, 0.25]) + 0.1 * torch.randn(128, generator=g)
 model = torch.nn.Linear(4, 1)
 opt = torch.optim.SGD([{"params": [model.weight]}, {"params": [model.bias], "lr": lr / 2}], lr=lr)
+recorded: list[float] = []  # the first step's lrs, once written
 
 
 def record_lrs(optimizer, args, kwargs):
     """The lrs the first step applies (a sweep scales them for each step, then puts them back)."""
-    if os.environ.get("NANSCOPE_TEST_LR_OUT") and not getattr(optimizer, "_recorded", False):
-        optimizer._recorded = True
+    if os.environ.get("NANSCOPE_TEST_LR_OUT") and not recorded:
+        recorded.extend(group["lr"] for group in optimizer.param_groups)
         with open(os.environ["NANSCOPE_TEST_LR_OUT"], "a") as fh:
-            groups = " ".join(repr(group["lr"]) for group in optimizer.param_groups)
+            groups = " ".join(repr(value) for value in recorded)
             fh.write(f"{os.environ.get('NANSCOPE_LR_FACTOR')} {groups}\n")
 
 

@@ -14,6 +14,8 @@ from typing import Any
 
 import pytest
 
+pytestmark = pytest.mark.slow  # the zoo: every case a nanscope run in a subprocess
+
 pytest.importorskip("torch")
 
 HERE = Path(__file__).parent

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # subprocesses: nanscope run on hand-made updates
+
 torch = pytest.importorskip("torch")
 
 ROOT = Path(__file__).resolve().parents[3]

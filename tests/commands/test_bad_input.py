@@ -36,6 +36,8 @@ from hypothesis import strategies as st
 
 from nanscope.cli import main
 
+pytestmark = pytest.mark.slow  # one python -m nanscope process per case
+
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 SCRIPTS = Path(__file__).resolve().parents[1] / "experiment" / "scripts"
 #: the address space a bounded case may use (polars and numpy reserve some up front)

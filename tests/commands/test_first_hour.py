@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # python -m nanscope processes on real fits
+
 SCRIPTS = Path(__file__).resolve().parents[1] / "experiment" / "scripts"
 
 #: a least-squares fit at a step too long for its features: stopped as step_size_too_large

@@ -41,6 +41,7 @@ def _nanscope(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     )  # fmt: skip
 
 
+@pytest.mark.slow
 def test_run_stops_a_diverging_script_with_exit_3_and_json(tmp_path):
     script = tmp_path / "train.py"
     script.write_text(DIVERGING)
@@ -61,6 +62,7 @@ def test_run_stops_a_diverging_script_with_exit_3_and_json(tmp_path):
     assert json.loads(proc2.stdout)["cause"] == "step_size_too_large"
 
 
+@pytest.mark.slow
 def test_run_passes_the_scripts_exit_code_and_output(tmp_path):
     script = tmp_path / "ok.py"
     script.write_text("import sys\nprint('hello from the script')\nsys.exit(5)\n")
@@ -69,6 +71,7 @@ def test_run_passes_the_scripts_exit_code_and_output(tmp_path):
     assert "hello from the script" in proc.stdout
 
 
+@pytest.mark.slow
 def test_run_names_the_error_a_script_stopped_with_before_any_update(tmp_path):
     script = tmp_path / "train.py"
     script.write_text("import json\n\n\ndef load():\n    return json.loads('{')\n\n\nload()\n")
@@ -84,6 +87,7 @@ def test_run_names_the_error_a_script_stopped_with_before_any_update(tmp_path):
     assert "Fix the error" in data["actions"][0]
 
 
+@pytest.mark.slow
 def test_run_module_form(tmp_path):
     pkg = tmp_path / "trainpkg"
     pkg.mkdir()
@@ -93,6 +97,7 @@ def test_run_module_form(tmp_path):
     assert proc.returncode == 3, proc.stderr
 
 
+@pytest.mark.slow
 def test_run_warn_policy_lets_the_script_finish(tmp_path):
     script = tmp_path / "train.py"
     script.write_text(DIVERGING + "\nprint('finished')\n")
@@ -151,6 +156,7 @@ def test_run_without_a_script_is_a_usage_error(capsys):
     assert "no such script" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_demo_tells_the_story_and_remembers(tmp_path, monkeypatch):
     monkeypatch.setenv("NANSCOPE_LEDGER", str(tmp_path / "ledger.db"))
     proc = _nanscope("demo", "--no-color", "--run-dir", str(tmp_path / "runs"), cwd=tmp_path)
@@ -164,6 +170,7 @@ def test_demo_tells_the_story_and_remembers(tmp_path, monkeypatch):
     assert "nanscope remembers" in again.stdout and "lr 0.1 worked" in again.stdout
 
 
+@pytest.mark.slow
 def test_run_links_the_data_scan_to_the_bad_rows(tmp_path):
     rng = np.random.default_rng(5)
     X = rng.normal(size=(300, 3))

@@ -14,6 +14,8 @@ import pytest
 
 import nanscope
 
+pytest.importorskip("torch")  # the benches' workloads are torch models
+
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 
@@ -25,6 +27,7 @@ def overhead(monkeypatch):
     return module
 
 
+@pytest.mark.slow
 def test_the_overhead_bench_prints_a_row_per_workload():
     out = subprocess.run(
         [sys.executable, str(BENCH / "overhead.py"), "--steps", "2", "--rounds", "1", "--warm",
@@ -39,6 +42,7 @@ def test_the_overhead_bench_prints_a_row_per_workload():
     assert "watched <= 1.03: one round: no spread: mlp512, " in out  # one round: no verdict
 
 
+@pytest.mark.slow
 def test_the_hook_cost_bench_times_each_entry_point_of_the_gpt_loop():
     out = subprocess.run(
         [sys.executable, str(BENCH / "hook_cost.py"), "--workloads", "gpt,mlp512", "--rounds", "1",
@@ -59,6 +63,7 @@ def test_the_hook_cost_bench_times_each_entry_point_of_the_gpt_loop():
     assert float(shares["step pre-hook"]) >= float(shares["full updates (every 64)"])
 
 
+@pytest.mark.slow
 def test_the_gpt_loop_accumulates_clips_and_takes_the_lean_check(overhead, tmp_path):
     work = overhead.loop("gpt", "cpu")
     assert work.clips and len(work.opt.param_groups) == 2

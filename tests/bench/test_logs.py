@@ -6,6 +6,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow  # a benchmark run (one round)
+
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "logs.py"
 
 

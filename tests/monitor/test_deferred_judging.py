@@ -15,6 +15,8 @@ import nanscope
 import nanscope.monitor as monitor_module
 from nanscope.outcome import FAR
 
+pytestmark = pytest.mark.slow  # the numpy zoo, each case run twice
+
 _spec = importlib.util.spec_from_file_location(
     "_nanscope_zoo_loader", Path(__file__).parents[1] / "zoo" / "_zoo.py"
 )

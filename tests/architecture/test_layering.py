@@ -16,80 +16,10 @@ from __future__ import annotations
 import ast
 import subprocess
 import sys
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-SRC = Path(__file__).resolve().parents[2] / "src" / "nanscope"
-
-
-def _module_name(path: Path) -> str:
-    parts = list(path.relative_to(SRC.parent).with_suffix("").parts)
-    if parts[-1] == "__init__":
-        parts.pop()
-    return ".".join(parts)
-
-
-MODULES: dict[str, Path] = {_module_name(p): p for p in sorted(SRC.rglob("*.py"))}
-
-
-def _is_type_checking(node: ast.If) -> bool:
-    test = node.test
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
-    )
-
-
-def _walk(node: ast.AST) -> Iterator[ast.AST]:
-    """Every node below ``node``, leaving out ``if TYPE_CHECKING:`` bodies."""
-    for child in ast.iter_child_nodes(node):
-        if isinstance(child, ast.If) and _is_type_checking(child):
-            for other in child.orelse:
-                yield other
-                yield from _walk(other)
-            continue
-        yield child
-        yield from _walk(child)
-
-
-def _resolve(module: str, is_package: bool, level: int, name: str | None) -> str:
-    if not level:
-        return name or ""
-    base = module.split(".")
-    if not is_package:
-        base = base[:-1]
-    base = base[: len(base) - (level - 1)]
-    return ".".join(base + ([name] if name else []))
-
-
-def imports_of(module: str) -> set[str]:
-    """The modules ``module`` imports (``from a import b`` counts ``a``, and ``a.b`` when ``b`` is a
-    module of the package)."""
-    path = MODULES[module]
-    tree = ast.parse(path.read_text(encoding="utf-8"))
-    found: set[str] = set()
-    for node in _walk(tree):
-        if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            base = _resolve(module, path.name == "__init__.py", node.level, node.module)
-            found.add(base)
-            for alias in node.names:
-                if f"{base}.{alias.name}" in MODULES:
-                    found.add(f"{base}.{alias.name}")
-        elif (
-            isinstance(node, ast.Call)
-            and isinstance(node.func, (ast.Attribute, ast.Name))
-            and (getattr(node.func, "attr", None) or getattr(node.func, "id", None))
-            == "import_module"
-            and node.args
-            and isinstance(node.args[0], ast.Constant)
-            and isinstance(node.args[0].value, str)
-        ):
-            found.add(node.args[0].value)
-    found.discard(module)
-    return found
+from ._source import MODULES, SRC, imports_of, tree_of
 
 
 def _under(name: str, prefix: str) -> bool:
@@ -251,10 +181,10 @@ def test_no_framework_at_module_level_outside_the_adapters() -> None:
     """The core needs only numpy: torch and matplotlib are imported where used, never on import."""
     allowed = ("nanscope.torch", "nanscope.probes", "nanscope.integrations")
     bad = []
-    for module, path in MODULES.items():
+    for module in MODULES:
         if any(_under(module, a) for a in allowed):
             continue
-        tree = ast.parse(path.read_text(encoding="utf-8"))
+        tree = tree_of(module)
         for node in tree.body:
             names = []
             if isinstance(node, ast.Import):

@@ -23,6 +23,8 @@ import pytest
 
 from nanscope.trace import read_trace
 
+pytestmark = pytest.mark.slow  # kills real fits in subprocesses
+
 CHILD = textwrap.dedent(
     """
     import sys, time

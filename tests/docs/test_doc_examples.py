@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # every example in a fresh process
+
 ROOT = Path(__file__).resolve().parents[2]
 #: the rule, lint and log pages have their own checks (their fixtures and generated pages)
 PAGES = [ROOT / "README.md", *sorted(

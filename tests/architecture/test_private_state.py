@@ -20,16 +20,11 @@ Allowed (one entry, each with its reason):
 from __future__ import annotations
 
 import ast
-from pathlib import Path
 
-SRC = Path(__file__).resolve().parents[2] / "src" / "nanscope"
+from ._source import MODULES, SRC, is_private, module_name, tree_of
 
 ALLOWED = {("experiment/lrpatch.py", "_nanscope_patched"),
            ("torch/_hooks.py", "_has_any_global_hook"), ("probes/rows.py", "_next_index")}
-
-
-def _private(name: str) -> bool:
-    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
 
 
 def _writes(tree: ast.AST) -> list[tuple[int, str, str]]:
@@ -37,7 +32,7 @@ def _writes(tree: ast.AST) -> list[tuple[int, str, str]]:
 
     def target(node: ast.AST, line: int) -> None:
         for sub in ast.walk(node):
-            if not isinstance(sub, ast.Attribute) or not _private(sub.attr):
+            if not isinstance(sub, ast.Attribute) or not is_private(sub.attr):
                 continue
             if not isinstance(sub.ctx, (ast.Store, ast.Del)):
                 continue
@@ -68,7 +63,7 @@ def _writes(tree: ast.AST) -> list[tuple[int, str, str]]:
             and len(node.args) >= 2
             and isinstance(node.args[1], ast.Constant)
             and isinstance(node.args[1].value, str)
-            and _private(node.args[1].value)
+            and is_private(node.args[1].value)
         ):
             base = node.args[0]
             if not (isinstance(base, ast.Name) and base.id in ("self", "cls")):
@@ -78,9 +73,9 @@ def _writes(tree: ast.AST) -> list[tuple[int, str, str]]:
 
 def test_no_module_writes_another_objects_private_attribute():
     bad = []
-    for path in sorted(SRC.rglob("*.py")):
+    for module, path in MODULES.items():
         rel = path.relative_to(SRC).as_posix()
-        for line, base, attr in _writes(ast.parse(path.read_text(encoding="utf-8"))):
+        for line, base, attr in _writes(tree_of(module)):
             if (rel, attr) not in ALLOWED:
                 bad.append(f"src/nanscope/{rel}:{line}: {base}.{attr}")
     assert not bad, "private state written from outside its object:\n" + "\n".join(bad)
@@ -108,5 +103,5 @@ class A:
 def test_allowed_entries_still_exist():
     # an allow-list entry whose write is gone must be removed, not kept as a silent exemption
     for rel, attr in ALLOWED:
-        writes = _writes(ast.parse((SRC / rel).read_text(encoding="utf-8")))
+        writes = _writes(tree_of(module_name(SRC / rel)))
         assert any(a == attr for _, _, a in writes), (rel, attr)
