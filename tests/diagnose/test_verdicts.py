@@ -60,6 +60,7 @@ def _interrupted_run(run: Path, lr: float, at: int, policy: str = "raise") -> in
     return seen
 
 
+@pytest.mark.usefixtures("ctrl_c")
 def test_an_interrupted_healthy_fit_is_interrupted_not_healthy(tmp_path: Path) -> None:
     run = tmp_path / "run"
     seen = _interrupted_run(run, lr=0.005, at=40)
@@ -81,6 +82,7 @@ def test_an_interrupted_healthy_fit_is_interrupted_not_healthy(tmp_path: Path) -
     assert "nanscope: interrupted after update 40" in render(diagnosis, trace)
 
 
+@pytest.mark.usefixtures("ctrl_c")
 def test_a_failure_before_the_interruption_stays_the_verdict(tmp_path: Path) -> None:
     run = tmp_path / "run"
     _interrupted_run(run, lr=0.5, at=30, policy="warn")  # diverges to NaN, then Ctrl-C
@@ -90,6 +92,7 @@ def test_a_failure_before_the_interruption_stays_the_verdict(tmp_path: Path) -> 
     assert any("interrupted (SIGINT)" in e.text for e in diagnosis.evidence)
 
 
+@pytest.mark.usefixtures("ctrl_c")
 def test_interrupted_before_the_first_update_is_unobserved(tmp_path: Path) -> None:
     # the run was stopped while loading data: a header and the event, no update
     run = tmp_path / "run"

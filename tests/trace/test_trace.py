@@ -78,6 +78,7 @@ def _least_squares(steps: int, lr: float = 0.01, seed: int = 0):
         w = w - lr * grad
 
 
+@pytest.mark.usefixtures("ctrl_c")
 def test_events_are_kept_apart_from_the_records(tmp_path):
     import signal
 
