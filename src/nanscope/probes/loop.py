@@ -28,7 +28,11 @@ import sys
 import warnings
 from typing import Any
 
+from nanscope.numerics import op_name
+from nanscope.probes._measure import inputs_text, precision_verdict, recompute, why_nonfinite
+from nanscope.probes._tensors import all_finite, float_tensors, nonfinite_scalar, summary
 from nanscope.probes.failure import TorchFailure
+from nanscope.probes.rows import current_batch_rows
 
 __all__ = ["replay_preprocess"]
 
@@ -231,9 +235,7 @@ class _Replay:
         return self._located(target)
 
     def _model_input(self) -> Any:
-        from nanscope.probes.locate import _float_tensors
-
-        tensors = _float_tensors(self.f.args) or _float_tensors(self.f.kwargs)
+        tensors = float_tensors(self.f.args) or float_tensors(self.f.kwargs)
         return tensors[0].detach() if tensors else None
 
     def _same(self, value: Any, target: Any) -> bool:
@@ -341,29 +343,25 @@ class _Replay:
         return True
 
     def _note(self, func: Any, args: Any, kwargs: Any, out: Any) -> None:
-        from nanscope.probes import producer
-
         if self.first is not None:
             return
-        outs = producer._floats(out)
-        if not outs or producer._finite(outs):
+        outs = float_tensors(out)
+        if not outs or all_finite(outs):
             return
-        ins = producer._floats(args) + producer._floats(kwargs)
-        if not ins or not producer._finite(ins) or producer.nonfinite_scalar(args, kwargs):
+        ins = float_tensors(args) + float_tensors(kwargs)
+        if not ins or not all_finite(ins) or nonfinite_scalar(args, kwargs):
             return
         self.first = {"func": func, "args": args, "kwargs": kwargs, "stmt": self.stmt,
-                      "ins": [producer.summary(t) for t in ins[:4]], "tensor": ins[0].detach(),
-                      "out": producer.summary(outs[0])}  # fmt: skip
+                      "ins": [summary(t) for t in ins[:4]], "tensor": ins[0].detach(),
+                      "out": summary(outs[0])}  # fmt: skip
 
     def _located(self, target: Any) -> dict[str, Any]:
-        from nanscope.probes import producer
-
         first = self.first
         assert first is not None
         stmt = first["stmt"]
-        op = producer.op_name(first["func"])
+        op = op_name(first["func"])
         out = first["out"]
-        why = producer.why_nonfinite(op, first["ins"], out["dtype"])
+        why = why_nonfinite(op, first["ins"], out["dtype"])
         source: dict[str, Any] = {"file": os.path.abspath(self.file), "line": stmt.lineno,
                                   "function": self.frame.f_code.co_name}  # fmt: skip
         code = linecache.getline(self.file, stmt.lineno).strip()
@@ -372,7 +370,7 @@ class _Replay:
         located: dict[str, Any] = {
             "phase": "preprocess", "op": op, "module": None, "source": source,
             "dtype": out["dtype"], "output": "nan" if out.get("nan") else "inf",
-            "input_values": first["ins"], "why": why, "inputs": producer._inputs_text(why),
+            "input_values": first["ins"], "why": why, "inputs": inputs_text(why),
             "input_zero": bool(why.get("zero")),
             "input_absmax": max((x.get("absmax", 0.0) for x in first["ins"]), default=None),
             "observed": True, "step": self.f.step,
@@ -381,8 +379,8 @@ class _Replay:
         }  # fmt: skip
         if why.get("kind") == "past_range" or out["dtype"] in ("float16", "bfloat16"):
             kw = {k: v for k, v in first["kwargs"].items() if k != "out"}
-            located["recomputed"] = producer.recompute(first["func"], first["args"], kw)
-            verdict = producer.precision_verdict(out["dtype"], located["recomputed"])
+            located["recomputed"] = recompute(first["func"], first["args"], kw)
+            verdict = precision_verdict(out["dtype"], located["recomputed"])
             if verdict:
                 located["precision"] = verdict
         located["input_rows"] = self._extreme_rows(first["tensor"], target)
@@ -399,8 +397,6 @@ class _Replay:
         index: Any = None
         with contextlib.suppress(Exception):
             # the loader's own tensor is the producer's input (the model got a transformed batch)
-            from nanscope.probes.rows import current_batch_rows
-
             index = current_batch_rows((tensor,), {})
             if index is not None and not np.asarray(index).size:
                 index = None

@@ -7,10 +7,7 @@ from typing import Any
 from nanscope.formatting import number
 from nanscope.formatting import row as row_words
 
-__all__ = ["HALF_TINY", "num", "row_text", "tenfold_action"]
-
-#: the smallest positive float16 (a subnormal): anything below rounds to 0
-HALF_TINY = 5.960464477539063e-08
+__all__ = ["num", "row_text", "tenfold_action"]
 
 
 def num(value: Any) -> str:

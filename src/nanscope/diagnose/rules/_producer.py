@@ -13,21 +13,9 @@ from __future__ import annotations
 from typing import Any
 
 from nanscope.diagnose.rules._common import num
+from nanscope.numerics import DIVISION_OPS, GROWTH_OPS, LOG_OPS
 
-__all__ = ["DIVISION_OPS", "LOG_OPS", "Producer", "producer_of"]
-
-#: log-like ops: they turn 0 (or a value outside their domain) into -inf / NaN
-LOG_OPS = ("log", "xlogy", "binary_cross_entropy", "binarycrossentropy", "nll", "crossentropy",
-           "cross_entropy", "logit", "digamma", "lgamma", "special_entr",
-           "specialentr")  # fmt: skip
-#: division-like ops: they turn a 0 denominator (or the gradient of a root at 0) into inf / NaN
-DIVISION_OPS = ("div", "reciprocal", "rsqrt", "sqrt", "norm", "std", "var", "cosine",
-                "normalize", "cdist", "remainder", "fmod")  # fmt: skip
-#: ops that overflow from large finite inputs
-GROWTH_OPS = ("exp", "pow", "square", "mul", "multiply", "matmul", "mm", "addmm", "linear", "sum",
-              "mean", "conv", "einsum", "bmm", "power", "prod", "cosh", "sinh", "tocopy", "to",
-              "expm1", "add", "subtract", "sub", "mse")  # fmt: skip
-
+__all__ = ["Producer", "producer_of"]
 
 class Producer:
     """A read-only view of ``located`` in the terms the rules use."""
