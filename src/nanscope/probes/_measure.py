@@ -18,8 +18,8 @@ from nanscope.numerics import DIVISION_OPS, FLOAT_MAX, HALF_MAX, LOG_OPS
 from nanscope.probes._source import traceback_source
 from nanscope.probes._tensors import float_tensors, saved_tensors, summary
 
-__all__ = ["backward_located", "forward_name", "inputs_text", "precision_verdict", "recompute",
-           "why_nonfinite"]  # fmt: skip
+__all__ = ["backward_located", "forward_name", "inputs_text", "made_by", "precision_verdict",
+           "recompute", "why_nonfinite", "widened"]  # fmt: skip
 
 
 def why_nonfinite(op: str, ins: list[dict[str, Any]], out_dtype: str) -> dict[str, Any]:
@@ -116,6 +116,23 @@ def inputs_text(why: dict[str, Any]) -> str:
     if kind == "nonfinite_input":
         return "non-finite"
     return str(why.get("text", ""))
+
+
+def made_by(why: dict[str, Any], ins: list[dict[str, Any]]) -> dict[str, Any]:
+    """The ``located`` keys of the input values that made an op's non-finite output: ``why``,
+    ``inputs``, ``input_zero``, ``input_absmax`` (of the summaries ``ins``)."""
+    return {"why": why, "inputs": inputs_text(why), "input_zero": bool(why.get("zero")),
+            "input_absmax": max((x.get("absmax", 0.0) for x in ins), default=None)}  # fmt: skip
+
+
+def widened(func: Any, args: Any, kwargs: Any, dtype: str) -> dict[str, Any]:
+    """The ``located`` keys of an op run again in float32 and float64: ``recomputed``, and
+    ``precision`` when that measured an overflow of ``dtype``."""
+    out: dict[str, Any] = {"recomputed": recompute(func, args, kwargs)}
+    verdict = precision_verdict(dtype, out["recomputed"])
+    if verdict:
+        out["precision"] = verdict
+    return out
 
 
 def forward_name(node_name: str) -> str:

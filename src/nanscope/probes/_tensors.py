@@ -9,12 +9,14 @@ import (nanscope imports without torch).
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Callable
 from typing import Any
 
 __all__ = ["all_finite", "custom_saved", "float_tensors", "graph_nodes", "has_forward",
-           "inputs_in_order", "nonfinite_scalar", "number_summary", "saved_tensors", "summary",
-           "tensors"]  # fmt: skip
+           "inputs_in_order", "nonfinite_scalar", "number_summary", "op_watch", "saved_tensors",
+           "summary", "tensors"]  # fmt: skip
 
 #: how deep nested lists, tuples and dicts of an op's arguments are searched for tensors
 DEPTH = 3
@@ -184,3 +186,20 @@ def has_forward(model: Any) -> bool:
             # torch's placeholder raises; LightningModule's only hands on to it
             return cls is not torch.nn.Module and cls.__name__ != "LightningModule"
     return False
+
+
+def op_watch(note: Callable[[Any, Any, Any, Any], None]) -> Any:
+    """A ``TorchFunctionMode`` (``with op_watch(note): ...``) that runs every op as it is, then
+    hands ``(func, args, kwargs, out)`` to ``note``; a fault in ``note`` is swallowed (the op's
+    result is the code's, whatever the probe makes of it)."""
+    from torch.overrides import TorchFunctionMode
+
+    class OpWatch(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            kwargs = kwargs or {}
+            out = func(*args, **kwargs)
+            with contextlib.suppress(Exception):
+                note(func, args, kwargs, out)
+            return out
+
+    return OpWatch()

@@ -42,13 +42,7 @@ from typing import Any
 from nanscope._frames import owner
 from nanscope.numerics import HALF_MAX, op_name
 from nanscope.probes import producer
-from nanscope.probes._measure import (
-    backward_located,
-    forward_name,
-    precision_verdict,
-    recompute,
-    why_nonfinite,
-)
+from nanscope.probes._measure import backward_located, forward_name, why_nonfinite, widened
 from nanscope.probes._source import op_family, scan_function, stack_source, traceback_source
 from nanscope.probes._tensors import (
     all_finite,
@@ -57,6 +51,7 @@ from nanscope.probes._tensors import (
     graph_nodes,
     has_forward,
     nonfinite_scalar,
+    op_watch,
     saved_tensors,
     summary,
     tensors,
@@ -86,34 +81,25 @@ def locate(failure: TorchFailure) -> dict[str, Any]:
     try:
         result = _with_producer(_Locator(failure).run(), live, failure)
     except Exception as exc:  # a probe bug must never kill the user's run
-        warnings.warn(
-            f"nanscope: the localisation replay failed ({type(exc).__name__}: {exc}); the "
-            "diagnosis goes on without the op and module. Please report this.",
-            RuntimeWarning,
-            stacklevel=2,
-        )
+        _failed("the localisation replay", exc, "; the diagnosis goes on without the op and module")
         return {}
     if failure.extra.get("alarm", "nonfinite") != "nonfinite":
         return result
     try:
         _with_loop_producer(result, failure)
     except Exception as exc:  # a probe bug must never kill the user's run
-        warnings.warn(
-            f"nanscope: the re-evaluation of the loop's preprocessing failed "
-            f"({type(exc).__name__}: {exc}). Please report this.",
-            RuntimeWarning,
-            stacklevel=2,
-        )
+        _failed("the re-evaluation of the loop's preprocessing", exc)
     try:
         result["confirmation"] = confirm(failure, result)
     except Exception as exc:  # a probe bug must never kill the user's run
-        warnings.warn(
-            f"nanscope: the confirming experiment failed ({type(exc).__name__}: {exc}). Please "
-            "report this.",
-            RuntimeWarning,
-            stacklevel=2,
-        )
+        _failed("the confirming experiment", exc)
     return result
+
+
+def _failed(what: str, exc: Exception, then: str = "") -> None:
+    """One warning, attributed to :func:`locate`'s caller, for a probe that failed."""
+    warnings.warn(f"nanscope: {what} failed ({type(exc).__name__}: {exc}){then}. Please report "
+                  "this.", RuntimeWarning, stacklevel=3)  # fmt: skip
 
 
 def _with_producer(result: dict[str, Any], live: dict[str, Any] | None,
@@ -369,7 +355,7 @@ class _Locator:
                 if f.autocast is not None:
                     stack.enter_context(torch.autocast(device.type, dtype=f.autocast))
                 stack.enter_context(_eager_compiled(torch))
-                stack.enter_context(_OpWatch(self))
+                stack.enter_context(op_watch(self._note_op))
                 out = model(*f.args, **f.kwargs)
                 self.module_stack = []
                 loss = self._replay_loss(out)
@@ -502,7 +488,7 @@ class _Locator:
             queue.extend(n for n, _ in node.next_functions if n is not None)
 
     def _note_op(self, func: Any, args: Any, kwargs: Any, out: Any) -> None:
-        """Called by the op watcher for each op of the replay."""
+        """Called by the op watch for each op of the replay (two frames below the op's caller)."""
         if self.quiet:
             return
         outs = float_tensors(out)
@@ -577,10 +563,8 @@ class _Locator:
             located["why"] = why_nonfinite(origin["op"], origin["ins"], out_dtype)
             call = origin.get("call")
             if call is not None and out_dtype in ("float16", "bfloat16"):
-                located["recomputed"] = recompute(*call)
-                verdict = precision_verdict(out_dtype, located["recomputed"])
-                if verdict:
-                    located["precision"] = verdict
+                func, args, kwargs = call
+                located.update(widened(func, args, kwargs, out_dtype))
         if origin is not self.first:
             located["note"] = "the op's inputs were already non-finite"
         if self.f.autocast is not None:
@@ -962,30 +946,3 @@ def _eager_compiled(torch: Any) -> Any:
         return set_stance("force_eager")
     except Exception:  # a torch whose stances differ: replay as it is
         return contextlib.nullcontext()
-
-
-class _OpWatch:
-    """A TorchFunctionMode that reports every op's output to the locator (built lazily)."""
-
-    def __init__(self, locator: _Locator) -> None:
-        from torch.overrides import TorchFunctionMode
-
-        loc = locator
-
-        class Mode(TorchFunctionMode):
-            def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-                kwargs = kwargs or {}
-                out = func(*args, **kwargs)
-                with contextlib.suppress(Exception):
-                    loc._note_op(func, args, kwargs, out)
-                return out
-
-        self.mode = Mode()
-
-    def __enter__(self) -> _OpWatch:
-        self.mode.__enter__()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.mode.__exit__(*exc)
-

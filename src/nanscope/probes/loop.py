@@ -29,8 +29,14 @@ import warnings
 from typing import Any
 
 from nanscope.numerics import op_name
-from nanscope.probes._measure import inputs_text, precision_verdict, recompute, why_nonfinite
-from nanscope.probes._tensors import all_finite, float_tensors, nonfinite_scalar, summary
+from nanscope.probes._measure import made_by, why_nonfinite, widened
+from nanscope.probes._tensors import (
+    all_finite,
+    float_tensors,
+    nonfinite_scalar,
+    op_watch,
+    summary,
+)
 from nanscope.probes.failure import TorchFailure
 from nanscope.probes.rows import current_batch_rows
 
@@ -290,28 +296,17 @@ class _Replay:
         return value
 
     def _evaluate(self, plan: list[ast.Assign], call: ast.Assign | None) -> dict[str, Any] | None:
-        from torch.overrides import TorchFunctionMode
-
         torch = self.torch
-        replay = self
         glb = dict(self.frame.f_globals)
         ns: dict[str, Any] = dict(self.frame.f_locals)
         made: dict[str, Any] = {}
-
-        class Mode(TorchFunctionMode):
-            def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-                kwargs = kwargs or {}
-                out = func(*args, **kwargs)
-                with contextlib.suppress(Exception):
-                    replay._note(func, args, kwargs, out)
-                return out
 
         with contextlib.ExitStack() as stack:
             stack.enter_context(warnings.catch_warnings())
             warnings.simplefilter("ignore")
             stack.enter_context(torch.random.fork_rng(devices=[]))
             stack.enter_context(torch.no_grad())
-            stack.enter_context(Mode())
+            stack.enter_context(op_watch(self._note))
             for stmt in plan + ([call] if call is not None else []):
                 if not self._receivers_ok(stmt, glb, ns):
                     return None  # a method of an object that is no tensor: it may do anything
@@ -370,19 +365,13 @@ class _Replay:
         located: dict[str, Any] = {
             "phase": "preprocess", "op": op, "module": None, "source": source,
             "dtype": out["dtype"], "output": "nan" if out.get("nan") else "inf",
-            "input_values": first["ins"], "why": why, "inputs": inputs_text(why),
-            "input_zero": bool(why.get("zero")),
-            "input_absmax": max((x.get("absmax", 0.0) for x in first["ins"]), default=None),
-            "observed": True, "step": self.f.step,
+            "input_values": first["ins"], **made_by(why, first["ins"]), "observed": True,
+            "step": self.f.step,
             "how": "the training loop's preprocessing lines of the failing update, re-evaluated "
                    "from the loop's variables (the result matched the batch the model got)",
         }  # fmt: skip
         if why.get("kind") == "past_range" or out["dtype"] in ("float16", "bfloat16"):
-            kw = {k: v for k, v in first["kwargs"].items() if k != "out"}
-            located["recomputed"] = recompute(first["func"], first["args"], kw)
-            verdict = precision_verdict(out["dtype"], located["recomputed"])
-            if verdict:
-                located["precision"] = verdict
+            located.update(widened(first["func"], first["args"], first["kwargs"], out["dtype"]))
         located["input_rows"] = self._extreme_rows(first["tensor"], target)
         return located
 

@@ -42,10 +42,10 @@ from nanscope.numerics import HALF_MAX, op_name
 from nanscope.probes._measure import (
     backward_located,
     forward_name,
-    inputs_text,
+    made_by,
     precision_verdict,
-    recompute,
     why_nonfinite,
+    widened,
 )
 from nanscope.probes._source import scan_function
 from nanscope.probes._tensors import (
@@ -356,16 +356,9 @@ class FirstUpdateWatch:
             "input_values": ins, "observed": True, "how": "first-update op watch", "update": 1,
         }  # fmt: skip
         why = why_nonfinite(op, ins, s["dtype"])
-        located["why"] = why
-        located["inputs"] = inputs_text(why)
-        located["input_zero"] = bool(why.get("zero"))
-        located["input_absmax"] = max((x.get("absmax", 0.0) for x in ins), default=None)
+        located.update(made_by(why, ins))
         if why["kind"] == "past_range" or s["dtype"] in ("float16", "bfloat16"):
-            kw = {k: v for k, v in kwargs.items() if k != "out"}
-            located["recomputed"] = recompute(func, call_args, kw)
-            verdict = precision_verdict(s["dtype"], located["recomputed"])
-            if verdict:
-                located["precision"] = verdict
+            located.update(widened(func, call_args, kwargs, s["dtype"]))
         self.producer = located
 
     # ------------------------------------------------------------ the backward
@@ -604,9 +597,7 @@ def graph_producer(loss: Any, site: Any = None) -> dict[str, Any] | None:
             found = {
                 "phase": "loss", "op": op, "backward_op": name, "module": "loss",
                 "dtype": s["dtype"], "output": "nan" if s.get("nan") else "inf",
-                "observed": observed and bool(ins), "input_values": ins, "why": why,
-                "inputs": inputs_text(why), "input_zero": bool(why.get("zero")),
-                "input_absmax": max((x.get("absmax", 0.0) for x in ins), default=None),
+                "observed": observed and bool(ins), "input_values": ins, **made_by(why, ins),
                 "how": "the loss's autograd graph, recomputed from its saved inputs",
             }  # fmt: skip
             if observed and name in _ELEMENTWISE:
