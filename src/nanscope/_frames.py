@@ -1,9 +1,10 @@
 """Whose code a frame runs: the user's, nanscope's, or a library's.
 
-The one list of code that is never the user's line: torch, the trainers (Lightning, transformers,
-accelerate), the standard library, and nanscope itself. The adapter's call sites
-(``torch/_hooks.py``), the first-update watch and the replay (``probes/``) and ``nanscope run``'s
-tracebacks all ask it, so they agree on where the user's code is.
+The one list of code that is never the user's line: torch, numpy, the trainers (Lightning,
+transformers, accelerate), the standard library, and nanscope itself. The adapter's call sites
+(``torch/_hooks.py``, ``torch/history.py``), the first-update watch, the replay and numpy's
+floating-point errors (``probes/``) and ``nanscope run``'s tracebacks all ask it, so they agree
+on where the user's code is.
 
 A package is matched by its folder only inside an installed-packages folder (``site-packages``,
 ``dist-packages``), so a user's own folder named ``torch`` or ``lightning`` stays theirs.
@@ -17,13 +18,14 @@ import sysconfig
 from types import FrameType
 from typing import Literal
 
-__all__ = ["PACKAGES", "PATCHES", "Owner", "is_nanscope", "is_user_file", "owner", "user_frame"]
+__all__ = ["FRAMEWORKS", "PACKAGES", "PATCHES", "Owner", "is_nanscope", "is_user_file", "owner",
+           "user_frame"]  # fmt: skip
 
 Owner = Literal["user", "nanscope", "library"]
 
 #: installed packages whose frames are never the user's
-PACKAGES = ("torch", "lightning", "pytorch_lightning", "lightning_fabric", "transformers",
-            "accelerate")  # fmt: skip
+PACKAGES = ("torch", "numpy", "lightning", "pytorch_lightning", "lightning_fabric",
+            "transformers", "accelerate")  # fmt: skip
 _NANSCOPE_DIRS = tuple(
     {os.path.dirname(os.path.abspath(__file__)) + os.sep,
      os.path.realpath(os.path.dirname(os.path.abspath(__file__))) + os.sep}
@@ -32,22 +34,25 @@ _NANSCOPE_DIRS = tuple(
 #: through to the user's code, so their frames count as a library's
 PATCHES = os.path.join("nanscope", "torch", "_hooks.py")
 
+#: the frameworks whose folders count wherever they are installed (an editable install too)
+FRAMEWORKS = ("torch", "numpy")
+
 _OWNER: dict[str, Owner] = {}
-_LIBRARY_DIRS: dict[bool, tuple[str, ...]] = {}
+_LIBRARY_DIRS: dict[tuple[bool, ...], tuple[str, ...]] = {}
 
 
 def _library_dirs() -> tuple[str, ...]:
-    """torch's folder (once torch is imported: before, no frame can be its) and the standard
-    library's, as named and resolved."""
-    torch = sys.modules.get("torch")
-    key = torch is not None
+    """The standard library's folder and the frameworks' (once imported: before, no frame can
+    be theirs), as named and resolved."""
+    modules = [sys.modules.get(name) for name in FRAMEWORKS]
+    key = tuple(m is not None for m in modules)
     dirs = _LIBRARY_DIRS.get(key)
     if dirs is None:
         found = [os.path.dirname(os.__file__)]
         paths = sysconfig.get_paths()
         found += [paths[k] for k in ("stdlib", "platstdlib") if paths.get(k)]
-        if torch is not None and getattr(torch, "__file__", None):
-            found.append(os.path.dirname(str(torch.__file__)))
+        found += [os.path.dirname(str(m.__file__)) for m in modules
+                  if m is not None and getattr(m, "__file__", None)]  # fmt: skip
         named = {os.path.abspath(d) + os.sep for d in found}
         dirs = tuple(named | {os.path.realpath(d) + os.sep for d in found})
         _LIBRARY_DIRS[key] = dirs

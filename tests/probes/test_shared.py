@@ -124,7 +124,7 @@ def test_the_families_take_forward_backward_and_numpy_names() -> None:
 
 def test_whose_file_it_is() -> None:
     assert owner(__file__) == "user" and is_user_file(__file__)
-    assert owner(torch.__file__) == "library"
+    assert owner(torch.__file__) == "library" and owner(np.__file__) == "library"
     assert owner(contextlib.__file__) == "library"
     assert owner("<frozen runpy>") == "library"
     assert owner(str(SRC / "monitor.py")) == "nanscope" and is_nanscope(str(SRC / "monitor.py"))
