@@ -231,6 +231,43 @@ def test_located_types_and_the_from_key() -> None:
     assert KEYS[:2] == ("phase", "op") and "from" in KEYS and "from_" not in KEYS
 
 
+def _keys_written(path: Path) -> set[str]:
+    """The literal keys the module writes into a located dict (``located``, ``found``,
+    ``produced``): dict displays assigned to those names, item stores, ``setdefault``."""
+    names = {"located", "found", "produced"}
+
+    def name(node: ast.AST) -> str | None:
+        return node.id if isinstance(node, ast.Name) else getattr(node, "attr", None)
+
+    keys: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Assign):
+            for target in node.targets:
+                if isinstance(target, ast.Subscript) and name(target.value) in names and (
+                    isinstance(target.slice, ast.Constant)
+                ):
+                    keys.add(str(target.slice.value))
+                if name(target) in names and isinstance(node.value, ast.Dict):
+                    keys |= {str(k.value) for k in node.value.keys if isinstance(k, ast.Constant)}
+        if (isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "setdefault"
+                and name(getattr(node.func, "value", None)) in names and node.args
+                and isinstance(node.args[0], ast.Constant)):  # fmt: skip
+            keys.add(str(node.args[0].value))
+    return keys
+
+
+def test_the_probes_write_only_keys_of_the_table() -> None:
+    #: the loop hands its producer input's rows to the replay, which moves them to the rows
+    handed_over = {"input_rows"}
+    written: dict[str, set[str]] = {}
+    for path in (SRC / "probes").glob("*.py"):
+        for key in _keys_written(path):
+            written.setdefault(key, set()).add(path.name)
+    assert {"op", "why", "from", "also", "replay"} <= set(written)  # the scan sees them
+    stray = {k: v for k, v in written.items() if k not in KEYS and k not in handed_over}
+    assert not stray, stray
+
+
 def test_the_table_documents_every_key() -> None:
     doc = (SRC / "located.py").read_text(encoding="utf-8")
     missing = [k for k in KEYS if f"``{k}``" not in doc.split('"""')[1]]

@@ -280,15 +280,7 @@ class _Locator:
             except Exception:
                 index = None
         found: list[dict[str, Any]] = []
-        sources: list[tuple[str, Any]] = []
-        inputs = float_tensors(self.f.args) or float_tensors(self.f.kwargs)
-        if inputs:
-            sources.append(("inputs", inputs[0]))
-        if self.f.targets is not None:
-            targets = list(tensors(self.f.targets))
-            if targets:
-                sources.append(("targets", targets[0]))
-        for source, tensor in sources:
+        for source, tensor in self._batch(float_targets=False):
             try:
                 array = tensor.detach().float().cpu().numpy()
                 count, bad = nonfinite_rows(array, source, index)
@@ -301,19 +293,25 @@ class _Locator:
             found.extend(bad)
         return found
 
-    def _nonfinite_columns(self) -> list[dict[str, Any]]:
-        """Columns of the batch that are non-finite in every one of its rows (two rows or more):
-        such a column is computed (a division or a log over it), not a few bad rows of the data."""
-        out: list[dict[str, Any]] = []
+    def _batch(self, float_targets: bool) -> list[tuple[str, Any]]:
+        """``("inputs", x)`` and ``("targets", y)``: the batch's first floating input tensor and
+        its first target tensor (a floating one when ``float_targets``), those that exist."""
         sources: list[tuple[str, Any]] = []
         inputs = float_tensors(self.f.args) or float_tensors(self.f.kwargs)
         if inputs:
             sources.append(("inputs", inputs[0]))
         if self.f.targets is not None:
-            targets = [t for t in tensors(self.f.targets) if t.is_floating_point()]
+            targets = [t for t in tensors(self.f.targets) if t.is_floating_point() or not (
+                float_targets)]  # fmt: skip
             if targets:
                 sources.append(("targets", targets[0]))
-        for source, tensor in sources:
+        return sources
+
+    def _nonfinite_columns(self) -> list[dict[str, Any]]:
+        """Columns of the batch that are non-finite in every one of its rows (two rows or more):
+        such a column is computed (a division or a log over it), not a few bad rows of the data."""
+        out: list[dict[str, Any]] = []
+        for source, tensor in self._batch(float_targets=True):
             try:
                 if tensor.dim() < 1 or tensor.shape[0] < 2:
                     continue

@@ -56,7 +56,11 @@ _BUILTINS = ("len", "range", "min", "max", "abs", "float", "int", "slice", "tupl
 
 
 def replay_preprocess(failure: TorchFailure) -> dict[str, Any] | None:
-    """The producer in the loop's preprocessing of the failing update, or ``None``."""
+    """The producer in the loop's preprocessing of the failing update, or ``None``.
+
+    A ``located`` dict (:mod:`nanscope.located`) with one key besides, ``input_rows``: the
+    extreme rows of the producer's input, which :func:`~nanscope.probes.locate.locate` moves to
+    the diagnosis rows."""
     site = failure.extra.get("model_site")
     if not isinstance(site, dict) or not site.get("file") or not site.get("line"):
         return None
