@@ -25,6 +25,9 @@ The result (merged into the diagnosis evidence)::
 
     {"located": {"phase", "op", "module", "source": {"file", "line"}, "inputs", "dtype", ...},
      "rows": [...], "activations": {...}, "weight_scale": {...}}
+
+``located``'s keys are tabled in :mod:`nanscope.located`. The first update's producer, when the
+live watch (:mod:`~nanscope.probes.producer`) saw it, wins over the replay's.
 """
 
 from __future__ import annotations
