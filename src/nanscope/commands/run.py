@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from nanscope._extras import extra_for
+from nanscope._frames import is_nanscope
 from nanscope.commands.base import CommandParser, check_folder, clean, progress, warn
 from nanscope.commands.common import add_output_options, show, write_html, write_json
 from nanscope.commands.interpreter import other_python, run_in
@@ -41,7 +42,6 @@ EXIT_STOPPED = 3
 EXPERIMENT_CAUSES = ("step_size_too_large", "exploding_gradients", "update_sign_error")
 #: what a killed run exits with, as a shell reports it (128 + signal number)
 _SIGNAL_EXIT = {"SIGINT": 130, "KeyboardInterrupt": 130, "SIGTERM": 143}
-_OURS = str(Path(__file__).resolve().parent.parent)
 
 
 class Target:
@@ -328,7 +328,7 @@ def _crash_event(exc: BaseException) -> dict[str, Any]:
 def _is_ours(filename: str) -> bool:
     """nanscope's own frames and runpy's, which ``python train.py`` would not show."""
     return (
-        filename.startswith(_OURS)
+        is_nanscope(filename)
         or filename == "<frozen runpy>"
         or filename.endswith(f"{os.sep}runpy.py")
     )

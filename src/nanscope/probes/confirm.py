@@ -32,7 +32,9 @@ import math
 import warnings
 from typing import Any
 
+from nanscope.probes._tensors import has_forward, tensors
 from nanscope.probes.failure import TorchFailure
+from nanscope.probes.producer import GRAPH_NODE, recompute_without_rows
 
 __all__ = ["MAX_PARAMS", "confirm"]
 
@@ -73,8 +75,6 @@ def _experiment(change: str, f: TorchFailure, found: dict[str, Any]) -> dict[str
     if model is None or not hasattr(model, "parameters"):
         return {"change": change, "ran": False, "finite": None, "loss": None,
                 "text": "not run: the model was not seen"}  # fmt: skip
-    from nanscope.probes.locate import has_forward
-
     if not has_forward(model):
         return {"change": change, "ran": False, "finite": None, "loss": None,
                 "text": f"not run: {type(model).__name__} has no forward of its own to "
@@ -262,7 +262,7 @@ def _rerun(f: TorchFailure, located: dict[str, Any], change: str, *, dtype: Any 
                 largs = [a.to(dtype) if isinstance(a, torch.Tensor) and a.is_floating_point()
                          else a for a in largs]  # fmt: skip
             loss = f.loss_module(*largs)
-    outs = [t for t in _flat(out) if t.is_floating_point()]
+    outs = [t for t in tensors(out) if t.is_floating_point()]
     out_finite = all(bool(torch.isfinite(t.detach()).all()) for t in outs)
     out_max = max((float(t.detach().float().abs().max()) for t in outs if t.numel()), default=0.0)
     what = _what(change, drop, f)
@@ -346,8 +346,6 @@ def _rerun(f: TorchFailure, located: dict[str, Any], change: str, *, dtype: Any 
     elif not out_finite and change == "without_rows":
         text += ": leaving those rows out does not make the update finite"
     elif out_finite and change == "without_rows" and producer_phase == "loss":
-        from nanscope.probes.producer import GRAPH_NODE, recompute_without_rows
-
         again = recompute_without_rows(drop or [], batch or 0, f.loss)
         GRAPH_NODE.clear()
         if again is not None:
@@ -395,22 +393,7 @@ def _what(change: str, drop: list[int] | None, f: TorchFailure) -> str:
 def _batch_size(f: TorchFailure) -> int | None:
     import torch
 
-    for x in list(_flat(f.args)) + list(_flat(f.kwargs)):
+    for x in list(tensors(f.args)) + list(tensors(f.kwargs)):
         if isinstance(x, torch.Tensor) and x.dim() >= 1:
             return int(x.shape[0])
     return None
-
-
-def _flat(obj: Any, depth: int = 0) -> list[Any]:
-    import torch
-
-    if isinstance(obj, torch.Tensor):
-        return [obj]
-    out: list[Any] = []
-    if depth < 3 and isinstance(obj, (list, tuple)):
-        for v in obj:
-            out.extend(_flat(v, depth + 1))
-    elif depth < 3 and isinstance(obj, dict):
-        for v in obj.values():
-            out.extend(_flat(v, depth + 1))
-    return out

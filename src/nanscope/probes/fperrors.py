@@ -28,6 +28,8 @@ import weakref
 from collections import deque
 from typing import Any
 
+from nanscope._frames import is_user_file
+
 __all__ = ["arm", "errors_of", "watch"]
 
 _KINDS = ("divide", "over", "invalid")
@@ -182,18 +184,6 @@ def _install() -> None:
         _STATE["installed"] = True
 
 
-_NUMPY_DIRS: list[str] = []
-
-
-def _numpy_dirs() -> list[str]:
-    if not _NUMPY_DIRS:
-        import numpy as np
-
-        _NUMPY_DIRS.append(os.path.dirname(os.path.realpath(np.__file__)))
-        _NUMPY_DIRS.append(os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
-    return _NUMPY_DIRS
-
-
 def _on_error(kind: str, flag: int) -> None:
     frame: Any = sys._getframe(1)
     try:
@@ -228,12 +218,10 @@ def _on_error(kind: str, flag: int) -> None:
 
 
 def _event(kind: str, frame: Any) -> tuple[dict[str, Any] | None, Any]:
-    dirs = _numpy_dirs()
     depth = 0
     while frame is not None and depth < 32:
-        path = os.path.realpath(frame.f_code.co_filename)
-        if not any(path.startswith(d + os.sep) for d in dirs) and not path.startswith("<"):
-            break
+        if is_user_file(frame.f_code.co_filename):
+            break  # (numpy's Python functions, nanscope's own numpy: their caller's line)
         frame = frame.f_back
         depth += 1
     if frame is None:

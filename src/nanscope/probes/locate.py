@@ -25,6 +25,9 @@ The result (merged into the diagnosis evidence)::
 
     {"located": {"phase", "op", "module", "source": {"file", "line"}, "inputs", "dtype", ...},
      "rows": [...], "activations": {...}, "weight_scale": {...}}
+
+``located``'s keys are tabled in :mod:`nanscope.located`. The first update's producer, when the
+live watch (:mod:`~nanscope.probes.producer`) saw it, wins over the replay's.
 """
 
 from __future__ import annotations
@@ -33,64 +36,38 @@ import contextlib
 import itertools
 import linecache
 import math
-import os
-import re
 import sys
 import traceback
 import warnings
 from collections.abc import Iterator
 from typing import Any
 
+from nanscope._frames import owner
+from nanscope.numerics import HALF_MAX, op_name
+from nanscope.probes import producer
+from nanscope.probes._measure import backward_located, forward_name, why_nonfinite, widened
+from nanscope.probes._source import op_family, scan_function, stack_source, traceback_source
+from nanscope.probes._tensors import (
+    all_finite,
+    custom_saved,
+    float_tensors,
+    graph_nodes,
+    has_forward,
+    nonfinite_scalar,
+    op_watch,
+    saved_tensors,
+    summary,
+    tensors,
+)
+from nanscope.probes.confirm import confirm
 from nanscope.probes.failure import TorchFailure
-from nanscope.probes.producer import nonfinite_scalar, summary
+from nanscope.probes.loop import replay_preprocess
 
-__all__ = ["HALF_MAX", "inspect_graph", "locate"]
-
-#: the largest finite float16
-HALF_MAX = 65504.0
+__all__ = ["inspect_graph", "locate"]
 
 #: backward nodes (by name fragment) that turn a zero or a huge input into inf/NaN
 _HAZARD_NODES = ("Log", "Div", "Sqrt", "Rsqrt", "Norm", "Pow", "Reciprocal", "Exp", "Xlogy", "Entr",
                  "BinaryCrossEntropy", "Atan2", "Acos", "Asin", "Cdist", "Erfinv")  # fmt: skip
-
-#: how an op is spelled in source code, for the last-resort line scan
-_SPELLING: dict[str, tuple[str, ...]] = {
-    "log": ("log(", ".log", "log_softmax", "xlogy"),
-    "div": ("/", "div(", "true_divide"),
-    "sqrt": ("sqrt(", ".sqrt", "** 0.5", "**0.5"),
-    "rsqrt": ("rsqrt",),
-    "norm": ("norm(", ".norm"),
-    "pow": ("**", "pow("),
-    "exp": ("exp(", ".exp"),
-    "reciprocal": ("reciprocal", "1 /", "1/"),
-    "cosine": ("cosine", "cos_sim"),
-    "binary_cross_entropy": ("BCELoss", "binary_cross_entropy"),
-    "mse_loss": ("mse_loss", "**", "pow("),
-    "mul": ("*", "mul("),
-    "mm": ("@", "matmul", "mm("),
-    "addmm": ("@", "matmul", "linear"),
-}
-
-_NAME_FIXES = {
-    "truediv": "div", "rtruediv": "div", "true_divide": "div", "divide": "div", "rpow": "pow",
-    "rdiv": "div", "rmul": "mul", "rsub": "sub", "radd": "add",
-}  # fmt: skip
-
-
-def has_forward(model: Any) -> bool:
-    """Whether calling the model runs a forward of its own. A LightningModule often has none
-    (its ``training_step`` calls the layers): such a model cannot be replayed by a call, and
-    the loss's own graph is read instead."""
-    try:
-        import torch
-    except ImportError:
-        return False
-    for cls in type(model).__mro__:
-        if "forward" in cls.__dict__:
-            # torch's placeholder raises; LightningModule's only hands on to it
-            return cls is not torch.nn.Module and cls.__name__ != "LightningModule"
-    return False
-
 
 def locate(failure: TorchFailure) -> dict[str, Any]:
     """Replay the failing update and say where the first non-finite value appeared.
@@ -100,8 +77,6 @@ def locate(failure: TorchFailure) -> dict[str, Any]:
     """
     live: dict[str, Any] | None = None
     try:
-        from nanscope.probes import producer
-
         producer.LIVE.stop()
         live = producer.LIVE.result()
     except Exception:
@@ -109,36 +84,25 @@ def locate(failure: TorchFailure) -> dict[str, Any]:
     try:
         result = _with_producer(_Locator(failure).run(), live, failure)
     except Exception as exc:  # a probe bug must never kill the user's run
-        warnings.warn(
-            f"nanscope: the localisation replay failed ({type(exc).__name__}: {exc}); the "
-            "diagnosis goes on without the op and module. Please report this.",
-            RuntimeWarning,
-            stacklevel=2,
-        )
+        _failed("the localisation replay", exc, "; the diagnosis goes on without the op and module")
         return {}
     if failure.extra.get("alarm", "nonfinite") != "nonfinite":
         return result
     try:
         _with_loop_producer(result, failure)
     except Exception as exc:  # a probe bug must never kill the user's run
-        warnings.warn(
-            f"nanscope: the re-evaluation of the loop's preprocessing failed "
-            f"({type(exc).__name__}: {exc}). Please report this.",
-            RuntimeWarning,
-            stacklevel=2,
-        )
+        _failed("the re-evaluation of the loop's preprocessing", exc)
     try:
-        from nanscope.probes.confirm import confirm
-
         result["confirmation"] = confirm(failure, result)
     except Exception as exc:  # a probe bug must never kill the user's run
-        warnings.warn(
-            f"nanscope: the confirming experiment failed ({type(exc).__name__}: {exc}). Please "
-            "report this.",
-            RuntimeWarning,
-            stacklevel=2,
-        )
+        _failed("the confirming experiment", exc)
     return result
+
+
+def _failed(what: str, exc: Exception, then: str = "") -> None:
+    """One warning, attributed to :func:`locate`'s caller, for a probe that failed."""
+    warnings.warn(f"nanscope: {what} failed ({type(exc).__name__}: {exc}){then}. Please report "
+                  "this.", RuntimeWarning, stacklevel=3)  # fmt: skip
 
 
 def _with_producer(result: dict[str, Any], live: dict[str, Any] | None,
@@ -187,8 +151,6 @@ def _with_loop_producer(result: dict[str, Any], failure: TorchFailure) -> None:
     located = result.get("located") or {}
     if located.get("phase") == "preprocess" and located.get("observed"):
         return  # the first-update watch saw it
-    from nanscope.probes.loop import replay_preprocess
-
     found = replay_preprocess(failure)
     if not found:
         return
@@ -222,9 +184,7 @@ def inspect_graph(loss: Any, *, output: Any = None, site: Any = None) -> dict[st
     the ``located`` dict, or ``{}``.
     """
     try:
-        from nanscope.probes.producer import graph_producer
-
-        produced = graph_producer(loss, site)
+        produced = producer.graph_producer(loss, site)
         if produced and produced.get("observed"):
             produced["from"] = "live graph"
             return produced
@@ -244,213 +204,6 @@ def inspect_graph(loss: Any, *, output: Any = None, site: Any = None) -> dict[st
 # ---------------------------------------------------------------------------------- helpers
 
 
-def _library_dirs() -> tuple[str, ...]:
-    import nanscope
-    import torch
-
-    dirs = [os.path.dirname(torch.__file__), os.path.dirname(nanscope.__file__)]
-    for mod in ("contextlib", "functools"):
-        with contextlib.suppress(Exception):
-            dirs.append(os.path.dirname(str(__import__(mod).__file__)))  # stdlib
-    return tuple(os.path.realpath(d) + os.sep for d in dirs)
-
-
-def _is_user_file(path: str, lib: tuple[str, ...]) -> bool:
-    if not path or path.startswith("<"):
-        return False
-    real = os.path.realpath(path)
-    return not any(real.startswith(d) for d in lib)
-
-
-_FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>[^\n]+)')
-
-
-_REPLAY_FUNCS = ("_replay", "_replay_loss")
-#: nanscope's patches of torch (``_Loss.__call__``, ``GradScaler.step`` ...): they call through
-_PATCHES = (os.path.join("nanscope", "torch", "_hooks.py"),)
-
-
-def _inside_replay(files: list[tuple[str, str]]) -> int:
-    """Index of the first frame below the replay's own call (frames outside it are not the op's)."""
-    here = os.path.realpath(__file__)
-    start = 0
-    for i, (file, func) in enumerate(files):
-        if func in _REPLAY_FUNCS and os.path.realpath(file) == here:
-            start = i + 1
-    return start
-
-
-def _source_from_traceback(entries: Any, lib: tuple[str, ...]) -> dict[str, Any] | None:
-    """The innermost user frame of anomaly mode's recorded traceback (a list of strings)."""
-    if not entries:
-        return None
-    text = "".join(entries) if isinstance(entries, (list, tuple)) else str(entries)
-    frames = [m for m in _FRAME.finditer(text)]
-    frames = frames[_inside_replay([(m.group("file"), m.group("func").strip()) for m in frames]):]
-    for m in reversed(frames):
-        if _is_user_file(m.group("file"), lib):
-            return {"file": os.path.abspath(m.group("file")), "line": int(m.group("line")),
-                    "function": m.group("func").strip()}  # fmt: skip
-    return None
-
-
-def _source_from_stack(stack: list[traceback.FrameSummary], lib: tuple[str, ...]) -> dict | None:
-    stack = stack[_inside_replay([(f.filename, f.name) for f in stack]):]
-    for frame in reversed(stack):
-        if _is_user_file(frame.filename, lib):
-            out: dict[str, Any] = {"file": os.path.abspath(frame.filename), "line": frame.lineno,
-                                   "function": frame.name}  # fmt: skip
-            if frame.line:
-                out["code"] = frame.line.strip()
-            return out
-    return None
-
-
-def _op_family(op: str) -> str:
-    low = op.lower()
-    if "special_entr" in low or "specialentr" in low or low == "entr":
-        return "xlogy"  # -x log x: finite at 0, its gradient -(log x + 1) is not
-    for family in ("rsqrt", "sqrt", "reciprocal", "binary_cross_entropy", "binarycrossentropy",
-                   "xlogy", "log", "div", "norm", "pow", "exp", "cosine"):  # fmt: skip
-        if family in low:
-            return "binary_cross_entropy" if family == "binarycrossentropy" else family
-    return low
-
-
-def _scan_function(site: Any, op: str) -> dict[str, Any] | None:
-    """Last resort: the line of the ``loss.backward()`` function that spells the op."""
-    if site is None or not getattr(site, "file", None):
-        return None
-    spellings = _SPELLING.get(_op_family(op))
-    if not spellings:
-        return None
-    try:
-        with open(site.file, encoding="utf-8") as fh:
-            lines = fh.read().splitlines()
-    except OSError:
-        return None
-    start, end = 0, min(len(lines), int(site.line))
-    # the enclosing function: walk up from the backward line to its `def`
-    indent_of = lambda s: len(s) - len(s.lstrip())  # noqa: E731
-    for i in range(end - 1, -1, -1):
-        stripped = lines[i].lstrip()
-        if stripped.startswith(("def ", "async def ")) and indent_of(lines[i]) < indent_of(
-            lines[end - 1]
-        ):
-            start = i
-            break
-    for i in range(end - 1, start - 1, -1):
-        code = lines[i].split("#", 1)[0]
-        if any(s in code for s in spellings):
-            return {"file": os.path.abspath(site.file), "line": i + 1, "code": lines[i].strip(),
-                    "guessed": True}  # fmt: skip
-    return None
-
-
-def _tensors(obj: Any, depth: int = 0) -> Iterator[Any]:
-    import torch
-
-    if isinstance(obj, torch.Tensor):
-        yield obj
-    elif depth < 3 and isinstance(obj, (list, tuple)):
-        for item in obj:
-            yield from _tensors(item, depth + 1)
-    elif depth < 3 and isinstance(obj, dict):
-        for item in obj.values():
-            yield from _tensors(item, depth + 1)
-
-
-def _float_tensors(obj: Any) -> list[Any]:
-    return [t for t in _tensors(obj) if t.is_floating_point() and t.numel() and not t.is_meta]
-
-
-def _all_finite(tensors: list[Any]) -> bool:
-    import torch
-
-    return all(bool(torch.isfinite(t).all()) for t in tensors)
-
-
-def _describe(op: str, summaries: list[dict[str, Any]], out_dtype: str | None) -> str:
-    """'exactly zero' / 'huge (max |x| = ...)' / 'past the half range' / 'non-finite'."""
-    family = _op_family(op)
-    if any(s.get("nonfinite") for s in summaries):
-        return "non-finite (" + ("nan" if any(s.get("nan") for s in summaries) else "inf") + ")"
-    half = out_dtype == "float16" or any(s["dtype"] == "float16" for s in summaries)
-    absmax = max((s["absmax"] for s in summaries), default=0.0)
-    zero_ops = ("log", "xlogy", "sqrt", "rsqrt", "norm", "reciprocal", "cosine",
-                "binary_cross_entropy")  # fmt: skip
-    if family in zero_ops and any(s["zeros"] for s in summaries):
-        return "exactly zero"
-    if family == "div":
-        divisor = summaries[1] if len(summaries) > 1 else summaries[0] if summaries else None
-        if divisor is not None and divisor["zeros"]:
-            return "exactly zero"
-    if family == "pow" and any(s["zeros"] for s in summaries):
-        return "exactly zero"
-    if half and (absmax > HALF_MAX / 64 or family == "exp"):
-        return "past the half range"
-    if family == "exp" and absmax > 80:
-        return f"huge (max |x| = {absmax:.3g})"
-    if absmax > 1e15:
-        return f"huge (max |x| = {absmax:.3g})"
-    if half:
-        return "past the half range"
-    if any(s["zeros"] for s in summaries):
-        return "exactly zero"
-    return f"finite (max |x| = {absmax:.3g})"
-
-
-def _saved_tensors(node: Any) -> dict[str, Any]:
-    """The saved tensors of an autograd node (``_saved_self``, ``_saved_other``, ...)."""
-    import torch
-
-    saved: dict[str, Any] = {}
-    for attr in dir(node):
-        if not attr.startswith("_saved_") or attr.endswith(("_sym_sizes", "_sizes", "_strides")):
-            continue
-        try:
-            value = getattr(node, attr)
-        except RuntimeError:
-            raise  # freed graph: the caller decides
-        except Exception:
-            continue
-        if isinstance(value, torch.Tensor) and value.is_floating_point() and value.numel():
-            saved[attr[len("_saved_"):]] = value
-    return saved
-
-
-def _custom_saved(node: Any) -> dict[str, Any]:
-    """What a custom ``torch.autograd.Function`` saved for its backward (``ctx.saved_tensors``),
-    floating tensors only; empty for torch's own nodes or when it cannot be read."""
-    import torch
-
-    if not hasattr(node, "saved_tensors") or not hasattr(node, "apply"):
-        return {}
-    try:
-        tensors = node.saved_tensors
-    except Exception:  # freed, or not a custom Function's node
-        return {}
-    return {f"saved_{i}": t for i, t in enumerate(tensors or ())
-            if isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel()}  # fmt: skip
-
-
-def _walk(root: Any, limit: int = 20000) -> list[Any]:
-    """Every autograd node reachable from ``root``, root first (breadth first)."""
-    seen: set[int] = set()
-    order: list[Any] = []
-    queue = [root]
-    while queue and len(order) < limit:
-        node = queue.pop(0)
-        if node is None or id(node) in seen:
-            continue
-        seen.add(id(node))
-        order.append(node)
-        for nxt, _ in getattr(node, "next_functions", ()):
-            if nxt is not None:
-                queue.append(nxt)
-    return order
-
-
 # ---------------------------------------------------------------------------------- the replay
 
 
@@ -460,9 +213,6 @@ class _Locator:
 
         self.torch = torch
         self.f = failure
-        self.lib = _library_dirs()
-        self.torch_dir = os.path.dirname(torch.__file__) + os.sep
-        self.nanscope_dir = os.path.dirname(os.path.dirname(__file__)) + os.sep
         self.module_stack: list[str] = []
         self.names: dict[int, str] = {}
         self.first: dict[str, Any] | None = None  # origin: non-finite out, finite in
@@ -533,15 +283,7 @@ class _Locator:
             except Exception:
                 index = None
         found: list[dict[str, Any]] = []
-        sources: list[tuple[str, Any]] = []
-        inputs = _float_tensors(self.f.args) or _float_tensors(self.f.kwargs)
-        if inputs:
-            sources.append(("inputs", inputs[0]))
-        if self.f.targets is not None:
-            targets = list(_tensors(self.f.targets))
-            if targets:
-                sources.append(("targets", targets[0]))
-        for source, tensor in sources:
+        for source, tensor in self._batch(float_targets=False):
             try:
                 array = tensor.detach().float().cpu().numpy()
                 count, bad = nonfinite_rows(array, source, index)
@@ -554,19 +296,25 @@ class _Locator:
             found.extend(bad)
         return found
 
+    def _batch(self, float_targets: bool) -> list[tuple[str, Any]]:
+        """``("inputs", x)`` and ``("targets", y)``: the batch's first floating input tensor and
+        its first target tensor (a floating one when ``float_targets``), those that exist."""
+        sources: list[tuple[str, Any]] = []
+        inputs = float_tensors(self.f.args) or float_tensors(self.f.kwargs)
+        if inputs:
+            sources.append(("inputs", inputs[0]))
+        if self.f.targets is not None:
+            targets = [t for t in tensors(self.f.targets) if t.is_floating_point() or not (
+                float_targets)]  # fmt: skip
+            if targets:
+                sources.append(("targets", targets[0]))
+        return sources
+
     def _nonfinite_columns(self) -> list[dict[str, Any]]:
         """Columns of the batch that are non-finite in every one of its rows (two rows or more):
         such a column is computed (a division or a log over it), not a few bad rows of the data."""
         out: list[dict[str, Any]] = []
-        sources: list[tuple[str, Any]] = []
-        inputs = _float_tensors(self.f.args) or _float_tensors(self.f.kwargs)
-        if inputs:
-            sources.append(("inputs", inputs[0]))
-        if self.f.targets is not None:
-            targets = [t for t in _tensors(self.f.targets) if t.is_floating_point()]
-            if targets:
-                sources.append(("targets", targets[0]))
-        for source, tensor in sources:
+        for source, tensor in self._batch(float_targets=True):
             try:
                 if tensor.dim() < 1 or tensor.shape[0] < 2:
                     continue
@@ -608,7 +356,7 @@ class _Locator:
                 if f.autocast is not None:
                     stack.enter_context(torch.autocast(device.type, dtype=f.autocast))
                 stack.enter_context(_eager_compiled(torch))
-                stack.enter_context(_OpWatch(self))
+                stack.enter_context(op_watch(self._note_op))
                 out = model(*f.args, **f.kwargs)
                 self.module_stack = []
                 loss = self._replay_loss(out)
@@ -634,7 +382,7 @@ class _Locator:
         adapter's hook on it, :meth:`~nanscope.torch.window.StepWindow.keep_output_grad`), when
         it fits the replayed output; else None."""
         grad = self.f.extra.get("output_grad")
-        outs = [t for t in _float_tensors(out) if t.grad_fn is not None]
+        outs = [t for t in float_tensors(out) if t.grad_fn is not None]
         if grad is None or not outs or getattr(grad, "shape", None) != outs[0].shape:
             return None
         loss = self.f.loss
@@ -688,7 +436,7 @@ class _Locator:
         self.module_stack.append(self.names.get(id(module), type(module).__name__))
         nodes: set[int] = set()
         with contextlib.suppress(Exception):
-            nodes = {id(t.grad_fn) for t in _float_tensors(args) if t.grad_fn is not None}
+            nodes = {id(t.grad_fn) for t in float_tensors(args) if t.grad_fn is not None}
         self.input_nodes.append(nodes)
 
     def _post_hook(self, module: Any, args: Any, output: Any) -> None:
@@ -700,11 +448,11 @@ class _Locator:
         with contextlib.suppress(Exception):
             self._claim_nodes(output, name, before)
         try:
-            outs = _float_tensors(output)
+            outs = float_tensors(output)
             if not outs:
                 return
             t = outs[0].detach()
-            if self.first_bad_module is None and not _all_finite(outs):
+            if self.first_bad_module is None and not all_finite(outs):
                 self.first_bad_module = name
             self.quiet = True  # this hook's own ops are not the model's
             has_params = any(True for _ in module.parameters(recurse=False))
@@ -728,7 +476,7 @@ class _Locator:
         output, up to the nodes its inputs came with. An inner module's hook runs first and
         claims its own; the nodes of ops the watch saw keep theirs. Each node is walked once per
         module around it."""
-        queue = [t.grad_fn for t in _float_tensors(output) if t.grad_fn is not None]
+        queue = [t.grad_fn for t in float_tensors(output) if t.grad_fn is not None]
         seen: set[int] = set()
         while queue and len(seen) < 20000:
             node = queue.pop()
@@ -741,26 +489,26 @@ class _Locator:
             queue.extend(n for n, _ in node.next_functions if n is not None)
 
     def _note_op(self, func: Any, args: Any, kwargs: Any, out: Any) -> None:
-        """Called by the op watcher for each op of the replay."""
+        """Called by the op watch for each op of the replay (two frames below the op's caller)."""
         if self.quiet:
             return
-        outs = _float_tensors(out)
+        outs = float_tensors(out)
         if not outs or self._from_nanscope():
             return
-        name = _op_name(func)
+        name = op_name(func)
         module = self.module_stack[-1] if self.module_stack else None
         for t in outs:
             fn = getattr(t, "grad_fn", None)
             if fn is not None and id(fn) not in self.node_info:
                 self.node_info[id(fn)] = {"op": name, "module": module}
         if self.first is not None:
-            if len(self.chain) < 12 and not _all_finite(outs):
+            if len(self.chain) < 12 and not all_finite(outs):
                 self.chain.append({"op": name, "module": module})  # a propagator after it
             return
-        if _all_finite(outs):
+        if all_finite(outs):
             return
-        ins = _float_tensors(args) + _float_tensors(kwargs)
-        in_finite = _all_finite(ins)
+        ins = float_tensors(args) + float_tensors(kwargs)
+        in_finite = all_finite(ins)
         entry: dict[str, Any] = {
             "op": name, "module": module, "ins": [summary(t) for t in ins[:4]],
             "out": summary(outs[0]),
@@ -788,10 +536,11 @@ class _Locator:
             path = frame.f_code.co_filename
             if path == __file__:
                 return False  # reached the replay itself: the model (or loss) called the op
-            if path.startswith(self.torch_dir) or path.endswith(_PATCHES):
-                frame = frame.f_back  # torch, or nanscope's thin patches that call the user's op
-                continue
-            return path.startswith(self.nanscope_dir)
+            kind = owner(path)
+            if kind != "library":
+                return kind == "nanscope"
+            # torch, the standard library, or nanscope's thin patches that call the user's op
+            frame = frame.f_back
         return False
 
     def _forward_located(self, origin: dict[str, Any]) -> dict[str, Any]:
@@ -800,7 +549,7 @@ class _Locator:
             "phase": "forward",
             "op": origin["op"],
             "module": origin["module"] or self.first_bad_module,
-            "source": _source_from_stack(origin["stack"], self.lib),
+            "source": stack_source(origin["stack"]),
             "inputs": _describe(origin["op"], origin["ins"], out_dtype),
             "dtype": out_dtype,
             "input_absmax": max((s["absmax"] for s in origin["ins"]), default=None),
@@ -812,15 +561,11 @@ class _Locator:
         if origin is self.first and self.chain:
             located["chain"] = [{k: v for k, v in c.items() if v is not None} for c in self.chain]
         with contextlib.suppress(Exception):
-            from nanscope.probes import producer
-
-            located["why"] = producer.why_nonfinite(origin["op"], origin["ins"], out_dtype)
+            located["why"] = why_nonfinite(origin["op"], origin["ins"], out_dtype)
             call = origin.get("call")
             if call is not None and out_dtype in ("float16", "bfloat16"):
-                located["recomputed"] = producer.recompute(*call)
-                verdict = producer.precision_verdict(out_dtype, located["recomputed"])
-                if verdict:
-                    located["precision"] = verdict
+                func, args, kwargs = call
+                located.update(widened(func, args, kwargs, out_dtype))
         if origin is not self.first:
             located["note"] = "the op's inputs were already non-finite"
         if self.f.autocast is not None:
@@ -828,7 +573,7 @@ class _Locator:
         if located["source"] is None:
             located["source"] = self._call_site(located.get("module"))
         if located["source"] is None:
-            located["source"] = _scan_function(self.f.backward_site, origin["op"])
+            located["source"] = scan_function(self.f.backward_site, origin["op"])
         return located
 
     def _call_site(self, module: Any) -> dict[str, Any] | None:
@@ -862,7 +607,7 @@ class _Locator:
             if root.numel() != 1:
                 grad_out = torch.ones_like(root)
         else:
-            outs = [t for t in _float_tensors(out) if t.grad_fn is not None]
+            outs = [t for t in float_tensors(out) if t.grad_fn is not None]
             if not outs:
                 return self._from_loss_graph(f.loss) if f.loss is not None else None
             root = outs[0]
@@ -892,7 +637,7 @@ class _Locator:
 
     def _hooked_backward(self, root: Any, grad_out: Any, params: list[Any]) -> dict | None:
         torch = self.torch
-        nodes = _walk(root.grad_fn)
+        nodes = graph_nodes(root.grad_fn)
         hits: list[Any] = []
         grads: list[tuple[list[Any], list[Any]]] = []
         rows: list[int] = []
@@ -904,10 +649,10 @@ class _Locator:
                     return
                 gi = [g for g in grad_inputs if g is not None and g.is_floating_point()]
                 go = [g for g in grad_outputs if g is not None and g.is_floating_point()]
-                if gi and not _all_finite(gi) and _all_finite(go):
+                if gi and not all_finite(gi) and all_finite(go):
                     hits.append(node)
                     grads.append((gi, go))
-                    rows.extend(self._batch_rows(next(g for g in gi if not _all_finite([g]))))
+                    rows.extend(self._batch_rows(next(g for g in gi if not all_finite([g]))))
 
             return hook
 
@@ -943,7 +688,7 @@ class _Locator:
         """The batch rows (first dimension) where ``t`` is non-finite, when ``t`` has one row per
         batch row and only a few of them are: the rows whose values made the producer's output."""
         torch = self.torch
-        batch = next((int(x.shape[0]) for x in _tensors((self.f.args, self.f.kwargs))
+        batch = next((int(x.shape[0]) for x in tensors((self.f.args, self.f.kwargs))
                       if x.dim() >= 1), None)  # fmt: skip
         if batch is None or batch < 2 or t.dim() < 1 or int(t.shape[0]) != batch:
             return []
@@ -958,20 +703,20 @@ class _Locator:
         name = type(node).__name__
         info = self.node_info.get(id(node), {})
         try:
-            saved = _saved_tensors(node)
+            saved = saved_tensors(node)
         except Exception:
             saved = {}
-        custom = not saved and _custom_saved(node)
+        custom = not saved and custom_saved(node)
         if custom:
             saved = custom
         summaries = [summary(t) for t in saved.values()]
         source = None
         with contextlib.suppress(Exception):
-            source = _source_from_traceback(node.metadata.get("traceback_"), self.lib)
+            source = traceback_source(node.metadata.get("traceback_"))
         if source is None:
             source = self._call_site(info.get("module"))
         if source is None:
-            source = _scan_function(self.f.backward_site, name)
+            source = scan_function(self.f.backward_site, name)
         located: dict[str, Any] = {
             "phase": phase,
             "op": name,
@@ -1002,19 +747,10 @@ class _Locator:
             return None
         stop: set[int] = set()
         out = self.f.output
-        for t in _float_tensors(out):
+        for t in float_tensors(out):
             if t.grad_fn is not None:
                 stop.add(id(t.grad_fn))
-        nodes: list[Any] = []
-        seen: set[int] = set()
-        queue = [root]
-        while queue and len(nodes) < 5000:
-            node = queue.pop(0)
-            if node is None or id(node) in seen or id(node) in stop:
-                continue
-            seen.add(id(node))
-            nodes.append(node)
-            queue.extend(n for n, _ in node.next_functions if n is not None)
+        nodes = graph_nodes(root, 5000, stop)
         alive = True
         hazards: list[tuple[Any, str | None]] = []
         for node in reversed(nodes):  # deepest (earliest in the forward) first
@@ -1022,7 +758,7 @@ class _Locator:
             if not any(h in name for h in _HAZARD_NODES):
                 continue
             try:
-                saved = _saved_tensors(node)
+                saved = saved_tensors(node)
             except RuntimeError:
                 alive = False
                 saved = {}
@@ -1037,7 +773,7 @@ class _Locator:
             loss_finite = bool(torch.isfinite(loss.detach()).all())
             located = self._node_located(node, "backward" if loss_finite else "forward")
             if not loss_finite:
-                located["op"] = _forward_name(type(node).__name__)
+                located["op"] = forward_name(type(node).__name__)
                 located["backward_op"] = type(node).__name__
             located["module"] = located.get("module") or "loss"
             return located
@@ -1051,9 +787,9 @@ class _Locator:
             name = type(node).__name__
             return {
                 "phase": "backward" if loss_finite else "forward",
-                "op": name if loss_finite else _forward_name(name),
+                "op": name if loss_finite else forward_name(name),
                 "module": "loss",
-                "source": _scan_function(self.f.backward_site, name),
+                "source": scan_function(self.f.backward_site, name),
                 "note": "the loss's graph was freed; the op is the one hazardous op found in it",
                 "guessed": True,
             }
@@ -1106,9 +842,7 @@ def _with_gradients(located: dict[str, Any], node: Any, gi: list[Any], go: list[
     """What the gradients at a replayed backward producer measured: the dtype its non-finite
     gradient was made in and, in float16 / bfloat16, the finite gradient it received past that
     dtype's limit (``why`` past_range, ``precision``), as the first-update watch reads them."""
-    from nanscope.probes.producer import _node_located as measured
-
-    m = measured(node, gi, go, None)
+    m = backward_located(node, gi, go, None)
     located["dtype"] = m.get("dtype") or located.get("dtype")
     located.setdefault("grad_in", m.get("grad_in"))
     why = m.get("why") or {}
@@ -1117,6 +851,36 @@ def _with_gradients(located: dict[str, Any], node: Any, gi: list[Any], go: list[
         located["inputs"] = m.get("inputs")
         if m.get("precision"):
             located["precision"] = m["precision"]
+
+
+def _describe(op: str, summaries: list[dict[str, Any]], out_dtype: str | None) -> str:
+    """'exactly zero' / 'huge (max |x| = ...)' / 'past the half range' / 'non-finite'."""
+    family = op_family(op)
+    if any(s.get("nonfinite") for s in summaries):
+        return "non-finite (" + ("nan" if any(s.get("nan") for s in summaries) else "inf") + ")"
+    half = out_dtype == "float16" or any(s["dtype"] == "float16" for s in summaries)
+    absmax = max((s["absmax"] for s in summaries), default=0.0)
+    zero_ops = ("log", "xlogy", "sqrt", "rsqrt", "norm", "reciprocal", "cosine",
+                "binary_cross_entropy")  # fmt: skip
+    if family in zero_ops and any(s["zeros"] for s in summaries):
+        return "exactly zero"
+    if family == "div":
+        divisor = summaries[1] if len(summaries) > 1 else summaries[0] if summaries else None
+        if divisor is not None and divisor["zeros"]:
+            return "exactly zero"
+    if family == "pow" and any(s["zeros"] for s in summaries):
+        return "exactly zero"
+    if half and (absmax > HALF_MAX / 64 or family == "exp"):
+        return "past the half range"
+    if family == "exp" and absmax > 80:
+        return f"huge (max |x| = {absmax:.3g})"
+    if absmax > 1e15:
+        return f"huge (max |x| = {absmax:.3g})"
+    if half:
+        return "past the half range"
+    if any(s["zeros"] for s in summaries):
+        return "exactly zero"
+    return f"finite (max |x| = {absmax:.3g})"
 
 
 #: with the saved tensors gone, which op most often makes the non-finite value, per phase
@@ -1143,7 +907,7 @@ def _likeliest(hazards: list[tuple[Any, str | None]], phase: str) -> Any:
 
 def _backward_inputs(name: str, saved: dict[str, Any], summaries: list[dict[str, Any]]) -> str:
     """Why a backward node's saved inputs make a non-finite gradient."""
-    family = _op_family(name)
+    family = op_family(name)
     if any(s.get("nonfinite") for s in summaries):
         return "non-finite"
     if family == "div":
@@ -1173,19 +937,6 @@ def _backward_inputs(name: str, saved: dict[str, Any], summaries: list[dict[str,
     return "finite"
 
 
-def _forward_name(node_name: str) -> str:
-    base = re.sub(r"Backward\d*$", "", node_name)
-    return re.sub(r"(?<!^)(?=[A-Z])", "_", base).lower()
-
-
-def _op_name(func: Any) -> str:
-    name = getattr(func, "__name__", None) or str(func)
-    if name == "__get__":
-        name = getattr(getattr(func, "__self__", None), "__name__", name)
-    name = name.strip("_")
-    return _NAME_FIXES.get(name, name)
-
-
 def _eager_compiled(torch: Any) -> Any:
     """Run what ``torch.compile`` compiled (the model, ``model.compile()``, compiled blocks)
     eagerly for the replay: a compiled graph hides the ops the replay watches one by one."""
@@ -1196,30 +947,3 @@ def _eager_compiled(torch: Any) -> Any:
         return set_stance("force_eager")
     except Exception:  # a torch whose stances differ: replay as it is
         return contextlib.nullcontext()
-
-
-class _OpWatch:
-    """A TorchFunctionMode that reports every op's output to the locator (built lazily)."""
-
-    def __init__(self, locator: _Locator) -> None:
-        from torch.overrides import TorchFunctionMode
-
-        loc = locator
-
-        class Mode(TorchFunctionMode):
-            def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-                kwargs = kwargs or {}
-                out = func(*args, **kwargs)
-                with contextlib.suppress(Exception):
-                    loc._note_op(func, args, kwargs, out)
-                return out
-
-        self.mode = Mode()
-
-    def __enter__(self) -> _OpWatch:
-        self.mode.__enter__()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.mode.__exit__(*exc)
-

@@ -28,7 +28,17 @@ import sys
 import warnings
 from typing import Any
 
+from nanscope.numerics import op_name
+from nanscope.probes._measure import made_by, why_nonfinite, widened
+from nanscope.probes._tensors import (
+    all_finite,
+    float_tensors,
+    nonfinite_scalar,
+    op_watch,
+    summary,
+)
 from nanscope.probes.failure import TorchFailure
+from nanscope.probes.rows import current_batch_rows
 
 __all__ = ["replay_preprocess"]
 
@@ -46,7 +56,11 @@ _BUILTINS = ("len", "range", "min", "max", "abs", "float", "int", "slice", "tupl
 
 
 def replay_preprocess(failure: TorchFailure) -> dict[str, Any] | None:
-    """The producer in the loop's preprocessing of the failing update, or ``None``."""
+    """The producer in the loop's preprocessing of the failing update, or ``None``.
+
+    A ``located`` dict (:mod:`nanscope.located`) with one key besides, ``input_rows``: the
+    extreme rows of the producer's input, which :func:`~nanscope.probes.locate.locate` moves to
+    the diagnosis rows."""
     site = failure.extra.get("model_site")
     if not isinstance(site, dict) or not site.get("file") or not site.get("line"):
         return None
@@ -231,9 +245,7 @@ class _Replay:
         return self._located(target)
 
     def _model_input(self) -> Any:
-        from nanscope.probes.locate import _float_tensors
-
-        tensors = _float_tensors(self.f.args) or _float_tensors(self.f.kwargs)
+        tensors = float_tensors(self.f.args) or float_tensors(self.f.kwargs)
         return tensors[0].detach() if tensors else None
 
     def _same(self, value: Any, target: Any) -> bool:
@@ -288,28 +300,17 @@ class _Replay:
         return value
 
     def _evaluate(self, plan: list[ast.Assign], call: ast.Assign | None) -> dict[str, Any] | None:
-        from torch.overrides import TorchFunctionMode
-
         torch = self.torch
-        replay = self
         glb = dict(self.frame.f_globals)
         ns: dict[str, Any] = dict(self.frame.f_locals)
         made: dict[str, Any] = {}
-
-        class Mode(TorchFunctionMode):
-            def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-                kwargs = kwargs or {}
-                out = func(*args, **kwargs)
-                with contextlib.suppress(Exception):
-                    replay._note(func, args, kwargs, out)
-                return out
 
         with contextlib.ExitStack() as stack:
             stack.enter_context(warnings.catch_warnings())
             warnings.simplefilter("ignore")
             stack.enter_context(torch.random.fork_rng(devices=[]))
             stack.enter_context(torch.no_grad())
-            stack.enter_context(Mode())
+            stack.enter_context(op_watch(self._note))
             for stmt in plan + ([call] if call is not None else []):
                 if not self._receivers_ok(stmt, glb, ns):
                     return None  # a method of an object that is no tensor: it may do anything
@@ -341,29 +342,25 @@ class _Replay:
         return True
 
     def _note(self, func: Any, args: Any, kwargs: Any, out: Any) -> None:
-        from nanscope.probes import producer
-
         if self.first is not None:
             return
-        outs = producer._floats(out)
-        if not outs or producer._finite(outs):
+        outs = float_tensors(out)
+        if not outs or all_finite(outs):
             return
-        ins = producer._floats(args) + producer._floats(kwargs)
-        if not ins or not producer._finite(ins) or producer.nonfinite_scalar(args, kwargs):
+        ins = float_tensors(args) + float_tensors(kwargs)
+        if not ins or not all_finite(ins) or nonfinite_scalar(args, kwargs):
             return
         self.first = {"func": func, "args": args, "kwargs": kwargs, "stmt": self.stmt,
-                      "ins": [producer.summary(t) for t in ins[:4]], "tensor": ins[0].detach(),
-                      "out": producer.summary(outs[0])}  # fmt: skip
+                      "ins": [summary(t) for t in ins[:4]], "tensor": ins[0].detach(),
+                      "out": summary(outs[0])}  # fmt: skip
 
     def _located(self, target: Any) -> dict[str, Any]:
-        from nanscope.probes import producer
-
         first = self.first
         assert first is not None
         stmt = first["stmt"]
-        op = producer.op_name(first["func"])
+        op = op_name(first["func"])
         out = first["out"]
-        why = producer.why_nonfinite(op, first["ins"], out["dtype"])
+        why = why_nonfinite(op, first["ins"], out["dtype"])
         source: dict[str, Any] = {"file": os.path.abspath(self.file), "line": stmt.lineno,
                                   "function": self.frame.f_code.co_name}  # fmt: skip
         code = linecache.getline(self.file, stmt.lineno).strip()
@@ -372,19 +369,13 @@ class _Replay:
         located: dict[str, Any] = {
             "phase": "preprocess", "op": op, "module": None, "source": source,
             "dtype": out["dtype"], "output": "nan" if out.get("nan") else "inf",
-            "input_values": first["ins"], "why": why, "inputs": producer._inputs_text(why),
-            "input_zero": bool(why.get("zero")),
-            "input_absmax": max((x.get("absmax", 0.0) for x in first["ins"]), default=None),
-            "observed": True, "step": self.f.step,
+            "input_values": first["ins"], **made_by(why, first["ins"]), "observed": True,
+            "step": self.f.step,
             "how": "the training loop's preprocessing lines of the failing update, re-evaluated "
                    "from the loop's variables (the result matched the batch the model got)",
         }  # fmt: skip
         if why.get("kind") == "past_range" or out["dtype"] in ("float16", "bfloat16"):
-            kw = {k: v for k, v in first["kwargs"].items() if k != "out"}
-            located["recomputed"] = producer.recompute(first["func"], first["args"], kw)
-            verdict = producer.precision_verdict(out["dtype"], located["recomputed"])
-            if verdict:
-                located["precision"] = verdict
+            located.update(widened(first["func"], first["args"], first["kwargs"], out["dtype"]))
         located["input_rows"] = self._extreme_rows(first["tensor"], target)
         return located
 
@@ -399,8 +390,6 @@ class _Replay:
         index: Any = None
         with contextlib.suppress(Exception):
             # the loader's own tensor is the producer's input (the model got a transformed batch)
-            from nanscope.probes.rows import current_batch_rows
-
             index = current_batch_rows((tensor,), {})
             if index is not None and not np.asarray(index).size:
                 index = None

@@ -12,13 +12,15 @@ names where it was *born*. Two ways in, both PyTorch:
   optimizer's own arithmetic (in-place ops are checked on their inputs *before* they run). The
   first producer and the propagators after it (``chain``) are kept; then it checks nothing more
   and leaves the mode stack as soon as the update is over. An op budget bounds its cost.
-* :func:`recompute`: a producer op run again in float32 / float64 from the same inputs. Finite
-  there and past the float16 / bfloat16 range in the op's own dtype is a measured precision
-  overflow (:data:`HALF_MAX`), not a guess.
+* :func:`graph_producer`, before ``backward()`` frees a non-finite loss's graph: its nodes rerun
+  from the inputs they saved.
 
-Later failures are replayed by :mod:`nanscope.probes.locate` (forward under the same kind of mode,
-backward with node hooks); this module turns either result into the ``located`` dict of the
-diagnosis, with ``observed`` true only for what an op check actually saw.
+A producer op is run again in float32 / float64 from the same inputs
+(:func:`nanscope.probes._measure.recompute`): finite there and past the float16 / bfloat16 range
+in the op's own dtype is a measured precision overflow (:data:`~nanscope.numerics.HALF_MAX`), not
+a guess. Later failures are replayed by :mod:`nanscope.probes.locate` (forward under the same
+kind of mode, backward with node hooks), which builds on this module's result; ``observed`` is
+true only for what an op check actually saw.
 
 Everything is guarded: a fault here switches the watch off with one warning, never an exception in
 the user's training.
@@ -27,22 +29,38 @@ the user's training.
 from __future__ import annotations
 
 import contextlib
+import linecache
 import math
 import os
-import re
 import sys
 import threading
 import warnings
 from typing import Any
 
-__all__ = ["FLOAT_MAX", "HALF_MAX", "LIVE", "FirstUpdateWatch", "nonfinite_scalar", "recompute",
-           "summary", "why_nonfinite"]  # fmt: skip
+from nanscope._frames import user_frame
+from nanscope.numerics import HALF_MAX, op_name
+from nanscope.probes._measure import (
+    backward_located,
+    forward_name,
+    made_by,
+    precision_verdict,
+    why_nonfinite,
+    widened,
+)
+from nanscope.probes._source import scan_function
+from nanscope.probes._tensors import (
+    all_finite,
+    float_tensors,
+    graph_nodes,
+    inputs_in_order,
+    nonfinite_scalar,
+    saved_tensors,
+    summary,
+    tensors,
+)
 
-#: the largest finite float16 and bfloat16
-HALF_MAX = 65504.0
-BF16_MAX = 3.3895313892515355e38
-FLOAT_MAX = {"float16": HALF_MAX, "bfloat16": BF16_MAX, "float32": 3.4028234663852886e38,
-             "float64": 1.7976931348623157e308}  # fmt: skip
+__all__ = ["GRAPH_NODE", "HALF_MAX", "LIVE", "FirstUpdateWatch", "graph_producer",
+           "recompute_without_rows"]  # fmt: skip
 
 #: ops the live watch checks at most (one update of a very large script stops being checked)
 OP_BUDGET = 200_000
@@ -51,20 +69,6 @@ CHAIN = 12
 
 _INPLACE_DUNDER = {"__iadd__", "__isub__", "__imul__", "__itruediv__", "__idiv__", "__ipow__",
                    "__ifloordiv__", "__imatmul__"}  # fmt: skip
-_NAME_FIXES = {
-    "truediv": "div", "rtruediv": "div", "true_divide": "div", "divide": "div", "rpow": "pow",
-    "rdiv": "div", "rmul": "mul", "rsub": "sub", "radd": "add", "itruediv": "div",
-    "imul": "mul", "iadd": "add", "isub": "sub", "ipow": "pow", "square": "pow",
-}  # fmt: skip
-#: op families, by how they turn finite inputs into a non-finite output
-LOG_OPS = ("log", "xlogy", "binary_cross_entropy", "nll_loss", "cross_entropy", "digamma",
-           "lgamma", "logit", "acosh", "atanh", "special_entr", "specialentr")  # fmt: skip
-DIV_OPS = ("div", "reciprocal", "rsqrt", "sqrt", "norm", "std", "var", "cosine", "normalize",
-           "remainder", "fmod", "cdist", "pdist")  # fmt: skip
-GROW_OPS = ("exp", "pow", "mul", "matmul", "mm", "bmm", "addmm", "linear", "sum", "mean",
-            "cumsum", "prod", "sinh", "cosh", "expm1", "add", "sub", "conv", "einsum",
-            "baddbmm", "addmv", "mv", "dot", "softplus", "mse_loss", "to", "copy", "float",
-            "half", "bfloat16", "type")  # fmt: skip
 
 
 def _torch() -> Any:
@@ -73,75 +77,24 @@ def _torch() -> Any:
     return torch
 
 
-def _lib_dirs() -> tuple[str, ...]:
-    """torch's folder and the stdlib modules that sit between an op and its caller."""
-    torch = _torch()
-    dirs = [os.path.dirname(torch.__file__)]
-    for name in ("contextlib", "functools", "runpy", "threading"):
-        mod = sys.modules.get(name)
-        if mod is not None and getattr(mod, "__file__", None):
-            dirs.append(os.path.splitext(str(mod.__file__))[0])
-    return tuple(os.path.realpath(d) for d in dirs)
+#: this module's own frames (the watch's mode and checks) stand between an op and its caller
+_HERE = __file__
 
 
-_NANSCOPE = os.path.realpath(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-_HERE = os.path.realpath(os.path.abspath(__file__))
-_PATCHES = os.path.join(_NANSCOPE, "torch", "_hooks.py")
-#: filename -> "lib" | "nanscope" | "here" | "user"
-_KIND: dict[str, str] = {}
-
-
-def _kind(path: str, lib: tuple[str, ...]) -> str:
-    hit = _KIND.get(path)
-    if hit is None:
-        real = os.path.realpath(path) if path and not path.startswith("<") else path
-        if real == _HERE:
-            hit = "here"
-        elif real == _PATCHES:
-            hit = "lib"  # nanscope's patches of torch (loss modules, GradScaler.step) call through
-        elif not path or path.startswith("<frozen") or any(real.startswith(d) for d in lib):
-            hit = "lib"
-        elif real.startswith(_NANSCOPE + os.sep):
-            hit = "nanscope"
-        else:
-            hit = "user"
-        _KIND[path] = hit
-    return hit
-
-
-def user_frame(lib: tuple[str, ...], skip: int = 1) -> dict[str, Any] | None:
-    """The innermost frame outside torch: the user's line running the op.
-
-    ``None`` when that frame is nanscope's own (its measures of the update are not the user's ops).
-    """
-    frame: Any = sys._getframe(skip)
-    for _ in range(64):
-        if frame is None:
-            return None
-        code = frame.f_code
-        kind = _kind(code.co_filename, lib)
-        if kind == "nanscope":
-            return None
-        if kind == "user":
-            out: dict[str, Any] = {"file": code.co_filename, "line": frame.f_lineno,
-                                   "function": code.co_name}  # fmt: skip
-            with contextlib.suppress(Exception):
-                import linecache
-
-                text = linecache.getline(code.co_filename, frame.f_lineno).strip()
-                if text:
-                    out["code"] = text
-            return out
-        frame = frame.f_back
-    return None
-
-
-def op_name(func: Any) -> str:
-    name = getattr(func, "__name__", None) or str(func)
-    if name == "__get__":
-        name = getattr(getattr(func, "__self__", None), "__name__", name)
-    name = name.strip("_")
-    return _NAME_FIXES.get(name, name)
+def _user_line(skip: int) -> dict[str, Any] | None:
+    """The user's line running the op (``skip`` frames up): ``None`` when that line is nanscope's
+    own (its measures of the update are not the user's ops)."""
+    frame = user_frame(sys._getframe(skip), through=(_HERE,))
+    if frame is None:
+        return None
+    code = frame.f_code
+    out: dict[str, Any] = {"file": code.co_filename, "line": frame.f_lineno,
+                           "function": code.co_name}  # fmt: skip
+    with contextlib.suppress(Exception):
+        text = linecache.getline(code.co_filename, frame.f_lineno).strip()
+        if text:
+            out["code"] = text
+    return out
 
 
 def _is_inplace(func: Any, kwargs: dict[str, Any]) -> bool:
@@ -149,171 +102,6 @@ def _is_inplace(func: Any, kwargs: dict[str, Any]) -> bool:
     if name in _INPLACE_DUNDER:
         return True
     return (name.endswith("_") and not name.startswith("__")) or "out" in kwargs
-
-
-def _tensors(obj: Any, depth: int = 0) -> list[Any]:
-    torch = _torch()
-    if isinstance(obj, torch.Tensor):
-        return [obj]
-    out: list[Any] = []
-    if depth < 3 and isinstance(obj, (list, tuple)):
-        for item in obj:
-            out.extend(_tensors(item, depth + 1))
-    elif depth < 3 and isinstance(obj, dict):
-        for item in obj.values():
-            out.extend(_tensors(item, depth + 1))
-    return out
-
-
-def _floats(obj: Any) -> list[Any]:
-    return [t for t in _tensors(obj) if t.is_floating_point() and t.numel() and not t.is_meta]
-
-
-def _finite(tensors: list[Any]) -> bool:
-    """All values finite. One pass (a sum, which any NaN or inf makes non-finite); the exact
-    check only when the sum is not finite (it may have overflowed on finite values)."""
-    torch = _torch()
-    for t in tensors:
-        if t.is_meta:
-            continue  # no values to read (a model built on the meta device)
-        t = t.detach()  # no graph node, no saved tensor (a checkpoint counts what a forward saves)
-        narrow = t.dtype in (torch.float16, torch.bfloat16)
-        s = t.sum(dtype=torch.float32) if narrow else t.sum()
-        if not bool(torch.isfinite(s)) and not bool(torch.isfinite(t).all()):
-            return False
-    return True
-
-
-def nonfinite_scalar(args: Any, kwargs: Any) -> bool:
-    """Whether a plain float argument of an op is inf/NaN (a non-finite input that is no tensor)."""
-    for value in list(args) + list((kwargs or {}).values()):
-        if isinstance(value, float) and not math.isfinite(value):
-            return True
-    return False
-
-
-def summary(t: Any) -> dict[str, Any]:
-    """dtype, shape, max |x| over the finite values, zero count, non-finite count, min."""
-    torch = _torch()
-    with torch.no_grad():
-        x = t.detach()
-        finite = torch.isfinite(x)
-        out: dict[str, Any] = {"dtype": str(x.dtype).replace("torch.", ""),
-                               "shape": list(x.shape)}  # fmt: skip
-        bad = int((~finite).sum())
-        if bad:
-            out["nonfinite"] = bad
-            out["nan"] = bool(torch.isnan(x).any())
-        xf = torch.where(finite, x, torch.zeros((), dtype=x.dtype, device=x.device)).double()
-        out["absmax"] = float(xf.abs().max()) if xf.numel() else 0.0
-        out["min"] = float(xf.min()) if xf.numel() else 0.0
-        out["zeros"] = int((x == 0).sum())
-        out["numel"] = int(x.numel())
-    return out
-
-
-def number_summary(value: float) -> dict[str, Any]:
-    """A Python number an op took (a divisor ``n - 1``), summarised as a tensor would be."""
-    return {"dtype": "python", "shape": [], "absmax": abs(float(value)), "min": float(value),
-            "zeros": int(value == 0), "numel": 1}  # fmt: skip
-
-
-def _in_order(args: Any, tensors: list[Any]) -> list[dict[str, Any]]:
-    """The op's inputs in argument order: its floating tensors and its plain numbers (a divisor
-    that is a Python 0 is as much a zero denominator as a tensor's); at most four."""
-    out: list[dict[str, Any]] = []
-    ids = {id(t) for t in tensors}
-    for arg in args:
-        if id(arg) in ids:
-            out.append(summary(arg))
-        elif isinstance(arg, (int, float)) and not isinstance(arg, bool) and math.isfinite(arg):
-            out.append(number_summary(arg))
-    if not any(s["dtype"] != "python" for s in out):
-        out = [summary(t) for t in tensors]  # the tensors came by keyword: those, at least
-    return out[:4]
-
-
-def why_nonfinite(op: str, ins: list[dict[str, Any]], out_dtype: str) -> dict[str, Any]:
-    """The input values that made a finite-input op non-finite, in the rules' terms.
-
-    ``{"kind": "zero_denominator" | "log_domain" | "past_range" | "nonfinite_input" | "other",
-    "text": ..., ...}``
-    """
-    low = op.lower()
-    limit = FLOAT_MAX.get(out_dtype)
-    absmax = max((s.get("absmax", 0.0) for s in ins), default=0.0)
-    if any(s.get("nonfinite") for s in ins):
-        return {"kind": "nonfinite_input", "text": "its input was already non-finite"}
-    if any(k in low for k in LOG_OPS):
-        zero = any(s.get("zeros") for s in ins)
-        neg = any(s.get("min", 0.0) < 0 for s in ins[:1])
-        if zero or neg:
-            text = "its argument was exactly 0" if zero else "its argument was negative"
-            return {"kind": "log_domain", "text": text, "zero": zero, "negative": neg}
-    if any(k in low for k in DIV_OPS):
-        if low.startswith(("div", "remainder", "fmod")) and len(ins) >= 2:
-            if ins[1].get("zeros"):
-                both = bool(ins[0].get("zeros"))
-                return {"kind": "zero_denominator", "zero": True, "zero_numerator": both,
-                        "text": "its denominator was exactly 0"
-                        + (" and so was the numerator (0/0)" if both else "")}  # fmt: skip
-        elif any(s.get("zeros") for s in ins) or low.startswith(("rsqrt", "reciprocal")):
-            return {"kind": "zero_denominator", "zero": True,
-                    "text": "its input was exactly 0"}  # fmt: skip
-        if any(s.get("min", 0.0) < 0 for s in ins[:1]) and "sqrt" in low:
-            return {"kind": "domain", "text": "its argument was negative"}
-    if limit is not None:
-        return {"kind": "past_range", "limit": limit, "input_absmax": absmax,
-                "text": f"its result passed the {out_dtype} range ({limit:.6g}); the largest "
-                        f"input magnitude was {absmax:.3g}"}  # fmt: skip
-    return {"kind": "other", "text": f"finite inputs (max |x| = {absmax:.3g})"}
-
-
-def recompute(func: Any, args: Any, kwargs: Any) -> dict[str, Any]:
-    """Run the op again with its floating inputs in float32 and float64: finite there?"""
-    torch = _torch()
-    out: dict[str, Any] = {}
-    for dtype in (torch.float32, torch.float64):
-
-        def cast(x: Any, dtype: Any = dtype) -> Any:
-            if isinstance(x, torch.Tensor) and x.is_floating_point():
-                return x.detach().to(dtype)
-            if isinstance(x, (list, tuple)):
-                return type(x)(cast(v) for v in x)
-            if isinstance(x, torch.dtype) and x in (torch.float16, torch.bfloat16):
-                return dtype
-            return x
-
-        try:
-            with torch.no_grad(), warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                kw = {k: cast(v) for k, v in (kwargs or {}).items() if k != "out"}
-                if "dtype" in kw and kw["dtype"] in (torch.float16, torch.bfloat16):
-                    kw["dtype"] = dtype
-                res = func(*[cast(a) for a in args], **kw)
-            tensors = _floats(res)
-            if not tensors:
-                continue
-            name = str(dtype).replace("torch.", "")
-            s = summary(tensors[0])
-            out[name] = {"finite": "nonfinite" not in s, "absmax": s["absmax"]}
-        except Exception:
-            continue
-    return out
-
-
-def precision_verdict(dtype: str, recomputed: dict[str, Any]) -> dict[str, Any] | None:
-    """A measured overflow of float16/bfloat16: finite in float32 (or 64) and past the limit."""
-    limit = FLOAT_MAX.get(dtype)
-    if dtype not in ("float16", "bfloat16") or limit is None:
-        return None
-    for wide in ("float32", "float64"):
-        r = recomputed.get(wide)
-        if r and r.get("finite") and r.get("absmax", 0.0) > limit:
-            return {"dtype": dtype, "limit": limit, "value": r["absmax"], "in": wide,
-                    "text": f"recomputed in {wide} the result is {r['absmax']:.3g}, finite: past "
-                            f"the {dtype} limit {limit:.6g}"}  # fmt: skip
-    return None
 
 
 # ------------------------------------------------------------------------------ the live watch
@@ -389,7 +177,6 @@ class FirstUpdateWatch:
 
         from nanscope.torch._hooks import transforming
 
-        self.lib = _lib_dirs()
         watch = self
 
         class _Mode(TorchFunctionMode):
@@ -507,8 +294,8 @@ class FirstUpdateWatch:
             inplace = _is_inplace(func, kwargs)
             before = None
             if inplace and self.producer is None:
-                ins = _floats(args) + _floats(kwargs)
-                finite = _finite(ins)
+                ins = float_tensors(args) + float_tensors(kwargs)
+                finite = all_finite(ins)
                 # only a finite start can make a producer: keep its values (summarised if it is)
                 before = (finite, [t.detach().clone() for t in ins[:4]] if finite else [])
         except Exception as exc:
@@ -528,20 +315,20 @@ class FirstUpdateWatch:
         torch = _torch()
         if not torch.is_grad_enabled():
             return
-        for t in _tensors(out)[:2]:
+        for t in tensors(out)[:2]:
             fn = getattr(t, "grad_fn", None)
             if fn is not None and id(fn) not in self.nodes:
                 self.nodes[id(fn)] = {"forward_op": op_name(func), "module": self._module_name(),
-                                      "source": user_frame(self.lib, 4)}  # fmt: skip
+                                      "source": _user_line(4)}  # fmt: skip
 
     def _check(self, func: Any, args: Any, kwargs: Any, out: Any, inplace: bool,
                before: Any) -> None:  # fmt: skip
-        outs = _floats(out)
+        outs = float_tensors(out)
         if inplace and not outs:
-            outs = _floats(args[:1]) + _floats(kwargs.get("out"))
-        if not outs or _finite(outs):
+            outs = float_tensors(args[:1]) + float_tensors(kwargs.get("out"))
+        if not outs or all_finite(outs):
             return
-        source = user_frame(self.lib, 3)
+        source = _user_line(3)
         if source is None:
             return  # nanscope's or torch's own op, not the user's
         op = op_name(func)
@@ -554,9 +341,9 @@ class FirstUpdateWatch:
             ins = [summary(t) for t in originals]
             call_args: Any = (*originals, *args[len(originals):]) if originals else args
         else:
-            tensors = _floats(args) + _floats(kwargs)
-            in_finite = _finite(tensors)
-            ins = _in_order(args, tensors)
+            floats = float_tensors(args) + float_tensors(kwargs)
+            in_finite = all_finite(floats)
+            ins = inputs_in_order(args, floats)
             call_args = args
         if not in_finite or nonfinite_scalar(args, kwargs):
             return  # a propagator of a value made before the watch, or a deliberate inf
@@ -569,16 +356,9 @@ class FirstUpdateWatch:
             "input_values": ins, "observed": True, "how": "first-update op watch", "update": 1,
         }  # fmt: skip
         why = why_nonfinite(op, ins, s["dtype"])
-        located["why"] = why
-        located["inputs"] = _inputs_text(why)
-        located["input_zero"] = bool(why.get("zero"))
-        located["input_absmax"] = max((x.get("absmax", 0.0) for x in ins), default=None)
+        located.update(made_by(why, ins))
         if why["kind"] == "past_range" or s["dtype"] in ("float16", "bfloat16"):
-            kw = {k: v for k, v in kwargs.items() if k != "out"}
-            located["recomputed"] = recompute(func, call_args, kw)
-            verdict = precision_verdict(s["dtype"], located["recomputed"])
-            if verdict:
-                located["precision"] = verdict
+            located.update(widened(func, call_args, kwargs, s["dtype"]))
         self.producer = located
 
     # ------------------------------------------------------------ the backward
@@ -600,14 +380,14 @@ class FirstUpdateWatch:
 
     def _hook_graph(self, root: Any) -> None:
         torch = _torch()
-        roots = _tensors(root)
+        roots = tensors(root)
         if not roots or getattr(roots[0], "grad_fn", None) is None:
             return
         fn = roots[0].grad_fn
         scale = _loss_scale(fn)
         if scale is not None:
             self.loss_scale = scale
-        source = user_frame(self.lib, 4)
+        source = _user_line(4)
         seen: set[int] = set()
         queue = [fn]
         count = 0
@@ -642,9 +422,9 @@ class FirstUpdateWatch:
             try:
                 gi = [g for g in grad_inputs if g is not None and g.is_floating_point()]
                 go = [g for g in grad_outputs if g is not None and g.is_floating_point()]
-                if not gi or _finite(gi) or not _finite(go):
+                if not gi or all_finite(gi) or not all_finite(go):
                     return
-                self.producer = _node_located(node, gi, go, source)
+                self.producer = backward_located(node, gi, go, source)
                 known = self.nodes.get(id(node)) or {}
                 for key in ("forward_op", "module", "source"):
                     if known.get(key) and not self.producer.get(key):
@@ -675,17 +455,6 @@ def _remove_mode(mode: Any) -> None:
         C._push_on_torch_function_stack(m)
 
 
-def _inputs_text(why: dict[str, Any]) -> str:
-    kind = why.get("kind")
-    if kind in ("zero_denominator", "log_domain") and why.get("zero"):
-        return "exactly zero"
-    if kind == "past_range":
-        return "past the half range" if why.get("limit") == HALF_MAX else "huge"
-    if kind == "nonfinite_input":
-        return "non-finite"
-    return str(why.get("text", ""))
-
-
 def _loss_scale(fn: Any) -> float | None:
     """The constant a loss was multiplied by right before ``backward()`` (a hand-rolled scale)."""
     torch = _torch()
@@ -706,73 +475,6 @@ def _loss_scale(fn: Any) -> float | None:
         if math.isfinite(v) and abs(v) >= 256:
             return v
     return None
-
-
-def _saved(node: Any) -> dict[str, Any]:
-    torch = _torch()
-    saved: dict[str, Any] = {}
-    for attr in dir(node):
-        if not attr.startswith("_saved_") or attr.endswith(("_sym_sizes", "_sizes", "_strides")):
-            continue
-        try:
-            value = getattr(node, attr)
-        except Exception:
-            continue
-        if isinstance(value, torch.Tensor) and value.is_floating_point() and value.numel():
-            saved[attr[len("_saved_"):]] = value
-    return saved
-
-
-def _node_located(node: Any, gi: list[Any], go: list[Any],
-                  source: dict[str, Any] | None) -> dict[str, Any]:  # fmt: skip
-    """A backward node that made a non-finite gradient from a finite one."""
-    name = type(node).__name__
-    g_in = summary(gi[0])
-    g_out = [summary(g) for g in go[:2]]
-    saved = {}
-    with contextlib.suppress(Exception):
-        saved = {k: summary(v) for k, v in list(_saved(node).items())[:4]}
-    dtype = g_in["dtype"]
-    located: dict[str, Any] = {
-        "phase": "backward", "op": name, "module": None, "dtype": dtype,
-        "output": "nan" if g_in.get("nan") else "inf", "observed": True,
-        "grad_in": g_out, "saved": saved,
-    }  # fmt: skip
-    if source is not None:
-        located["backward_source"] = source
-    with contextlib.suppress(Exception):
-        from nanscope.probes.locate import _library_dirs, _source_from_traceback
-
-        tb = node.metadata.get("traceback_")
-        src = _source_from_traceback(tb, _library_dirs()) if tb else None
-        if src:
-            located["source"] = src
-    limit = FLOAT_MAX.get(dtype)
-    gmax = max((s.get("absmax", 0.0) for s in g_out), default=0.0)
-    low = name.lower()
-    log_like = any(k in low for k in LOG_OPS)
-    zero = any(s.get("zeros") for s in saved.values()) and (log_like or any(
-        k in low for k in ("sqrt", "norm", "div", "pow", "rsqrt", "reciprocal")))
-    why: dict[str, Any]
-    if zero:
-        why = {"kind": "log_domain" if log_like else "zero_denominator",
-               "zero": True, "text": "a saved input of the op was exactly 0"}  # fmt: skip
-    elif limit is not None and dtype in ("float16", "bfloat16"):
-        why = {"kind": "past_range", "limit": limit, "input_absmax": gmax,
-               "text": f"the gradient it received reached {gmax:.3g}; its result passed the "
-                       f"{dtype} range ({limit:.6g})"}  # fmt: skip
-        if any(s["dtype"] in ("float32", "float64") for s in g_out) and gmax > limit:
-            located["precision"] = {
-                "dtype": dtype, "limit": limit, "value": gmax, "in": g_out[0]["dtype"],
-                "text": f"the incoming gradient is {gmax:.3g} in {g_out[0]['dtype']}, finite: "
-                        f"past the {dtype} limit {limit:.6g}"}  # fmt: skip
-    else:
-        why = why_nonfinite(name, list(saved.values()), dtype)
-    located["why"] = why
-    located["inputs"] = _inputs_text(why)
-    located["input_zero"] = bool(why.get("zero"))
-    located["input_absmax"] = max([gmax] + [s.get("absmax", 0.0) for s in saved.values()])
-    return located
 
 
 #: the process's live watch (one: the first update of the first watched fit)
@@ -835,8 +537,8 @@ def recompute_without_rows(rows: list[int], batch: int, loss: Any) -> dict[str, 
     if not GRAPH_NODE or GRAPH_NODE.get("loss") != id(loss):
         return None
     saved = GRAPH_NODE["saved"]
-    tensors = [t for t in saved.values()]
-    if not tensors or any(t.dim() < 1 or t.shape[0] != batch for t in tensors):
+    kept = list(saved.values())
+    if not kept or any(t.dim() < 1 or t.shape[0] != batch for t in kept):
         return None
     keep = torch.ones(batch, dtype=torch.bool)
     keep[[r for r in rows if 0 <= r < batch]] = False
@@ -865,22 +567,13 @@ def graph_producer(loss: Any, site: Any = None) -> dict[str, Any] | None:
     root = getattr(loss, "grad_fn", None)
     if root is None:
         return None
-    order: list[Any] = []
-    seen: set[int] = set()
-    queue = [root]
-    while queue and len(order) < 5000:
-        node = queue.pop(0)
-        if node is None or id(node) in seen:
-            continue
-        seen.add(id(node))
-        order.append(node)
-        queue.extend(n for n, _ in getattr(node, "next_functions", ()) if n is not None)
+    order = graph_nodes(root, 5000)
     found: dict[str, Any] | None = None
     with torch.no_grad():
         for node in reversed(order):  # the deepest (earliest in the forward) first
             name = type(node).__name__
             try:
-                saved = _saved(node)
+                saved = saved_tensors(node)
             except Exception:
                 continue
             if not saved:
@@ -892,22 +585,19 @@ def graph_producer(loss: Any, site: Any = None) -> dict[str, Any] | None:
             observed = out is not None
             if out is None and name in _RESULT_ONLY and "result" in saved:
                 out = saved["result"]
-            if out is None or _finite([out]):
+            if out is None or all_finite([out]):
                 continue
-            if inputs and not _finite(list(inputs.values())):
+            if inputs and not all_finite(list(inputs.values())):
                 continue  # a propagator
             ins = [summary(t) for t in list(inputs.values())[:4]]
             s = summary(out)
-            op = re.sub(r"Backward\d*$", "", name)
-            op = re.sub(r"(?<!^)(?=[A-Z])", "_", op).lower()
+            op = forward_name(name)
             why = why_nonfinite(op, ins, s["dtype"]) if ins else {
                 "kind": "other", "text": "its inputs were not kept by autograd"}  # fmt: skip
             found = {
                 "phase": "loss", "op": op, "backward_op": name, "module": "loss",
                 "dtype": s["dtype"], "output": "nan" if s.get("nan") else "inf",
-                "observed": observed and bool(ins), "input_values": ins, "why": why,
-                "inputs": _inputs_text(why), "input_zero": bool(why.get("zero")),
-                "input_absmax": max((x.get("absmax", 0.0) for x in ins), default=None),
+                "observed": observed and bool(ins), "input_values": ins, **made_by(why, ins),
                 "how": "the loss's autograd graph, recomputed from its saved inputs",
             }  # fmt: skip
             if observed and name in _ELEMENTWISE:
@@ -932,9 +622,7 @@ def graph_producer(loss: Any, site: Any = None) -> dict[str, Any] | None:
     if found is None:
         return None
     with contextlib.suppress(Exception):
-        from nanscope.probes.locate import _scan_function
-
-        source = _scan_function(site, found["op"])
+        source = scan_function(site, found["op"])
         if source:
             found["source"] = source
     return found

@@ -37,6 +37,7 @@ import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from nanscope.numerics import RAW_UNITS
 from nanscope.outcome import FAR, judge
 from nanscope.probes.failure import TorchFailure
 
@@ -54,14 +55,12 @@ MIN_UPDATES = 24
 #: of its first pass has not removed the failure: it does not train (gradient descent on the
 #: same batches lowers their loss, however small the step: the direction is what counts)
 NOISE = 1.0
-#: a table column holding a value this large is not standardised (10 standard deviations out)
-RAW_UNITS = 10.0
 #: the gradient norm a clipping replay bounds to when too few updates came before the trouble
 #: to know its level: the ``max_norm`` most scripts pass to ``clip_grad_norm_``
 CLIP_DEFAULT = 1.0
 #: ops whose non-finite output an epsilon can prevent, and how (see ``_EpsilonMode``)
-LOG_OPS = ("log", "log2", "log10", "log1p", "xlogy")
-DIVISION_OPS = ("div", "true_divide", "divide", "reciprocal", "rsqrt", "sqrt", "norm",
+GUARDED_LOGS = ("log", "log2", "log10", "log1p", "xlogy")
+GUARDED_DIVISIONS = ("div", "true_divide", "divide", "reciprocal", "rsqrt", "sqrt", "norm",
                 "vector_norm", "pow", "std", "var", "cosine_similarity", "normalize")  # fmt: skip
 
 
@@ -225,7 +224,7 @@ class _Replay:
         # (not a producer in the loop's preprocessing: the replay feeds the model the inputs it
         # got, so an epsilon there could change nothing)
         if located.get("phase") in ("forward", "loss", "backward") and (
-            op in LOG_OPS or op in DIVISION_OPS
+            op in GUARDED_LOGS or op in GUARDED_DIVISIONS
         ):
             changes.append(("eps", {"op": op}))
         if any(g.get("eps") == 0 for g in self.optimizer.param_groups):
@@ -887,7 +886,7 @@ def _epsilon(torch: Any, op: str | None) -> Iterator[None]:
         return
     from torch.overrides import TorchFunctionMode
 
-    is_log = op.startswith(LOG_OPS)
+    is_log = op.startswith(GUARDED_LOGS)
     name = op.split(".")[0]
 
     class Mode(TorchFunctionMode):

@@ -31,6 +31,8 @@ import weakref
 from collections import deque
 from typing import Any
 
+from nanscope.probes._tensors import tensors
+
 __all__ = ["BatchRows", "LoaderTracker", "current_batch_index", "current_batch_rows", "install",
            "track_dataloader", "uninstall"]  # fmt: skip
 
@@ -105,7 +107,7 @@ class BatchRows:
     def _match(self) -> list[int] | None:
         import torch
 
-        batch = [t for t in _tensors((self.args, self.kwargs)) if t.dim() >= 1]
+        batch = [t for t in tensors((self.args, self.kwargs)) if t.dim() >= 1]
         if not batch or self.dataset is None:
             return None
         for cand in self.candidates:
@@ -115,7 +117,7 @@ class BatchRows:
                 continue
             ok = True
             for j in sorted({0, n // 2, n - 1})[:CHECK_ROWS]:
-                item = [torch.as_tensor(t) for t in _tensors(self.dataset[cand[j]], items=True)]
+                item = [torch.as_tensor(t) for t in tensors(self.dataset[cand[j]], items=True)]
                 compared = 0
                 for t in item:
                     alike = [b for b in rows if b[j].numel() == t.numel()]
@@ -131,27 +133,6 @@ class BatchRows:
             if ok:
                 return list(cand)
         return None
-
-
-def _tensors(obj: Any, depth: int = 0, items: bool = False) -> list[Any]:
-    import numpy as np
-
-    import torch
-
-    if isinstance(obj, torch.Tensor):
-        return [obj]
-    if items and isinstance(obj, np.ndarray):
-        return [obj]
-    if items and isinstance(obj, (int, float)) and not isinstance(obj, bool):
-        return [np.asarray(obj)]
-    out: list[Any] = []
-    if depth < 3 and isinstance(obj, (list, tuple)):
-        for value in obj:
-            out.extend(_tensors(value, depth + 1, items))
-    elif depth < 3 and isinstance(obj, dict):
-        for value in obj.values():
-            out.extend(_tensors(value, depth + 1, items))
-    return out
 
 
 def _same(item: Any, row: Any) -> bool:

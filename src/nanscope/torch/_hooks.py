@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import os
 import sys
 import threading
 import weakref
@@ -43,6 +42,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from nanscope._frames import is_nanscope, is_user_file
 from nanscope._guard import REPORT, FaultGuard
 from nanscope.errors import DivergenceError
 from nanscope.probes.failure import CallSite
@@ -150,28 +150,6 @@ _SCALED: weakref.WeakKeyDictionary[torch.Tensor, Any] = weakref.WeakKeyDictionar
 #: (the mapping's own ``len`` is a Python call, on every backward)
 scaling = False
 
-#: installed packages whose frames are never the user's (matched under site-packages only, so a
-#: user's own folder named ``torch`` or ``lightning`` still counts as theirs)
-_LIBRARY_DIRS = tuple(
-    os.sep + part + os.sep
-    for part in ("torch", "nanscope", "lightning", "pytorch_lightning", "lightning_fabric",
-                 "transformers", "accelerate")
-)
-#: torch's and nanscope's own folders, wherever they are installed, and runpy
-_LIBRARY_PREFIXES = (
-    os.path.dirname(torch.__file__) + os.sep,
-    os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,
-    os.path.splitext(os.path.abspath(str(__import__("runpy").__file__)))[0],
-)
-
-
-def _is_library(filename: str) -> bool:
-    if filename.startswith(_LIBRARY_PREFIXES):
-        return True
-    if "-packages" + os.sep in filename:
-        return any(part in filename for part in _LIBRARY_DIRS)
-    return False
-
 _SITE_CACHE: dict[tuple[int, int], CallSite | None] = {}
 
 
@@ -217,9 +195,9 @@ class CallerSites:
             code = f.f_code
             filename = code.co_filename
             walked.append(code)
-            if skip_from and code.co_name == skip_from and _is_library(filename):
+            if skip_from and code.co_name == skip_from and is_nanscope(filename):
                 return None
-            if not filename.startswith("<") and not _is_library(filename):
+            if is_user_file(filename):
                 self._codes, self._sites = walked, {}
                 return CallSite(filename, f.f_lineno, code.co_name)
             f = f.f_back
@@ -328,7 +306,7 @@ def user_site(depth: int = 2) -> CallSite | None:
     f: Any = frame
     while f is not None:
         filename = f.f_code.co_filename
-        if not filename.startswith("<") and not _is_library(filename):
+        if is_user_file(filename):
             found = CallSite(filename, f.f_lineno, f.f_code.co_name)
             break
         f = f.f_back

@@ -258,7 +258,7 @@ class History:
                 frame = None
             if frame is not None and frame.f_code is code:
                 return frame
-        from nanscope.torch import _hooks
+        from nanscope._frames import is_user_file
 
         try:
             frame = sys._getframe(depth)
@@ -267,7 +267,7 @@ class History:
         walked = 0
         while frame is not None and walked < 24:
             filename = frame.f_code.co_filename
-            if not filename.startswith("<") and not _hooks._is_library(filename):
+            if is_user_file(filename):
                 self._code, self._depth = frame.f_code, walked
                 return frame
             frame = frame.f_back

@@ -40,8 +40,8 @@ import math
 
 from nanscope.diagnose.context import Context
 from nanscope.diagnose.diagnosis import Evidence, Finding
-from nanscope.diagnose.rules._common import HALF_TINY
 from nanscope.diagnose.rules._producer import producer_of
+from nanscope.numerics import HALF_TINY
 
 CODE = "D007"
 CAUSE = "zero_division"

@@ -40,14 +40,14 @@ from typing import Any
 
 from nanscope.diagnose.context import Context
 from nanscope.diagnose.diagnosis import Evidence, Finding
-from nanscope.diagnose.rules._common import HALF_TINY, num
+from nanscope.diagnose.rules._common import num
 from nanscope.diagnose.rules._producer import producer_of
+from nanscope.numerics import HALF_MAX, HALF_TINY
 
 CODE = "D008"
 CAUSE = "fp16_overflow"
 TITLE = "float16 overflow (past 65504)"
 
-HALF_MAX = 65504.0
 #: this many halvings of the loss scale in the window before the failure is a collapse
 HALVINGS = 8
 

@@ -42,8 +42,9 @@ import numpy as np
 
 from nanscope.diagnose.context import Context
 from nanscope.diagnose.diagnosis import Evidence, Finding
-from nanscope.diagnose.rules._common import RAW_UNITS, num
+from nanscope.diagnose.rules._common import num
 from nanscope.diagnose.rules._logs import from_log
+from nanscope.numerics import RAW_UNITS
 
 CODE = "D010"
 CAUSE = "bad_initialization"

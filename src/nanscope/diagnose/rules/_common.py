@@ -7,12 +7,7 @@ from typing import Any
 from nanscope.formatting import number
 from nanscope.formatting import row as row_words
 
-__all__ = ["HALF_TINY", "RAW_UNITS", "num", "row_text", "tenfold_action"]
-
-#: a data value this large is not in standardised units (10 standard deviations out)
-RAW_UNITS = 10.0
-#: the smallest positive float16 (a subnormal): anything below rounds to 0
-HALF_TINY = 5.960464477539063e-08
+__all__ = ["num", "row_text", "tenfold_action"]
 
 
 def num(value: Any) -> str:

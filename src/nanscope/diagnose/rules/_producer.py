@@ -1,11 +1,11 @@
 """What the rules share about the producer: the first op whose inputs were finite, output not.
 
-The probes put it in ``evidence["located"]`` (``nanscope.probes.producer`` / ``locate`` for
-PyTorch, ``nanscope.probes.fperrors`` for numpy): its ``op``, ``phase``, ``dtype``, ``why`` (the
-input values that made it: ``{"kind": "zero_denominator" | "log_domain" | "past_range" | ...}``),
-``observed`` (an op check saw it) or not (inferred), ``precision`` (recomputed wider: finite and
-past the narrow dtype's limit) and ``loss_scale``. The rules read it through these helpers so they
-agree on what counts as a log, a division or an overflow.
+The probes put it in ``evidence["located"]`` (its keys: :mod:`nanscope.located`): its ``op``,
+``phase``, ``dtype``, ``why`` (the input values that made it: ``{"kind": "zero_denominator" |
+"log_domain" | "past_range" | ...}``), ``observed`` (an op check saw it) or not (inferred),
+``precision`` (recomputed wider: finite and past the narrow dtype's limit) and ``loss_scale``. The
+rules read it through these helpers so they agree on what counts as a log, a division or an
+overflow (the op families of :mod:`nanscope.numerics`).
 """
 
 from __future__ import annotations
@@ -13,20 +13,10 @@ from __future__ import annotations
 from typing import Any
 
 from nanscope.diagnose.rules._common import num
+from nanscope.located import Located
+from nanscope.numerics import DIVISION_OPS, GROWTH_OPS, LOG_OPS
 
-__all__ = ["DIVISION_OPS", "LOG_OPS", "Producer", "producer_of"]
-
-#: log-like ops: they turn 0 (or a value outside their domain) into -inf / NaN
-LOG_OPS = ("log", "xlogy", "binary_cross_entropy", "binarycrossentropy", "nll", "crossentropy",
-           "cross_entropy", "logit", "digamma", "lgamma", "special_entr",
-           "specialentr")  # fmt: skip
-#: division-like ops: they turn a 0 denominator (or the gradient of a root at 0) into inf / NaN
-DIVISION_OPS = ("div", "reciprocal", "rsqrt", "sqrt", "norm", "std", "var", "cosine",
-                "normalize", "cdist", "remainder", "fmod")  # fmt: skip
-#: ops that overflow from large finite inputs
-GROWTH_OPS = ("exp", "pow", "square", "mul", "multiply", "matmul", "mm", "addmm", "linear", "sum",
-              "mean", "conv", "einsum", "bmm", "power", "prod", "cosh", "sinh", "tocopy", "to",
-              "expm1", "add", "subtract", "sub", "mse")  # fmt: skip
+__all__ = ["Producer", "producer_of"]
 
 
 class Producer:
@@ -34,24 +24,22 @@ class Producer:
 
     def __init__(self, located: dict[str, Any]) -> None:
         self.d = located
-        self.op = str(located.get("op") or "")
+        loc = Located.read(located)
+        self.located = loc
+        self.op = loc.op or ""
         self.low = self.op.lower()
-        self.forward_op = str(located.get("forward_op") or "").lower()
-        self.phase = str(located.get("phase") or "")
-        self.dtype = str(located.get("dtype") or "")
-        why = located.get("why")
-        self.why: dict[str, Any] = why if isinstance(why, dict) else {}
+        self.forward_op = (loc.forward_op or "").lower()
+        self.phase = loc.phase or ""
+        self.dtype = loc.dtype or ""
+        self.why: dict[str, Any] = loc.why or {}
         self.kind = str(self.why.get("kind") or "")
-        self.observed = bool(located.get("observed"))
-        inputs = str(located.get("inputs") or "")
-        self.inputs = inputs
-        self.zero = bool(located.get("input_zero")) or inputs.startswith("exactly zero") or bool(
+        self.observed = bool(loc.observed)
+        self.inputs = loc.inputs or ""
+        self.zero = bool(loc.input_zero) or self.inputs.startswith("exactly zero") or bool(
             self.why.get("zero")
         )
-        self.precision = located.get("precision") if isinstance(located.get("precision"),
-                                                                dict) else None  # fmt: skip
-        scale = located.get("loss_scale")
-        self.loss_scale = float(scale) if isinstance(scale, (int, float)) else None
+        self.precision = loc.precision
+        self.loss_scale = float(loc.loss_scale) if loc.loss_scale is not None else None
 
     @property
     def known(self) -> bool:
@@ -65,7 +53,7 @@ class Producer:
     def also_log(self) -> dict[str, Any] | None:
         """Another producer of the same update that was a log at 0 / out of its domain (numpy:
         which of several producers reached the loss is not known, every one is kept)."""
-        for other in self.d.get("also") or []:
+        for other in self.located.also or []:
             if not isinstance(other, dict):
                 continue
             why = other.get("why") or {}
@@ -89,23 +77,24 @@ class Producer:
         )
 
     def inputs_nonfinite(self) -> bool:
+        note = self.located.note
         return self.kind == "nonfinite_input" or self.inputs.startswith("non-finite") or bool(
-            self.d.get("note") and "already non-finite" in str(self.d.get("note"))
+            note and "already non-finite" in note
         )
 
     def where(self) -> str:
         """'exp in Rate (train.py:21)'."""
         text = self.op or "?"
-        if self.d.get("module"):
-            text += f" in {self.d['module']}"
-        source = self.d.get("source") or {}
-        if isinstance(source, dict) and source.get("file"):
+        if self.located.module:
+            text += f" in {self.located.module}"
+        source = self.located.source or {}
+        if source.get("file"):
             text += f" ({source['file']}:{source.get('line')})"
         return text
 
     def how(self) -> str:
         """'observed' or 'inferred', with the way it was found."""
-        how = self.d.get("how")
+        how = self.located.how
         word = "observed" if self.observed else "inferred"
         return f"{word} ({how})" if how else word
 
@@ -117,12 +106,12 @@ class Producer:
         return text
 
     def chain_text(self, limit: int = 4) -> str:
-        chain = self.d.get("chain") or []
-        if not isinstance(chain, list) or not chain:
+        chain = self.located.chain or []
+        if not chain:
             return ""
         ops = [str(c.get("op")) for c in chain[:limit] if isinstance(c, dict)]
         more = f" (+{len(chain) - limit} more)" if len(chain) > limit else ""
-        detected = self.d.get("detected")
+        detected = self.located.detected
         tail = f", then the {detected} was detected" if detected else ""
         return "propagated by " + " -> ".join(ops) + more + tail
 

@@ -1,0 +1,205 @@
+"""The tensor helpers every PyTorch probe uses: find the tensors of an op's arguments, check them
+finite, read what an autograd node saved, summarise a tensor for the diagnosis.
+
+One copy for the live watch (:mod:`~nanscope.probes.producer`), the replay
+(:mod:`~nanscope.probes.locate`), the loop's re-evaluation (:mod:`~nanscope.probes.loop`), the
+confirming experiment and the loader's rows. torch is imported where a helper runs, never on
+import (nanscope imports without torch).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["all_finite", "custom_saved", "float_tensors", "graph_nodes", "has_forward",
+           "inputs_in_order", "nonfinite_scalar", "number_summary", "op_watch", "saved_tensors",
+           "summary", "tensors"]  # fmt: skip
+
+#: how deep nested lists, tuples and dicts of an op's arguments are searched for tensors
+DEPTH = 3
+
+
+def tensors(obj: Any, depth: int = 0, items: bool = False) -> list[Any]:
+    """The tensors in ``obj`` (a tensor, or lists, tuples and dicts of them, three levels deep).
+
+    ``items``: a dataset item's values too: numpy arrays, and Python numbers as 0-d arrays.
+    """
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if items:
+        import numpy as np
+
+        if isinstance(obj, np.ndarray):
+            return [obj]
+        if isinstance(obj, (int, float)) and not isinstance(obj, bool):
+            return [np.asarray(obj)]
+    out: list[Any] = []
+    if depth < DEPTH and isinstance(obj, (list, tuple)):
+        for value in obj:
+            out.extend(tensors(value, depth + 1, items))
+    elif depth < DEPTH and isinstance(obj, dict):
+        for value in obj.values():
+            out.extend(tensors(value, depth + 1, items))
+    return out
+
+
+def float_tensors(obj: Any) -> list[Any]:
+    """The floating tensors of ``obj`` that hold values (not empty, not on the meta device)."""
+    return [t for t in tensors(obj) if t.is_floating_point() and t.numel() and not t.is_meta]
+
+
+def all_finite(values: list[Any]) -> bool:
+    """All values finite. One pass (a sum, which any NaN or inf makes non-finite); the exact
+    check only when the sum is not finite (it may have overflowed on finite values)."""
+    import torch
+
+    for t in values:
+        if t.is_meta:
+            continue  # no values to read (a model built on the meta device)
+        t = t.detach()  # no graph node, no saved tensor (a checkpoint counts what a forward saves)
+        narrow = t.dtype in (torch.float16, torch.bfloat16)
+        s = t.sum(dtype=torch.float32) if narrow else t.sum()
+        if not bool(torch.isfinite(s)) and not bool(torch.isfinite(t).all()):
+            return False
+    return True
+
+
+def nonfinite_scalar(args: Any, kwargs: Any) -> bool:
+    """Whether a plain float argument of an op is inf/NaN (a non-finite input that is no tensor)."""
+    for value in list(args) + list((kwargs or {}).values()):
+        if isinstance(value, float) and not math.isfinite(value):
+            return True
+    return False
+
+
+def saved_tensors(node: Any) -> dict[str, Any]:
+    """The floating tensors an autograd node saved (``_saved_self`` -> ``"self"``, ...).
+
+    Raises ``RuntimeError`` when the graph was freed (a backward already ran): the caller decides
+    what a freed graph means. Any other fault skips that attribute.
+    """
+    import torch
+
+    saved: dict[str, Any] = {}
+    for attr in dir(node):
+        if not attr.startswith("_saved_") or attr.endswith(("_sym_sizes", "_sizes", "_strides")):
+            continue
+        try:
+            value = getattr(node, attr)
+        except RuntimeError:
+            raise  # freed graph: the caller decides
+        except Exception:
+            continue
+        if isinstance(value, torch.Tensor) and value.is_floating_point() and value.numel():
+            saved[attr[len("_saved_"):]] = value
+    return saved
+
+
+def custom_saved(node: Any) -> dict[str, Any]:
+    """What a custom ``torch.autograd.Function`` saved for its backward (``ctx.saved_tensors``),
+    floating tensors only; empty for torch's own nodes or when it cannot be read."""
+    import torch
+
+    if not hasattr(node, "saved_tensors") or not hasattr(node, "apply"):
+        return {}
+    try:
+        saved = node.saved_tensors
+    except Exception:  # freed, or not a custom Function's node
+        return {}
+    return {f"saved_{i}": t for i, t in enumerate(saved or ())
+            if isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel()}  # fmt: skip
+
+
+def graph_nodes(root: Any, limit: int = 20000, stop: set[int] | None = None) -> list[Any]:
+    """Every autograd node reachable from ``root``, root first (breadth first), at most ``limit``;
+    nodes whose id is in ``stop`` are not entered."""
+    seen: set[int] = set()
+    order: list[Any] = []
+    queue = [root]
+    while queue and len(order) < limit:
+        node = queue.pop(0)
+        if node is None or id(node) in seen or (stop is not None and id(node) in stop):
+            continue
+        seen.add(id(node))
+        order.append(node)
+        queue.extend(n for n, _ in getattr(node, "next_functions", ()) if n is not None)
+    return order
+
+
+def summary(t: Any) -> dict[str, Any]:
+    """dtype, shape, max |x| over the finite values, zero count, non-finite count, min."""
+    import torch
+
+    with torch.no_grad():
+        x = t.detach()
+        finite = torch.isfinite(x)
+        out: dict[str, Any] = {"dtype": str(x.dtype).replace("torch.", ""),
+                               "shape": list(x.shape)}  # fmt: skip
+        bad = int((~finite).sum())
+        if bad:
+            out["nonfinite"] = bad
+            out["nan"] = bool(torch.isnan(x).any())
+        xf = torch.where(finite, x, torch.zeros((), dtype=x.dtype, device=x.device)).double()
+        out["absmax"] = float(xf.abs().max()) if xf.numel() else 0.0
+        out["min"] = float(xf.min()) if xf.numel() else 0.0
+        out["zeros"] = int((x == 0).sum())
+        out["numel"] = int(x.numel())
+    return out
+
+
+def number_summary(value: float) -> dict[str, Any]:
+    """A Python number an op took (a divisor ``n - 1``), summarised as a tensor would be."""
+    return {"dtype": "python", "shape": [], "absmax": abs(float(value)), "min": float(value),
+            "zeros": int(value == 0), "numel": 1}  # fmt: skip
+
+
+def inputs_in_order(args: Any, floats: list[Any]) -> list[dict[str, Any]]:
+    """An op's inputs in argument order: its floating tensors and its plain numbers (a divisor
+    that is a Python 0 is as much a zero denominator as a tensor's); at most four."""
+    out: list[dict[str, Any]] = []
+    ids = {id(t) for t in floats}
+    for arg in args:
+        if id(arg) in ids:
+            out.append(summary(arg))
+        elif isinstance(arg, (int, float)) and not isinstance(arg, bool) and math.isfinite(arg):
+            out.append(number_summary(arg))
+    if not any(s["dtype"] != "python" for s in out):
+        out = [summary(t) for t in floats]  # the tensors came by keyword: those, at least
+    return out[:4]
+
+
+def has_forward(model: Any) -> bool:
+    """Whether calling the model runs a forward of its own. A LightningModule often has none
+    (its ``training_step`` calls the layers): such a model cannot be replayed by a call, and
+    the loss's own graph is read instead."""
+    try:
+        import torch
+    except ImportError:
+        return False
+    for cls in type(model).__mro__:
+        if "forward" in cls.__dict__:
+            # torch's placeholder raises; LightningModule's only hands on to it
+            return cls is not torch.nn.Module and cls.__name__ != "LightningModule"
+    return False
+
+
+def op_watch(note: Callable[[Any, Any, Any, Any], None]) -> Any:
+    """A ``TorchFunctionMode`` (``with op_watch(note): ...``) that runs every op as it is, then
+    hands ``(func, args, kwargs, out)`` to ``note``; a fault in ``note`` is swallowed (the op's
+    result is the code's, whatever the probe makes of it)."""
+    from torch.overrides import TorchFunctionMode
+
+    class OpWatch(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            kwargs = kwargs or {}
+            out = func(*args, **kwargs)
+            with contextlib.suppress(Exception):
+                note(func, args, kwargs, out)
+            return out
+
+    return OpWatch()
