@@ -37,6 +37,7 @@ that falls is fine; a gradient norm of 400 can be normal.
 
 from __future__ import annotations
 
+import enum
 import itertools
 import math
 from collections import deque
@@ -50,6 +51,7 @@ from nanscope.outcome import FAR
 __all__ = [
     "NOISE_FLOOR",
     "Alarm",
+    "AlarmKind",
     "Ascent",
     "Departure",
     "Detector",
@@ -66,11 +68,38 @@ __all__ = [
 NOISE_FLOOR = 1e-6
 
 
+class AlarmKind(str, enum.Enum):
+    """What an :class:`Alarm` says happened: every kind nanscope raises (a ``str``, so an alarm's
+    kind still equals its plain name, in a rollback entry's JSON too)."""
+
+    #: a non-finite loss, gradient or weight (:class:`NonFinite`)
+    NONFINITE = "nonfinite"
+    #: the loss grew, left its range or exploded (:class:`Divergence`, :class:`Departure`,
+    #: :class:`Explosion`)
+    DIVERGING = "diverging"
+    #: the loss rose while each update pointed along the gradient (:class:`Ascent`)
+    ASCENDING = "ascending"
+    #: a loss spike with an extreme row in its batch: a reason to roll back, never to stop (the
+    #: Monitor's rollback policy)
+    SPIKE = "spike"
+    #: another rank died or stopped answering the cross-rank agreement (``torch.distributed``)
+    RANK_FAILURE = "rank_failure"
+
+    def __str__(self) -> str:  # the value on every Python (3.12 changed format() of enums)
+        return str(self.value)
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self.value), spec)
+
+
 @dataclass(frozen=True)
 class Alarm:
-    """Why a detector asks to stop: ``kind`` is machine-readable, ``text`` is for people."""
+    """Why a detector asks to stop: ``kind`` is machine-readable, ``text`` is for people.
 
-    kind: str  # "nonfinite" | "diverging" | "ascending" (an explosion is "diverging")
+    ``kind`` is an :class:`AlarmKind` for every alarm nanscope raises; a detector of the user's
+    own (``Monitor(detectors=...)``) may name its own kind."""
+
+    kind: str
     step: int
     text: str
     data: dict[str, Any] = field(default_factory=dict)
@@ -124,7 +153,10 @@ class NonFinite:
             return None
         step = int(record["step"])
         return Alarm(
-            "nonfinite", step, f"non-finite {', '.join(what)} at update {step}", {"what": what}
+            AlarmKind.NONFINITE,
+            step,
+            f"non-finite {', '.join(what)} at update {step}",
+            {"what": what},
         )
 
 
@@ -215,7 +247,7 @@ class Divergence:
         n = len(used) - 1 if shape == "fast" else self._rises
         how = "each rise larger than the last" if shape == "fast" else "by a steady factor"
         return Alarm(
-            "diverging",
+            AlarmKind.DIVERGING,
             step,
             f"loss grew {growth:.3g}x over {n} consecutive updates, {how}",
             {"growth": growth, "rises": n, "oscillating": sum(known), "shape": shape},
@@ -335,7 +367,7 @@ class Departure:
         self._fired = True
         if data["climb"]:
             return Alarm(
-                "diverging",
+                AlarmKind.DIVERGING,
                 step,
                 f"the loss climbed out of its range and kept climbing: best {data['best']:.3g} "
                 f"at update {data['best_step']}, {data['window']} updates out of its range, now "
@@ -343,7 +375,7 @@ class Departure:
                 {"shape": "departure", **data},
             )
         return Alarm(
-            "diverging",
+            AlarmKind.DIVERGING,
             step,
             f"the loss left its range and stayed out: best {data['best']:.3g} at update "
             f"{data['best_step']}, then {data['jump_from']:.3g} -> {data['jump_to']:.3g} in "
@@ -521,7 +553,7 @@ class Explosion:
             step = int(record["step"])
             at, before, after = jump
             return Alarm(
-                "diverging",
+                AlarmKind.DIVERGING,
                 step,
                 f"the loss jumped {after / before:.3g}x in one update ({before:.4g} -> "
                 f"{after:.4g} at update {at}) and stayed far above where it started "
@@ -573,7 +605,7 @@ class Ascent:
             return None
         step = int(record["step"])
         return Alarm(
-            "ascending",
+            AlarmKind.ASCENDING,
             step,
             f"loss rose for {self._run} updates while each update pointed along the gradient",
             {"rises": self._run, "update_cos": max(along)},

@@ -44,6 +44,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from nanscope.diagnose.verdict import is_inconclusive
 from nanscope.errors import InputError
 from nanscope.formatting import lr as format_lr
 
@@ -480,7 +481,7 @@ def _run_row(
 ) -> dict[str, Any]:
     cause = _get(diagnosis, "cause")
     verdict = _get(diagnosis, "verdict")
-    if verdict in ("interrupted", "unobserved", "crashed"):
+    if is_inconclusive(verdict):
         cause = verdict  # never recorded as healthy: the run did not finish under watch
     row: dict[str, Any] = {
         "outcome": cause,

@@ -66,7 +66,7 @@ from nanscope.capture.arrays import (
     nonfinite_rows,
     robust_rows,
 )
-from nanscope.detectors import Alarm, Detector, default_detectors
+from nanscope.detectors import Alarm, AlarmKind, Detector, default_detectors
 from nanscope.detectors import _num as _finite_number
 from nanscope.errors import DivergenceError, UsageError
 from nanscope.trace import FLUSH_LINES, Trace, TraceWriter
@@ -497,7 +497,7 @@ class Monitor:
                     if self.policy == "rollback" and extreme:
                         # a spike with an extreme row in its batch is confirmed: roll it back too
                         text = f"loss spike at update {step} with an extreme row in its batch"
-                        alarm = Alarm("spike", step, text, {"rows": len(spotted)})
+                        alarm = Alarm(AlarmKind.SPIKE, step, text, {"rows": len(spotted)})
             if alarm is not None and self._try_rollback(alarm, rec):
                 alarm = None
             writer = self._writer if self._writer is not None else self._open_writer()
@@ -707,7 +707,7 @@ class Monitor:
 
     def _fire(self, alarm: Alarm) -> None:
         first = self.alarm is None
-        if alarm.kind == "spike":
+        if alarm.kind == AlarmKind.SPIKE:
             return  # only ever a reason to roll back, never to stop
         if not first and self.policy == "warn":
             return

@@ -32,6 +32,7 @@ from nanscope.commands.base import CommandParser, check_folder, clean, progress,
 from nanscope.commands.common import add_output_options, show, write_html, write_json
 from nanscope.commands.interpreter import other_python, run_in
 from nanscope.diagnose.diagnosis import Diagnosis
+from nanscope.diagnose.verdict import Verdict, rank_of
 from nanscope.errors import DivergenceError, UsageError
 from nanscope.monitor import POLICIES, Monitor, active_monitors, set_defaults
 
@@ -421,14 +422,12 @@ def _ranked(
 ) -> list[tuple[Diagnosis, Monitor | None]]:
     """Every run's diagnosis, the one to report first: the one that stopped the run, then the
     worst verdict (the first made among equals)."""
-    from nanscope.diagnose.diagnosis import VERDICT_RANK
-
     stopped = stop.diagnosis if stop is not None else None
     ranked: list[tuple[Diagnosis, Monitor | None]] = [
         (monitor.close(), monitor) for monitor in monitors
         if stopped is None or monitor.diagnosis is not stopped
     ]  # fmt: skip
-    ranked.sort(key=lambda pair: VERDICT_RANK.get(pair[0].verdict, 9))
+    ranked.sort(key=lambda pair: rank_of(pair[0].verdict))
     if stopped is not None:
         owner = next((m for m in monitors if m.diagnosis is stopped), None)
         ranked.insert(0, (stopped, owner))
@@ -583,38 +582,10 @@ def link_scan(path: str, diagnosis: Diagnosis) -> dict[str, object]:
 def _unobserved(
     reason: str, *, program: bool = False, crashed: bool = False, refused: bool = False
 ) -> Diagnosis:
-    """The diagnosis of a run nanscope could not watch: never healthy, the reason said (by the
-    engine, from an empty trace; built here when this engine has no such verdict)."""
-    from nanscope.diagnose.diagnosis import Evidence
-    from nanscope.trace import Trace
+    """The diagnosis of a run nanscope could not watch, as the engine gives it."""
+    from nanscope.diagnose.engine import unwatched
 
-    diagnosis: Diagnosis | None = None
-    try:
-        from nanscope.diagnose import diagnose
-
-        diagnosis = diagnose(Trace(), evidence={"unobserved": reason})
-    except Exception:
-        diagnosis = None
-    if diagnosis is None or diagnosis.verdict != "unobserved":
-        diagnosis = Diagnosis(
-            verdict="unobserved",
-            cause="unknown",
-            confidence=0.0,
-            evidence=[Evidence("run", reason, {"updates": 0})],
-        )
-    if refused:
-        diagnosis.actions = ["Fix the command line (the error above), then run it again."]
-    elif program or not diagnosis.actions:
-        diagnosis.actions = [
-            "Run the Python training script itself under nanscope (nanscope run -- python "
-            "train.py): a Python fit is watched through torch.optim or nanscope.Monitor.",
-        ]
-    elif crashed:
-        diagnosis.actions = [
-            "The script raised before its first update (its traceback is above): fix that "
-            "error, then run it again under nanscope.",
-        ]
-    return diagnosis
+    return unwatched(reason, program=program, crashed=crashed, refused=refused)
 
 
 def _crashed_unwatched(crash: dict[str, Any]) -> Diagnosis | None:
@@ -629,7 +600,7 @@ def _crashed_unwatched(crash: dict[str, Any]) -> Diagnosis | None:
         diagnosis = diagnose(trace)
     except Exception:
         return None
-    return diagnosis if diagnosis.verdict == "crashed" else None
+    return diagnosis if diagnosis.verdict == Verdict.CRASHED else None
 
 
 def _last_step(monitor: Monitor) -> int | None:
@@ -638,42 +609,6 @@ def _last_step(monitor: Monitor) -> int | None:
         return None
     step = records[-1].get("step")
     return int(step) if isinstance(step, (int, float)) else len(records)
-
-
-def _interrupted(diagnosis: Diagnosis, signal_name: str, step: int | None) -> None:
-    """An interrupted run with no failure found is ``interrupted``, never ``healthy``."""
-    from nanscope.diagnose.diagnosis import Evidence
-
-    if diagnosis.verdict not in ("healthy", "unobserved", "interrupted"):
-        diagnosis.extra.setdefault("interrupted", {"signal": signal_name, "step": step})
-        return
-    where = f" after update {step}" if step is not None else " before any update"
-    text = f"the run was interrupted ({signal_name}){where}; no failure was seen up to there"
-    if diagnosis.verdict != "interrupted":
-        # the engine of this version did not read the event: say it here, as the engine would
-        diagnosis.verdict = "interrupted"
-        if diagnosis.cause == "healthy":
-            diagnosis.cause = "unknown"
-            diagnosis.confidence = 0.0
-        diagnosis.step = step
-    if not any("interrupted" in e.text for e in diagnosis.evidence):
-        diagnosis.evidence.insert(0, Evidence("run", text, {"signal": signal_name, "step": step}))
-    diagnosis.extra.setdefault("interrupted", {"signal": signal_name, "step": step})
-
-
-def _crash_noted(diagnosis: Diagnosis, crash: dict[str, Any], step: int | None) -> None:
-    """A failure found before the script's own exception stands (the Monitor diagnosed it when
-    it was found); the exception is noted beside it."""
-    event = {**crash, "step": step}
-    diagnosis.extra.setdefault("crashed", event)
-    if any(e.data.get("type") == crash["type"] and e.data.get("line") == crash["line"]
-           for e in diagnosis.evidence):  # fmt: skip
-        return
-    try:
-        from nanscope.diagnose.engine import crash_note
-    except ImportError:
-        return
-    diagnosis.evidence.append(crash_note(event))
 
 
 def _split_options(argv: list[str]) -> tuple[list[str], list[str]]:
@@ -754,7 +689,7 @@ def main(argv: list[str]) -> int:
     if ranks and diagnosis is not None:
         diagnosis = ranks.finish(diagnosis, code=code)
     watched_nothing = owner is not None and not owner.trace.records and stop is None
-    if diagnosis is not None and watched_nothing and diagnosis.verdict == "healthy":
+    if diagnosis is not None and watched_nothing and diagnosis.verdict == Verdict.HEALTHY:
         diagnosis = _unobserved(
             f"{target.name} created a Monitor but it saw no update; nothing was watched"
         )
@@ -777,10 +712,12 @@ def main(argv: list[str]) -> int:
             write_json(diagnosis, args.json)
             write_html(diagnosis, None, args.html)
         return code
+    from nanscope.diagnose.engine import note_crash, note_interruption
+
     if signals.caught and stop is None:
-        _interrupted(diagnosis, signals.caught, _last_step(owner) if owner else None)
-    if signals.crash is not None and diagnosis.verdict != "crashed":
-        _crash_noted(diagnosis, signals.crash, _last_step(owner) if owner else None)
+        note_interruption(diagnosis, signals.caught, _last_step(owner) if owner else None)
+    if signals.crash is not None and diagnosis.verdict != Verdict.CRASHED:
+        note_crash(diagnosis, signals.crash, _last_step(owner) if owner else None)
     trace = owner.trace if owner is not None else None
     _enrich(diagnosis, args, target)
     if len(ranked) > 1:  # several optimizers or Monitors: every run is named, the worst first
@@ -789,7 +726,7 @@ def main(argv: list[str]) -> int:
     if owner is not None:
         owner.save_diagnosis(diagnosis)
     write_json(diagnosis, args.json)  # first: the file is there whatever happens next
-    if args.json != "-" or diagnosis.verdict != "healthy":
+    if args.json != "-" or diagnosis.verdict != Verdict.HEALTHY:
         show(diagnosis, trace, no_color=args.no_color, to_stderr=args.json == "-")
     write_html(diagnosis, trace, args.html)
     if rank == 0:
