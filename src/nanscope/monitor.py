@@ -87,7 +87,8 @@ DEFER_RECORDS = 8
 DEFER_SECONDS = 0.25
 
 _DEFAULTS: dict[str, Any] = {}
-_LIVE: weakref.WeakSet[Monitor] = weakref.WeakSet()
+#: the Monitors not closed yet: flushed on SIGTERM, closed at exit
+_OPEN_MONITORS: weakref.WeakSet[Monitor] = weakref.WeakSet()
 _CREATED: list[weakref.ref[Monitor]] = []
 #: strong references while ``nanscope run`` collects every Monitor the script makes
 _KEPT: list[Monitor] = []
@@ -317,7 +318,7 @@ class Monitor:
         self._closed = False
         #: run events (``{"event": "interrupted", "signal": ..., "step": ...}``), see record_event
         self.events: list[dict[str, Any]] = []
-        _LIVE.add(self)
+        _OPEN_MONITORS.add(self)
         _CREATED.append(weakref.ref(self))
         if _DEFAULTS.get("keep"):
             _KEPT.append(self)
@@ -851,7 +852,7 @@ class Monitor:
         self.save_diagnosis(diagnosis)
         if self._writer is not None:
             self._writer.close()
-        _LIVE.discard(self)
+        _OPEN_MONITORS.discard(self)
         return diagnosis
 
     def __enter__(self) -> Monitor:
@@ -912,7 +913,7 @@ def _merge_batch(record: dict[str, Any], result: Mapping[str, Any]) -> None:
 
 def _sync_all() -> None:
     """SIGTERM: the records the Monitors' sources hold go to their traces before the flush."""
-    for monitor in list(_LIVE):
+    for monitor in list(_OPEN_MONITORS):
         with contextlib.suppress(Exception):
             monitor._sync_pending()
 
@@ -922,6 +923,6 @@ trace_module.before_flush_all.append(_sync_all)
 
 @atexit.register
 def _close_all() -> None:  # pragma: no cover - runs at interpreter exit
-    for monitor in list(_LIVE):
+    for monitor in list(_OPEN_MONITORS):
         with contextlib.suppress(Exception):
             monitor.close()
