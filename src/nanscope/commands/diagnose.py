@@ -14,7 +14,7 @@ from typing import Any
 
 from nanscope.cli import error_line
 from nanscope.commands.base import CommandParser, clean, say
-from nanscope.commands.common import (
+from nanscope.commands.output import (
     add_output_options,
     show,
     write_html,

@@ -29,14 +29,14 @@ from typing import Any
 
 from nanscope._extras import extra_for
 from nanscope.commands.base import CommandParser, check_folder, clean, progress, warn
-from nanscope.commands.common import add_output_options, show, write_html, write_json
 from nanscope.commands.interpreter import other_python, run_in
+from nanscope.commands.output import add_output_options, show, write_html, write_json
 from nanscope.diagnose.diagnosis import Diagnosis
 from nanscope.diagnose.verdict import Verdict, rank_of
 from nanscope.errors import DivergenceError, UsageError
 from nanscope.monitor import POLICIES, Monitor, active_monitors, set_defaults
 
-__all__ = ["Target", "main", "split_command"]
+__all__ = ["Target", "main", "parser", "split_command", "split_options"]
 
 EXIT_STOPPED = 3
 EXPERIMENT_CAUSES = ("step_size_too_large", "exploding_gradients", "update_sign_error")
@@ -611,34 +611,42 @@ def _last_step(monitor: Monitor) -> int | None:
     return int(step) if isinstance(step, (int, float)) else len(records)
 
 
-def _split_options(argv: list[str]) -> tuple[list[str], list[str]]:
+def split_options(argv: list[str], valued: frozenset[str]) -> tuple[list[str], list[str]]:
+    """``nanscope run``'s own options and the command it runs: what comes after ``--``, else
+    from the first word that is neither an option nor the value of one of ``valued``."""
     if "--" in argv:
         cut = argv.index("--")
         return argv[:cut], argv[cut + 1 :]
     options, command = [], list(argv)
     # allow `nanscope run --policy warn train.py`: options first, then the script
     while command and command[0].startswith("-"):
-        takes_value = command[0] in ("--json", "--policy", "--html", "--data", "--run-dir")
+        takes_value = command[0] in valued
         options.extend(command[: 2 if takes_value else 1])
         command = command[2 if takes_value else 1 :]
     return options, command
 
 
-def main(argv: list[str]) -> int:
-    options, command = _split_options(argv)
-    parser = CommandParser(
+def parser() -> CommandParser:
+    """``nanscope run``'s options (the script's own come after them)."""
+    p = CommandParser(
         prog="nanscope run",
         description="Run a training script under watch: nanscope run [options] -- python train.py",
     )
-    add_output_options(parser, json_help="write the diagnosis as JSON ('-' = stdout, which then "
+    add_output_options(p, json_help="write the diagnosis as JSON ('-' = stdout, which then "
                        "carries the JSON alone: the script's own stdout goes to stderr)")
-    parser.add_argument("--policy", choices=POLICIES, default=None,
-                        help="what to do when the fit breaks (default: raise)")  # fmt: skip
-    parser.add_argument("--experiment", action="store_true",
-                        help="on a step-size/sign/gradient cause, run the lr sweep")  # fmt: skip
-    parser.add_argument("--data", metavar="PATH", help="the data file, to link scan findings")
-    parser.add_argument("--run-dir", metavar="DIR", help="root folder for run directories")
-    args = parser.parse_args(options)
+    p.add_argument("--policy", choices=POLICIES, default=None,
+                   help="what to do when the fit breaks (default: raise)")  # fmt: skip
+    p.add_argument("--experiment", action="store_true",
+                   help="on a step-size/sign/gradient cause, run the lr sweep")  # fmt: skip
+    p.add_argument("--data", metavar="PATH", help="the data file, to link scan findings")
+    p.add_argument("--run-dir", metavar="DIR", help="root folder for run directories")
+    return p
+
+
+def main(argv: list[str]) -> int:
+    options_parser = parser()
+    options, command = split_options(argv, options_parser.valued_options())
+    args = options_parser.parse_args(options)
     try:
         check_folder(args.run_dir, "--run-dir")
         if args.data and not Path(args.data).exists():

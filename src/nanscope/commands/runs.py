@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from nanscope._console import columns, shown_path, table
-from nanscope.commands.base import CommandParser, clean, progress, say
+from nanscope.commands.base import CommandParser, clean, progress, say, write_output
 from nanscope.errors import UsageError
 
 __all__ = ["RunFolder", "find_runs", "main", "parse_age"]
@@ -164,14 +164,9 @@ def _list(root: Path, json_path: str | None) -> int:
              "cause": r.cause, "step": r.step}
             for r in runs
         ]  # fmt: skip
-        text = json.dumps({"root": str(root), "runs": items}, indent=2) + "\n"
+        write_output(json.dumps({"root": str(root), "runs": items}, indent=2) + "\n", json_path)
         if json_path == "-":
-            sys.stdout.write(text)
             return 0
-        try:
-            Path(json_path).write_text(text, encoding="utf-8")
-        except OSError as exc:
-            raise UsageError(f"cannot write --json {json_path}: {exc.strerror}") from None
     if not runs:
         say(f"no runs in {clean(shown_path(root))}")
         return 0

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import TextIO
 
-from nanscope.commands.base import CommandParser
+from nanscope.commands.base import CommandParser, write_output
 from nanscope.errors import InputError, UsageError
 from nanscope.lint._engine import LintReport, lint_paths, lint_source
 from nanscope.lint._types import LintFinding, Rule
@@ -93,15 +93,6 @@ def _read_stdin() -> str:
         return sys.stdin.read()
     except (OSError, UnicodeDecodeError) as exc:
         raise InputError(f"standard input: cannot read ({exc})") from exc
-
-
-def _write_json(path: str, findings: list[LintFinding]) -> None:
-    text = json.dumps([f.to_dict() for f in findings], indent=2)
-    try:
-        with open(path, "w", encoding="utf-8") as fh:
-            fh.write(text + "\n")
-    except OSError as exc:
-        raise InputError(f"{path}: cannot write JSON ({exc.strerror or exc})") from exc
 
 
 def _apply_fixes(report: LintReport) -> tuple[dict[str, str], int]:
@@ -199,7 +190,7 @@ def _finish(report: LintReport, args: argparse.Namespace, fixed: int, stream: Te
     if args.json_path == "-":
         fmt = "json"
     elif args.json_path is not None:
-        _write_json(args.json_path, findings)
+        write_output(json.dumps([f.to_dict() for f in findings], indent=2) + "\n", args.json_path)
     status = 1 if findings and not args.exit_zero else 0
     if args.statistics:
         if findings:
