@@ -145,14 +145,21 @@ def check_writable(path: str | os.PathLike[str] | None, option: str = "output") 
             raise UsageError(f"cannot write {where}: permission denied")
         return
     parent = target.parent if str(target.parent) else Path(".")
-    existing = parent
+    existing = _writable_folder_above(parent, f"write {where}")
+    _try_create(target, existing, where)
+
+
+def _writable_folder_above(start: Path, what: str) -> Path:
+    """The nearest folder at or above ``start`` that exists; a :class:`UsageError` ("cannot
+    ``what``: ...") unless it is a folder this process can write into."""
+    existing = start
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
     if not existing.is_dir():
-        raise UsageError(f"cannot write {where}: {clean(existing)} is a file, not a folder")
+        raise UsageError(f"cannot {what}: {clean(existing)} is a file, not a folder")
     if not os.access(existing, os.W_OK | os.X_OK):
-        raise UsageError(f"cannot write {where}: the folder {clean(existing)} is not writable")
-    _try_create(target, existing, where)
+        raise UsageError(f"cannot {what}: the folder {clean(existing)} is not writable")
+    return existing
 
 
 def _try_create(target: Path, existing: Path, where: str) -> None:
@@ -181,13 +188,7 @@ def check_folder(path: str | os.PathLike[str] | None, option: str) -> None:
         return
     target = Path(path)
     where = f"{option} {clean(path)}"
-    existing = target
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    if not existing.is_dir():
-        raise UsageError(f"cannot use {where}: {clean(existing)} is a file, not a folder")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise UsageError(f"cannot use {where}: the folder {clean(existing)} is not writable")
+    existing = _writable_folder_above(target, f"use {where}")
     if existing != target:
         _try_create(target / "probe", existing, where)
 

@@ -128,15 +128,19 @@ def main(argv: list[str]) -> int:
     if args.fix and args.diff:
         raise UsageError("--fix and --diff do not go together: --diff shows what --fix would do")
     stdin = (_read_stdin(), args.stdin_filename or "-") if from_stdin else None
-    report = lint_paths(
-        paths,
-        select=args.select,
-        ignore=args.ignore,
-        extend_select=args.extend_select,
-        isolated=args.isolated,
-        force_exclude=args.force_exclude,
-        stdin=stdin,
-    )
+
+    def lint_all(source: tuple[str, str] | None) -> LintReport:
+        return lint_paths(
+            paths,
+            select=args.select,
+            ignore=args.ignore,
+            extend_select=args.extend_select,
+            isolated=args.isolated,
+            force_exclude=args.force_exclude,
+            stdin=source,
+        )
+
+    report = lint_all(stdin)
     for skipped in report.skipped:
         print(f"nanscope lint: skipped {skipped} (not a Python file)", file=sys.stderr)
 
@@ -167,14 +171,8 @@ def main(argv: list[str]) -> int:
             except OSError as exc:
                 raise InputError(f"{shown}: cannot write the fix ({exc.strerror or exc})") from exc
         if fixed_sources:
-            report = lint_paths(
-                paths,
-                select=args.select,
-                ignore=args.ignore,
-                extend_select=args.extend_select,
-                isolated=args.isolated,
-                force_exclude=args.force_exclude,
-                stdin=(stdin_fixed, stdin[1]) if stdin and stdin_fixed is not None else stdin,
+            report = lint_all(
+                (stdin_fixed, stdin[1]) if stdin and stdin_fixed is not None else stdin
             )
         if stdin is not None:
             # the fixed source goes to stdout (an editor replaces its buffer with it); the
