@@ -37,7 +37,6 @@ that falls is fine; a gradient norm of 400 can be normal.
 
 from __future__ import annotations
 
-import enum
 import itertools
 import math
 from collections import deque
@@ -46,6 +45,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from nanscope._vocabulary import Vocabulary
 from nanscope.outcome import FAR
 
 __all__ = [
@@ -68,7 +68,7 @@ __all__ = [
 NOISE_FLOOR = 1e-6
 
 
-class AlarmKind(str, enum.Enum):
+class AlarmKind(Vocabulary):
     """What an :class:`Alarm` says happened: every kind nanscope raises (a ``str``, so an alarm's
     kind still equals its plain name, in a rollback entry's JSON too)."""
 
@@ -84,12 +84,6 @@ class AlarmKind(str, enum.Enum):
     SPIKE = "spike"
     #: another rank died or stopped answering the cross-rank agreement (``torch.distributed``)
     RANK_FAILURE = "rank_failure"
-
-    def __str__(self) -> str:  # the value on every Python (3.12 changed format() of enums)
-        return str(self.value)
-
-    def __format__(self, spec: str) -> str:
-        return format(str(self.value), spec)
 
 
 @dataclass(frozen=True)

@@ -23,17 +23,23 @@ from nanscope.diagnose.verdict import (
     is_inconclusive,
     rank_of,
 )
+from nanscope.outcome import KINDS, OutcomeKind, judge
 from nanscope.trace import Trace
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "nanscope"
 
 
-def test_a_verdict_is_its_plain_string_everywhere() -> None:
+@pytest.mark.parametrize("vocabulary", [Verdict, AlarmKind, OutcomeKind])
+def test_a_member_is_its_plain_string_everywhere(vocabulary: type[Verdict]) -> None:
+    for member in vocabulary:
+        assert member == member.value and hash(member) == hash(member.value)
+        assert str(member) == f"{member}" == f"{member:s}" == member.value
+        assert json.dumps({"kind": member}) == json.dumps({"kind": member.value})
+        assert {member.value: 1}[member] == 1
+
+
+def test_a_verdict_is_its_plain_string_in_a_diagnosis() -> None:
     assert tuple(v.value for v in Verdict) == VERDICTS
-    for verdict in Verdict:
-        assert verdict == verdict.value and hash(verdict) == hash(verdict.value)
-        assert str(verdict) == f"{verdict}" == verdict.value
-        assert json.dumps(verdict) == json.dumps(verdict.value)
     typed = Diagnosis(verdict=Verdict.SUSPECT, cause="unknown", confidence=0.25, step=3)
     plain = Diagnosis(verdict="suspect", cause="unknown", confidence=0.25, step=3)
     assert typed.to_json() == plain.to_json()
@@ -57,6 +63,13 @@ def test_a_value_that_names_no_verdict_is_a_failure_ranked_last(value: object) -
     assert is_failure(value) and not is_inconclusive(value)
     assert rank_of(value) == UNRANKED > max(v.rank for v in Verdict)
     assert is_failure("diverging") and not is_failure("crashed") and is_inconclusive("crashed")
+
+
+def test_the_outcome_of_a_loss_curve_is_one_of_its_kinds() -> None:
+    assert tuple(k.value for k in OutcomeKind) == KINDS
+    assert judge([1.0, 0.5, 0.25]).kind is OutcomeKind.OK
+    assert judge([1.0, 1e3, 1e6]).kind == "blown"
+    assert judge([]).kind is OutcomeKind.EMPTY
 
 
 def _alarm_kinds_raised() -> set[str]:

@@ -107,4 +107,4 @@ def _diagnose(name: str) -> tuple[Diagnosis, Trace]:
 
 
 def _code(diagnosis: Diagnosis) -> int:
-    return 0 if diagnosis.verdict == "healthy" else 1
+    return 0 if diagnosis.ok else 1

@@ -34,7 +34,7 @@ from nanscope.diagnose.rules import load_rules
 from nanscope.diagnose.rules._logs import from_log, record_more
 from nanscope.diagnose.verdict import Verdict
 from nanscope.formatting import number as num
-from nanscope.outcome import FAR, Outcome
+from nanscope.outcome import FAR, Outcome, OutcomeKind
 from nanscope.trace import Trace
 
 __all__ = [
@@ -135,7 +135,7 @@ def diagnose(trace: Trace | Any, evidence: Mapping[str, Any] | None = None) -> D
         verdict = Verdict.NONFINITE
     elif ctx.stop is not None:
         verdict = Verdict.DIVERGING
-    elif outcome.kind == "blown":
+    elif outcome.kind == OutcomeKind.BLOWN:
         verdict = Verdict.DIVERGING  # it was not stopped, but it ended far above where it began
     elif crashed is not None:
         return _crashed(trace, ctx, findings, crashed, run)
@@ -143,7 +143,7 @@ def diagnose(trace: Trace | Any, evidence: Mapping[str, Any] | None = None) -> D
         verdict = Verdict.SUSPECT
     elif stopped is not None:
         return _interrupted(ctx, findings, stopped, run)
-    elif outcome.kind == "returned":
+    elif outcome.kind == OutcomeKind.RETURNED:
         verdict = Verdict.SUSPECT  # it survived an explosion, or stepped up by design: not healthy
     else:
         verdict = Verdict.HEALTHY
@@ -154,7 +154,7 @@ def diagnose(trace: Trace | Any, evidence: Mapping[str, Any] | None = None) -> D
         verdict = Verdict.SUSPECT  # the loss stepped up with its data: not stopped, not healthy
     summary = _summary(ctx)
     notes = _notes(ctx, stopped)
-    if verdict == Verdict.SUSPECT and outcome.kind == "returned":
+    if verdict == Verdict.SUSPECT and outcome.kind == OutcomeKind.RETURNED:
         notes.insert(0, _outcome_evidence(outcome))
     if held is not None and verdict == Verdict.SUSPECT:
         notes.insert(0, Evidence("replay", str(held.get("text")), {"step": held.get("step")}))
@@ -180,7 +180,7 @@ def diagnose(trace: Trace | Any, evidence: Mapping[str, Any] | None = None) -> D
             granularity=ctx.granularity,
             summary=summary,
         )
-    if outcome.kind == "blown" and ctx.fail is None and ctx.stop is None:
+    if outcome.kind == OutcomeKind.BLOWN and ctx.fail is None and ctx.stop is None:
         notes.insert(0, _outcome_evidence(outcome))
     findings, decided = _decided(ctx, findings)
     if decided.unknown and not (findings and findings[0].confidence >= CONFIDENT):

@@ -18,12 +18,12 @@ ranked last.
 
 from __future__ import annotations
 
-import enum
+from nanscope._vocabulary import Vocabulary
 
 __all__ = ["UNRANKED", "Verdict", "is_failure", "is_inconclusive", "rank_of"]
 
 
-class Verdict(str, enum.Enum):
+class Verdict(Vocabulary):
     """One run's verdict; members are listed in the order of the ``nanscope.diagnosis/1`` schema."""
 
     HEALTHY = "healthy"
@@ -33,14 +33,6 @@ class Verdict(str, enum.Enum):
     UNOBSERVED = "unobserved"
     INTERRUPTED = "interrupted"
     CRASHED = "crashed"
-
-    # the value, never ``Verdict.HEALTHY``: str() and f-strings read the same on every Python
-    # (3.12 changed what format() of a str-mixin enum prints)
-    def __str__(self) -> str:
-        return str(self.value)
-
-    def __format__(self, spec: str) -> str:
-        return format(str(self.value), spec)
 
     @property
     def rank(self) -> int:
