@@ -15,7 +15,13 @@ import pytest
 
 from nanscope.detectors import AlarmKind
 from nanscope.diagnose.diagnosis import VERDICT_RANK, VERDICTS, Diagnosis, Evidence
-from nanscope.diagnose.engine import diagnose, note_crash, note_interruption, unwatched
+from nanscope.diagnose.engine import (
+    diagnose,
+    note_crash,
+    note_interruption,
+    saw_no_update,
+    unwatched,
+)
 from nanscope.diagnose.verdict import (
     UNRANKED,
     Verdict,
@@ -115,6 +121,15 @@ def test_a_run_stopped_from_outside_before_any_update_is_interrupted_by_the_engi
         "the run was interrupted (SIGINT) before any update; no failure was seen up to there"
     )
     assert diagnosis.to_dict()["interrupted"] == {"signal": "SIGINT", "step": None}
+
+
+def test_a_monitor_that_saw_no_update_is_never_healthy() -> None:
+    healthy = Diagnosis(verdict=Verdict.HEALTHY, cause="healthy", confidence=1.0)
+    judged = saw_no_update(healthy, "t.py created a Monitor but it saw no update")
+    assert judged.verdict == "unobserved" and judged.cause == "unknown"
+    assert judged.evidence[0].text == "t.py created a Monitor but it saw no update"
+    crashed = Diagnosis(verdict=Verdict.CRASHED, cause="unknown", confidence=0.0)
+    assert saw_no_update(crashed, "t.py saw nothing") is crashed
 
 
 def test_a_failure_found_before_an_interruption_or_a_crash_stands() -> None:

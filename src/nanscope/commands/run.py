@@ -603,6 +603,25 @@ def _crashed_unwatched(crash: dict[str, Any]) -> Diagnosis | None:
     return diagnosis if diagnosis.verdict == Verdict.CRASHED else None
 
 
+def _nothing_to_diagnose(target: Target, signals: _Signals, args: argparse.Namespace) -> None:
+    """No Monitor saw the script: say why, and still write the ``--json``/``--html`` promised."""
+    if target.program is not None:
+        reason = (f"{target.name} is not a Python program; it ran unwatched (nanscope "
+                  "watches Python: nanscope run -- python train.py)")  # fmt: skip
+    else:
+        reason = f"{target.name} created no Monitor and no watched optimizer stepped"
+        if signals.crashed:
+            reason = f"{target.name} stopped with {signals.crashed} before any update"
+    progress(f"nanscope: {reason}; nothing to diagnose")
+    if args.json or args.html:
+        diagnosis = _unobserved(reason, program=target.program is not None,
+                                crashed=bool(signals.crashed))  # fmt: skip
+        if signals.caught:
+            diagnosis.extra["interrupted"] = {"signal": signals.caught, "step": None}
+        write_json(diagnosis, args.json)
+        write_html(diagnosis, None, args.html)
+
+
 def _last_step(monitor: Monitor) -> int | None:
     records = monitor.trace.records
     if not records:
@@ -696,29 +715,16 @@ def main(argv: list[str]) -> int:
         _disarm_torch()  # (run in process, as tests and notebooks do: the hooks go with it)
     if ranks and diagnosis is not None:
         diagnosis = ranks.finish(diagnosis, code=code)
-    watched_nothing = owner is not None and not owner.trace.records and stop is None
-    if diagnosis is not None and watched_nothing and diagnosis.verdict == Verdict.HEALTHY:
-        diagnosis = _unobserved(
-            f"{target.name} created a Monitor but it saw no update; nothing was watched"
+    if diagnosis is not None and owner is not None and not owner.trace.records and stop is None:
+        from nanscope.diagnose.engine import saw_no_update
+
+        diagnosis = saw_no_update(
+            diagnosis, f"{target.name} created a Monitor but it saw no update; nothing was watched"
         )
     if diagnosis is None and signals.crash is not None:
         diagnosis = _crashed_unwatched(signals.crash)
     if diagnosis is None:
-        if target.program is not None:
-            reason = (f"{target.name} is not a Python program; it ran unwatched (nanscope "
-                      "watches Python: nanscope run -- python train.py)")  # fmt: skip
-        else:
-            reason = f"{target.name} created no Monitor and no watched optimizer stepped"
-            if signals.crashed:
-                reason = f"{target.name} stopped with {signals.crashed} before any update"
-        progress(f"nanscope: {reason}; nothing to diagnose")
-        if args.json or args.html:
-            diagnosis = _unobserved(reason, program=target.program is not None,
-                                    crashed=bool(signals.crashed))  # fmt: skip
-            if signals.caught:
-                diagnosis.extra["interrupted"] = {"signal": signals.caught, "step": None}
-            write_json(diagnosis, args.json)
-            write_html(diagnosis, None, args.html)
+        _nothing_to_diagnose(target, signals, args)
         return code
     from nanscope.diagnose.engine import note_crash, note_interruption
 

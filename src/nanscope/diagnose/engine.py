@@ -45,6 +45,7 @@ __all__ = [
     "note_crash",
     "note_interruption",
     "run_rules",
+    "saw_no_update",
     "unwatched",
 ]
 
@@ -611,6 +612,12 @@ def unwatched(
             "error, then run it again under nanscope.",
         ]
     return diagnosis
+
+
+def saw_no_update(diagnosis: Diagnosis, reason: str) -> Diagnosis:
+    """The verdict of a Monitor that recorded no update and was not stopped: never ``healthy``
+    (:func:`unwatched`, ``reason`` its evidence); any other verdict stands."""
+    return unwatched(reason) if diagnosis.verdict == Verdict.HEALTHY else diagnosis
 
 
 def note_interruption(diagnosis: Diagnosis, signal_name: str, step: int | None) -> None:
