@@ -75,7 +75,7 @@ if TYPE_CHECKING:
     from nanscope.diagnose.diagnosis import Diagnosis
 
 __all__ = ["DEFER_RECORDS", "DEFER_SECONDS", "POLICIES", "DetectorChain", "Monitor",
-           "active_monitors", "observers", "set_defaults"]  # fmt: skip
+           "active_monitors", "observers", "runs_root", "set_defaults"]  # fmt: skip
 
 POLICIES = ("raise", "warn", "rollback")
 #: causes the rollback policy recovers from by skipping the batch alone (the lr is kept)
@@ -197,7 +197,9 @@ def _as_detector(detectors: Any) -> Detector:
     )
 
 
-def _default_root() -> Path:
+def runs_root() -> Path:
+    """The folder run folders go in: ``set_defaults(root=...)``, else ``$NANSCOPE_DIR``, else
+    ``./.nanscope/runs``."""
     root = _DEFAULTS.get("root") or os.environ.get("NANSCOPE_DIR")
     return Path(root) if root else Path.cwd() / ".nanscope" / "runs"
 
@@ -258,7 +260,7 @@ class Monitor:
         #: the ``.nanscope/`` folder to mark as ignored by git when the first file is written
         self._ignore_in: Path | None = None
         if run_dir is None:
-            root = _default_root()
+            root = runs_root()
             run_dir = root / self.run_id
             if root.name == "runs" and root.parent.name == ".nanscope":
                 self._ignore_in = root.parent

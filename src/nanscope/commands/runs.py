@@ -57,12 +57,6 @@ def parse_age(text: str) -> float:
     return float(match.group(1)) * _UNITS[match.group(2) or "d"]
 
 
-def _default_root() -> Path:
-    from nanscope.monitor import _default_root as root
-
-    return root()
-
-
 def find_runs(root: Path) -> list[RunFolder]:
     """The run folders directly under ``root``, newest first."""
     if not root.is_dir():
@@ -124,7 +118,9 @@ def _parser() -> CommandParser:
 
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
-    root = Path(args.run_dir) if args.run_dir else _default_root()
+    from nanscope.monitor import runs_root
+
+    root = Path(args.run_dir) if args.run_dir else runs_root()
     if args.action == "list":
         if args.keep is not None or args.older_than or args.dry_run:
             raise UsageError("--keep, --older-than and --dry-run are for `nanscope runs prune`")
