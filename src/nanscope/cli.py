@@ -14,6 +14,7 @@ import os
 import sys
 import traceback
 from collections.abc import Callable, Sequence
+from types import ModuleType
 
 from nanscope._extras import install_hint, missing
 from nanscope._messages import (
@@ -32,24 +33,24 @@ EXIT_FINDINGS = 1
 EXIT_USAGE = 2
 EXIT_STOPPED = 3
 
-#: command name -> ("module:function", one-line help). Modules are imported lazily.
-COMMANDS: dict[str, tuple[str, str]] = {
-    "run": ("nanscope.commands.run:main", "run a training script under watch: -- python train.py"),
-    "diagnose": ("nanscope.commands.diagnose:main", "diagnose a trace or a log after the fact"),
-    "sweep": ("nanscope.experiment.cli:main", "rerun the first updates at lr x 1, 0.1, 0.01"),
-    "scan": ("nanscope.data.cli:main", "scan a data file for NaN, inf, outliers, unscaled columns"),
-    "lint": ("nanscope.lint.cli:main", "lint training code for numerical hazards"),
-    "report": ("nanscope.report.cli:main", "write an HTML report for a run, trace or log"),
-    "history": ("nanscope.ledger_cli:main", "list past runs and the learning rates that worked"),
-    "runs": ("nanscope.commands.runs:main", "list the run folders, or prune them (--keep N)"),
-    "demo": ("nanscope.commands.demo:main", "watch a fit diverge, be diagnosed, and be fixed"),
+#: command name -> one-line help; each is ``main`` of ``nanscope.commands.<name>``, imported lazily
+COMMANDS: dict[str, str] = {
+    "run": "run a training script under watch: -- python train.py",
+    "diagnose": "diagnose a trace or a log after the fact",
+    "sweep": "rerun the first updates at lr x 1, 0.1, 0.01",
+    "scan": "scan a data file for NaN, inf, outliers, unscaled columns",
+    "lint": "lint training code for numerical hazards",
+    "report": "write an HTML report for a run, trace or log",
+    "history": "list past runs and the learning rates that worked",
+    "runs": "list the run folders, or prune them (--keep N)",
+    "demo": "watch a fit diverge, be diagnosed, and be fixed",
 }
 
 
 def _usage() -> str:
     width = max(len(name) for name in COMMANDS)
     lines = ["usage: nanscope COMMAND [ARGS]", "       nanscope --version", "", "commands:"]
-    for name, (_, text) in COMMANDS.items():
+    for name, text in COMMANDS.items():
         lines.append(f"  {name.ljust(width)}  {text}")
     lines.append("")
     lines.append("options:")
@@ -63,10 +64,12 @@ def _usage() -> str:
     return "\n".join(lines)
 
 
-def _load(target: str) -> Callable[[list[str]], int]:
-    module_name, _, func_name = target.partition(":")
-    module = importlib.import_module(module_name)
-    func: Callable[[list[str]], int] = getattr(module, func_name)
+def _module(name: str) -> ModuleType:
+    return importlib.import_module(f"nanscope.commands.{name}")
+
+
+def _load(name: str) -> Callable[[list[str]], int]:
+    func: Callable[[list[str]], int] = _module(name).main
     return func
 
 
@@ -86,8 +89,9 @@ def _precheck(name: str, rest: list[str]) -> None:
     options = rest
     if name in ("run", "sweep") and "--" not in rest:
         # `nanscope run [options] train.py --json x`: the script's own arguments are not ours
+        valued = _module(name).parser().valued_options()
         cut = next((i for i, t in enumerate(rest) if not t.startswith("-")
-                    and (i == 0 or rest[i - 1] not in _VALUED)), len(rest))  # fmt: skip
+                    and (i == 0 or rest[i - 1] not in valued)), len(rest))  # fmt: skip
         options = rest[:cut]
     for option, value in parse_values(options, _OUTPUTS).items():
         check_writable(value, option)
@@ -102,10 +106,6 @@ def _precheck(name: str, rest: list[str]) -> None:
                 f"NANSCOPE_POLICY={policy!r} is not a policy; use one of {', '.join(POLICIES)} "
                 "(or unset it)"
             )
-
-
-_VALUED = (*_OUTPUTS, *_FOLDERS, "--policy", "--data", "--factors", "--updates", "--jobs",
-           "--seed", "--timeout")  # fmt: skip
 
 
 def _debug() -> bool:
@@ -157,7 +157,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if not any(a in ("-h", "--help") for a in rest):
             _precheck(name, rest)
-        command = _load(COMMANDS[name][0])
+        command = _load(name)
         if name in _QUICK:
             hold_warnings()
         result = int(command(rest) or 0)

@@ -45,11 +45,13 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from nanscope._vocabulary import Vocabulary
 from nanscope.outcome import FAR
 
 __all__ = [
     "NOISE_FLOOR",
     "Alarm",
+    "AlarmKind",
     "Ascent",
     "Departure",
     "Detector",
@@ -66,11 +68,32 @@ __all__ = [
 NOISE_FLOOR = 1e-6
 
 
+class AlarmKind(Vocabulary):
+    """What an :class:`Alarm` says happened: every kind nanscope raises (a ``str``, so an alarm's
+    kind still equals its plain name, in a rollback entry's JSON too)."""
+
+    #: a non-finite loss, gradient or weight (:class:`NonFinite`)
+    NONFINITE = "nonfinite"
+    #: the loss grew, left its range or exploded (:class:`Divergence`, :class:`Departure`,
+    #: :class:`Explosion`)
+    DIVERGING = "diverging"
+    #: the loss rose while each update pointed along the gradient (:class:`Ascent`)
+    ASCENDING = "ascending"
+    #: a loss spike with an extreme row in its batch: a reason to roll back, never to stop (the
+    #: Monitor's rollback policy)
+    SPIKE = "spike"
+    #: another rank died or stopped answering the cross-rank agreement (``torch.distributed``)
+    RANK_FAILURE = "rank_failure"
+
+
 @dataclass(frozen=True)
 class Alarm:
-    """Why a detector asks to stop: ``kind`` is machine-readable, ``text`` is for people."""
+    """Why a detector asks to stop: ``kind`` is machine-readable, ``text`` is for people.
 
-    kind: str  # "nonfinite" | "diverging" | "ascending" (an explosion is "diverging")
+    ``kind`` is an :class:`AlarmKind` for every alarm nanscope raises; a detector of the user's
+    own (``Monitor(detectors=...)``) may name its own kind."""
+
+    kind: str
     step: int
     text: str
     data: dict[str, Any] = field(default_factory=dict)
@@ -124,7 +147,10 @@ class NonFinite:
             return None
         step = int(record["step"])
         return Alarm(
-            "nonfinite", step, f"non-finite {', '.join(what)} at update {step}", {"what": what}
+            AlarmKind.NONFINITE,
+            step,
+            f"non-finite {', '.join(what)} at update {step}",
+            {"what": what},
         )
 
 
@@ -215,7 +241,7 @@ class Divergence:
         n = len(used) - 1 if shape == "fast" else self._rises
         how = "each rise larger than the last" if shape == "fast" else "by a steady factor"
         return Alarm(
-            "diverging",
+            AlarmKind.DIVERGING,
             step,
             f"loss grew {growth:.3g}x over {n} consecutive updates, {how}",
             {"growth": growth, "rises": n, "oscillating": sum(known), "shape": shape},
@@ -335,7 +361,7 @@ class Departure:
         self._fired = True
         if data["climb"]:
             return Alarm(
-                "diverging",
+                AlarmKind.DIVERGING,
                 step,
                 f"the loss climbed out of its range and kept climbing: best {data['best']:.3g} "
                 f"at update {data['best_step']}, {data['window']} updates out of its range, now "
@@ -343,7 +369,7 @@ class Departure:
                 {"shape": "departure", **data},
             )
         return Alarm(
-            "diverging",
+            AlarmKind.DIVERGING,
             step,
             f"the loss left its range and stayed out: best {data['best']:.3g} at update "
             f"{data['best_step']}, then {data['jump_from']:.3g} -> {data['jump_to']:.3g} in "
@@ -521,7 +547,7 @@ class Explosion:
             step = int(record["step"])
             at, before, after = jump
             return Alarm(
-                "diverging",
+                AlarmKind.DIVERGING,
                 step,
                 f"the loss jumped {after / before:.3g}x in one update ({before:.4g} -> "
                 f"{after:.4g} at update {at}) and stayed far above where it started "
@@ -573,7 +599,7 @@ class Ascent:
             return None
         step = int(record["step"])
         return Alarm(
-            "ascending",
+            AlarmKind.ASCENDING,
             step,
             f"loss rose for {self._run} updates while each update pointed along the gradient",
             {"rises": self._run, "update_cos": max(along)},

@@ -44,6 +44,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from nanscope.diagnose.verdict import is_inconclusive
 from nanscope.errors import InputError
 from nanscope.formatting import lr as format_lr
 
@@ -52,6 +53,7 @@ __all__ = [
     "Ledger",
     "default_path",
     "file_hash",
+    "local_time",
     "model_signature",
     "record_diagnosis",
     "remembered_line",
@@ -480,7 +482,7 @@ def _run_row(
 ) -> dict[str, Any]:
     cause = _get(diagnosis, "cause")
     verdict = _get(diagnosis, "verdict")
-    if verdict in ("interrupted", "unobserved", "crashed"):
+    if is_inconclusive(verdict):
         cause = verdict  # never recorded as healthy: the run did not finish under watch
     row: dict[str, Any] = {
         "outcome": cause,
@@ -534,7 +536,8 @@ def _run_row(
     return row
 
 
-def _when(started: Any) -> str:
+def local_time(started: Any) -> str:
+    """A run's start (seconds since the epoch) as ``YYYY-MM-DD HH:MM`` local time; ``?`` unknown."""
     if not isinstance(started, (int, float)):
         return "?"
     return time.strftime("%Y-%m-%d %H:%M", time.localtime(started))
@@ -573,7 +576,8 @@ def remembered_line(
         return None
     if last is None:
         return None
-    line = f"previous run of {Path(script).name} ({_when(last.get('started'))}): {describe(last)}"
+    started = local_time(last.get("started"))
+    line = f"previous run of {Path(script).name} ({started}): {describe(last)}"
     digest = file_hash(script)
     if digest is not None and last.get("script_hash") not in (None, digest):
         line += " (the script has changed since)"

@@ -66,7 +66,7 @@ from nanscope.capture.arrays import (
     nonfinite_rows,
     robust_rows,
 )
-from nanscope.detectors import Alarm, Detector, default_detectors
+from nanscope.detectors import Alarm, AlarmKind, Detector, default_detectors
 from nanscope.detectors import _num as _finite_number
 from nanscope.errors import DivergenceError, UsageError
 from nanscope.trace import FLUSH_LINES, Trace, TraceWriter
@@ -75,7 +75,7 @@ if TYPE_CHECKING:
     from nanscope.diagnose.diagnosis import Diagnosis
 
 __all__ = ["DEFER_RECORDS", "DEFER_SECONDS", "POLICIES", "DetectorChain", "Monitor",
-           "active_monitors", "observers", "set_defaults"]  # fmt: skip
+           "active_monitors", "observers", "runs_root", "set_defaults"]  # fmt: skip
 
 POLICIES = ("raise", "warn", "rollback")
 #: causes the rollback policy recovers from by skipping the batch alone (the lr is kept)
@@ -87,7 +87,8 @@ DEFER_RECORDS = 8
 DEFER_SECONDS = 0.25
 
 _DEFAULTS: dict[str, Any] = {}
-_LIVE: weakref.WeakSet[Monitor] = weakref.WeakSet()
+#: the Monitors not closed yet: flushed on SIGTERM, closed at exit
+_OPEN_MONITORS: weakref.WeakSet[Monitor] = weakref.WeakSet()
 _CREATED: list[weakref.ref[Monitor]] = []
 #: strong references while ``nanscope run`` collects every Monitor the script makes
 _KEPT: list[Monitor] = []
@@ -196,7 +197,9 @@ def _as_detector(detectors: Any) -> Detector:
     )
 
 
-def _default_root() -> Path:
+def runs_root() -> Path:
+    """The folder run folders go in: ``set_defaults(root=...)``, else ``$NANSCOPE_DIR``, else
+    ``./.nanscope/runs``."""
     root = _DEFAULTS.get("root") or os.environ.get("NANSCOPE_DIR")
     return Path(root) if root else Path.cwd() / ".nanscope" / "runs"
 
@@ -257,7 +260,7 @@ class Monitor:
         #: the ``.nanscope/`` folder to mark as ignored by git when the first file is written
         self._ignore_in: Path | None = None
         if run_dir is None:
-            root = _default_root()
+            root = runs_root()
             run_dir = root / self.run_id
             if root.name == "runs" and root.parent.name == ".nanscope":
                 self._ignore_in = root.parent
@@ -317,7 +320,7 @@ class Monitor:
         self._closed = False
         #: run events (``{"event": "interrupted", "signal": ..., "step": ...}``), see record_event
         self.events: list[dict[str, Any]] = []
-        _LIVE.add(self)
+        _OPEN_MONITORS.add(self)
         _CREATED.append(weakref.ref(self))
         if _DEFAULTS.get("keep"):
             _KEPT.append(self)
@@ -497,7 +500,7 @@ class Monitor:
                     if self.policy == "rollback" and extreme:
                         # a spike with an extreme row in its batch is confirmed: roll it back too
                         text = f"loss spike at update {step} with an extreme row in its batch"
-                        alarm = Alarm("spike", step, text, {"rows": len(spotted)})
+                        alarm = Alarm(AlarmKind.SPIKE, step, text, {"rows": len(spotted)})
             if alarm is not None and self._try_rollback(alarm, rec):
                 alarm = None
             writer = self._writer if self._writer is not None else self._open_writer()
@@ -707,7 +710,7 @@ class Monitor:
 
     def _fire(self, alarm: Alarm) -> None:
         first = self.alarm is None
-        if alarm.kind == "spike":
+        if alarm.kind == AlarmKind.SPIKE:
             return  # only ever a reason to roll back, never to stop
         if not first and self.policy == "warn":
             return
@@ -851,7 +854,7 @@ class Monitor:
         self.save_diagnosis(diagnosis)
         if self._writer is not None:
             self._writer.close()
-        _LIVE.discard(self)
+        _OPEN_MONITORS.discard(self)
         return diagnosis
 
     def __enter__(self) -> Monitor:
@@ -912,7 +915,7 @@ def _merge_batch(record: dict[str, Any], result: Mapping[str, Any]) -> None:
 
 def _sync_all() -> None:
     """SIGTERM: the records the Monitors' sources hold go to their traces before the flush."""
-    for monitor in list(_LIVE):
+    for monitor in list(_OPEN_MONITORS):
         with contextlib.suppress(Exception):
             monitor._sync_pending()
 
@@ -922,6 +925,6 @@ trace_module.before_flush_all.append(_sync_all)
 
 @atexit.register
 def _close_all() -> None:  # pragma: no cover - runs at interpreter exit
-    for monitor in list(_LIVE):
+    for monitor in list(_OPEN_MONITORS):
         with contextlib.suppress(Exception):
             monitor.close()

@@ -29,7 +29,18 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-__all__ = ["EXCURSION", "FAR", "KINDS", "UNSCALED_RATIO", "Outcome", "ended_far_above", "judge"]
+from nanscope._vocabulary import Vocabulary
+
+__all__ = [
+    "EXCURSION",
+    "FAR",
+    "KINDS",
+    "UNSCALED_RATIO",
+    "Outcome",
+    "OutcomeKind",
+    "ended_far_above",
+    "judge",
+]
 
 #: a loss that ends more than this many times above where it started is never healthy: an order
 #: of magnitude is far outside what minibatch noise, a harder curriculum step or a GAN's
@@ -41,7 +52,18 @@ EXCURSION = 1e3
 END_SHARE = 0.1
 END_MAX = 10
 
-KINDS = ("ok", "blown", "returned", "nonfinite", "empty")
+
+class OutcomeKind(Vocabulary):
+    """Which of the module's five kinds a loss curve is (see the module's docstring)."""
+
+    OK = "ok"
+    BLOWN = "blown"
+    RETURNED = "returned"
+    NONFINITE = "nonfinite"
+    EMPTY = "empty"
+
+
+KINDS = tuple(k.value for k in OutcomeKind)
 
 #: an input column whose max |x| is this many times the median column's is in raw units: it sets
 #: the curvature along its weights, and so the largest step the fit survives
@@ -54,7 +76,7 @@ class Outcome:
     (the first non-finite loss, or the first update that took the loss past ``FAR`` times its
     start for good), else None."""
 
-    kind: str
+    kind: OutcomeKind
     start: float = math.nan
     end: float = math.nan
     peak: float = math.nan
@@ -65,7 +87,7 @@ class Outcome:
     @property
     def good(self) -> bool:
         """The loss stayed finite and ended not far above where it started."""
-        return self.kind == "ok"
+        return self.kind == OutcomeKind.OK
 
     @property
     def end_ratio(self) -> float:
@@ -78,15 +100,15 @@ class Outcome:
 
     def text(self) -> str:
         """One clause for people: ``"the loss went from 2472 to 2.6e+14 (1e+11x its start)"``."""
-        if self.kind == "empty":
+        if self.kind == OutcomeKind.EMPTY:
             return "no loss was recorded"
-        if self.kind == "nonfinite":
+        if self.kind == OutcomeKind.NONFINITE:
             at = f" at update index {self.index}" if self.index is not None else ""
             return f"the loss became non-finite{at}"
         went = f"the loss went from {self.start:.4g} to {self.end:.4g}"
-        if self.kind == "blown":
+        if self.kind == OutcomeKind.BLOWN:
             return f"{went}, {_times(self.end_ratio)} its start: it ended far above where it began"
-        if self.kind == "returned":
+        if self.kind == OutcomeKind.RETURNED:
             return (
                 f"{went}, but on the way it reached {self.peak:.4g} ({_times(self.peak_ratio)} "
                 "its start) and came back down"
@@ -120,12 +142,12 @@ def judge(losses: Iterable[float | None]) -> Outcome:
     """Judge a loss series (``None`` entries, updates without a loss, are skipped)."""
     values = [float(v) for v in losses if v is not None]
     if not values:
-        return Outcome("empty")
+        return Outcome(OutcomeKind.EMPTY)
     for i, v in enumerate(values):
         if not math.isfinite(v):
             finite = values[:i]
             return Outcome(
-                "nonfinite",
+                OutcomeKind.NONFINITE,
                 start=finite[0] if finite else math.nan,
                 end=finite[-1] if finite else math.nan,
                 peak=max(finite) if finite else math.nan,
@@ -139,15 +161,15 @@ def judge(losses: Iterable[float | None]) -> Outcome:
     tail = sorted(values[-k:])
     end = tail[len(tail) // 2]
     peak, best = max(values), min(values)
-    kind = "ok"
+    kind = OutcomeKind.OK
     index = None
     if ended_far_above(start, end):
-        kind = "blown"
+        kind = OutcomeKind.BLOWN
         # the update from which the loss stayed more than FAR times above its start
         index = n - 1
         while index > 0 and ended_far_above(start, values[index - 1]):
             index -= 1
     elif ended_far_above(start, peak, EXCURSION):
-        kind = "returned"
+        kind = OutcomeKind.RETURNED
         index = values.index(peak)
     return Outcome(kind, start=start, end=end, peak=peak, best=best, updates=n, index=index)

@@ -29,13 +29,13 @@ def _under(name: str, prefix: str) -> bool:
 def _is_cli(module: str) -> bool:
     """The command line: the top of the flow, which may import anything."""
     return (
-        module in ("nanscope.cli", "nanscope.__main__", "nanscope.ledger_cli", "nanscope.rulebook")
+        module in ("nanscope.cli", "nanscope.__main__", "nanscope.rulebook")
         or _under(module, "nanscope.commands")
         or module.endswith(".cli")
     )
 
 
-_CLI = ("nanscope.cli", "nanscope.__main__", "nanscope.commands", "nanscope.ledger_cli")
+_CLI = ("nanscope.cli", "nanscope.__main__", "nanscope.commands")
 _FRAMEWORKS = ("torch", "matplotlib", "lightning", "transformers", "keras", "tensorflow", "jax")
 
 #: (who, forbidden imports, why). ``who`` is a module prefix; a forbidden entry is a prefix too,
@@ -108,7 +108,7 @@ LAYERS: list[tuple[str, tuple[str, ...], str]] = [
         ("nanscope.diagnose.engine", "nanscope.diagnose.rules", "nanscope.diagnose.context",
          "nanscope.logs", "nanscope.lint", "nanscope.data", "nanscope.probes", "nanscope.torch",
          "nanscope.monitor", "torch", *_CLI),
-        "the report renders what the diagnosis holds and runs nothing (report.cli excepted)",
+        "the report renders what the diagnosis holds and runs nothing",
     ),
     (
         "nanscope",

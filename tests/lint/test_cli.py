@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from nanscope.cli import main as nanscope_main
+from nanscope.commands.lint import main
 from nanscope.lint import LintFinding, lint_near, lint_paths, lint_source
-from nanscope.lint.cli import main
 
 BAD = (
     "import torch\n"

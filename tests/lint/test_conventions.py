@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from nanscope.cli import main as nanscope_main
+from nanscope.commands.lint import main
 from nanscope.lint import lint_paths, lint_source
-from nanscope.lint.cli import main
 from nanscope.lint.fixes import fix_source
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,1 +1,2 @@
-"""The core commands: run, diagnose, demo (each ``main(argv) -> int``)."""
+"""Every ``nanscope`` command, one module each (``main(argv) -> int``), registered in
+``nanscope.cli.COMMANDS``; ``base`` and ``output`` hold what they share."""

@@ -8,7 +8,8 @@
 - :func:`warn`: a nanscope warning, printed by :func:`install_warning_format` as one
   ``nanscope: warning: ...`` line on stderr, never as ``path:line: UserWarning`` with a source line.
 - :func:`check_writable`: an output path (``--json``, ``--html``, ``-o``) checked before any work
-  starts, so a long run never ends in an unwritable path.
+  starts, so a long run never ends in an unwritable path; :func:`write_output` writes there.
+- :meth:`CommandParser.valued_options`: which options take a value, read from the parser.
 
 Results go to stdout, progress and warnings to stderr (:func:`say` and :func:`progress`).
 This module imports nothing heavy: ``nanscope lint`` pays only for ``argparse``.
@@ -41,6 +42,7 @@ __all__ = [
     "progress",
     "say",
     "warn",
+    "write_output",
 ]
 
 class CommandParser(argparse.ArgumentParser):
@@ -69,14 +71,19 @@ class CommandParser(argparse.ArgumentParser):
             set_quiet(True)
         return parsed, rest
 
+    def valued_options(self) -> frozenset[str]:
+        """The options that take a value (``--json PATH``), as this parser defines them: the one
+        table of them, so that splitting a command line can never disagree with its parser."""
+        return frozenset(s for a in self._actions if a.nargs is None and a.option_strings
+                         for s in a.option_strings)  # fmt: skip
+
     def _join_values(self, args: Any) -> Any:
         """``--factors -1,0`` as ``--factors=-1,0``: a value that starts with ``-`` but is no
         option of ours reaches the option (and its own check) instead of an argparse message."""
         if args is None:
             return None
         args = list(args)
-        valued = {s for a in self._actions if a.nargs is None and a.option_strings
-                  for s in a.option_strings}  # fmt: skip
+        valued = self.valued_options()
         known = {s for a in self._actions for s in a.option_strings}
         out: list[str] = []
         i = 0
@@ -94,6 +101,22 @@ class CommandParser(argparse.ArgumentParser):
             out.append(token)
             i += 1
         return out
+
+
+def write_output(text: str, path: str, option: str = "--json") -> None:
+    """Write a command's result ``text`` where ``option`` said: ``-`` is stdout, anything else a
+    file (its folder made, as :func:`check_writable` promised before the work started). A file
+    that cannot be written is a :class:`UsageError` naming the option."""
+    if path == "-":
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        return
+    target = Path(path)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"cannot write {option} {path}: {exc.strerror}") from None
 
 
 def say(text: str = "", *, file: TextIO | None = None) -> None:
@@ -122,14 +145,21 @@ def check_writable(path: str | os.PathLike[str] | None, option: str = "output") 
             raise UsageError(f"cannot write {where}: permission denied")
         return
     parent = target.parent if str(target.parent) else Path(".")
-    existing = parent
+    existing = _writable_folder_above(parent, f"write {where}")
+    _try_create(target, existing, where)
+
+
+def _writable_folder_above(start: Path, what: str) -> Path:
+    """The nearest folder at or above ``start`` that exists; a :class:`UsageError` ("cannot
+    ``what``: ...") unless it is a folder this process can write into."""
+    existing = start
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
     if not existing.is_dir():
-        raise UsageError(f"cannot write {where}: {clean(existing)} is a file, not a folder")
+        raise UsageError(f"cannot {what}: {clean(existing)} is a file, not a folder")
     if not os.access(existing, os.W_OK | os.X_OK):
-        raise UsageError(f"cannot write {where}: the folder {clean(existing)} is not writable")
-    _try_create(target, existing, where)
+        raise UsageError(f"cannot {what}: the folder {clean(existing)} is not writable")
+    return existing
 
 
 def _try_create(target: Path, existing: Path, where: str) -> None:
@@ -158,13 +188,7 @@ def check_folder(path: str | os.PathLike[str] | None, option: str) -> None:
         return
     target = Path(path)
     where = f"{option} {clean(path)}"
-    existing = target
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    if not existing.is_dir():
-        raise UsageError(f"cannot use {where}: {clean(existing)} is a file, not a folder")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise UsageError(f"cannot use {where}: the folder {clean(existing)} is not writable")
+    existing = _writable_folder_above(target, f"use {where}")
     if existing != target:
         _try_create(target / "probe", existing, where)
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from nanscope.cli import error_line
 from nanscope.commands.base import CommandParser, clean, say
-from nanscope.commands.common import (
+from nanscope.commands.output import (
     add_output_options,
     show,
     write_html,
@@ -107,4 +107,4 @@ def _diagnose(name: str) -> tuple[Diagnosis, Trace]:
 
 
 def _code(diagnosis: Diagnosis) -> int:
-    return 0 if diagnosis.verdict == "healthy" else 1
+    return 0 if diagnosis.ok else 1

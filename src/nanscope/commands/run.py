@@ -30,13 +30,14 @@ from typing import Any
 from nanscope._extras import extra_for
 from nanscope._frames import is_nanscope
 from nanscope.commands.base import CommandParser, check_folder, clean, progress, warn
-from nanscope.commands.common import add_output_options, show, write_html, write_json
 from nanscope.commands.interpreter import other_python, run_in
+from nanscope.commands.output import add_output_options, show, write_html, write_json
 from nanscope.diagnose.diagnosis import Diagnosis
+from nanscope.diagnose.verdict import Verdict, rank_of
 from nanscope.errors import DivergenceError, UsageError
 from nanscope.monitor import POLICIES, Monitor, active_monitors, set_defaults
 
-__all__ = ["Target", "main", "split_command"]
+__all__ = ["Target", "main", "parser", "split_command", "split_options"]
 
 EXIT_STOPPED = 3
 EXPERIMENT_CAUSES = ("step_size_too_large", "exploding_gradients", "update_sign_error")
@@ -421,14 +422,12 @@ def _ranked(
 ) -> list[tuple[Diagnosis, Monitor | None]]:
     """Every run's diagnosis, the one to report first: the one that stopped the run, then the
     worst verdict (the first made among equals)."""
-    from nanscope.diagnose.diagnosis import VERDICT_RANK
-
     stopped = stop.diagnosis if stop is not None else None
     ranked: list[tuple[Diagnosis, Monitor | None]] = [
         (monitor.close(), monitor) for monitor in monitors
         if stopped is None or monitor.diagnosis is not stopped
     ]  # fmt: skip
-    ranked.sort(key=lambda pair: VERDICT_RANK.get(pair[0].verdict, 9))
+    ranked.sort(key=lambda pair: rank_of(pair[0].verdict))
     if stopped is not None:
         owner = next((m for m in monitors if m.diagnosis is stopped), None)
         ranked.insert(0, (stopped, owner))
@@ -583,38 +582,10 @@ def link_scan(path: str, diagnosis: Diagnosis) -> dict[str, object]:
 def _unobserved(
     reason: str, *, program: bool = False, crashed: bool = False, refused: bool = False
 ) -> Diagnosis:
-    """The diagnosis of a run nanscope could not watch: never healthy, the reason said (by the
-    engine, from an empty trace; built here when this engine has no such verdict)."""
-    from nanscope.diagnose.diagnosis import Evidence
-    from nanscope.trace import Trace
+    """The diagnosis of a run nanscope could not watch, as the engine gives it."""
+    from nanscope.diagnose.engine import unwatched
 
-    diagnosis: Diagnosis | None = None
-    try:
-        from nanscope.diagnose import diagnose
-
-        diagnosis = diagnose(Trace(), evidence={"unobserved": reason})
-    except Exception:
-        diagnosis = None
-    if diagnosis is None or diagnosis.verdict != "unobserved":
-        diagnosis = Diagnosis(
-            verdict="unobserved",
-            cause="unknown",
-            confidence=0.0,
-            evidence=[Evidence("run", reason, {"updates": 0})],
-        )
-    if refused:
-        diagnosis.actions = ["Fix the command line (the error above), then run it again."]
-    elif program or not diagnosis.actions:
-        diagnosis.actions = [
-            "Run the Python training script itself under nanscope (nanscope run -- python "
-            "train.py): a Python fit is watched through torch.optim or nanscope.Monitor.",
-        ]
-    elif crashed:
-        diagnosis.actions = [
-            "The script raised before its first update (its traceback is above): fix that "
-            "error, then run it again under nanscope.",
-        ]
-    return diagnosis
+    return unwatched(reason, program=program, crashed=crashed, refused=refused)
 
 
 def _crashed_unwatched(crash: dict[str, Any]) -> Diagnosis | None:
@@ -629,7 +600,26 @@ def _crashed_unwatched(crash: dict[str, Any]) -> Diagnosis | None:
         diagnosis = diagnose(trace)
     except Exception:
         return None
-    return diagnosis if diagnosis.verdict == "crashed" else None
+    return diagnosis if diagnosis.verdict == Verdict.CRASHED else None
+
+
+def _nothing_to_diagnose(target: Target, signals: _Signals, args: argparse.Namespace) -> None:
+    """No Monitor saw the script: say why, and still write the ``--json``/``--html`` promised."""
+    if target.program is not None:
+        reason = (f"{target.name} is not a Python program; it ran unwatched (nanscope "
+                  "watches Python: nanscope run -- python train.py)")  # fmt: skip
+    else:
+        reason = f"{target.name} created no Monitor and no watched optimizer stepped"
+        if signals.crashed:
+            reason = f"{target.name} stopped with {signals.crashed} before any update"
+    progress(f"nanscope: {reason}; nothing to diagnose")
+    if args.json or args.html:
+        diagnosis = _unobserved(reason, program=target.program is not None,
+                                crashed=bool(signals.crashed))  # fmt: skip
+        if signals.caught:
+            diagnosis.extra["interrupted"] = {"signal": signals.caught, "step": None}
+        write_json(diagnosis, args.json)
+        write_html(diagnosis, None, args.html)
 
 
 def _last_step(monitor: Monitor) -> int | None:
@@ -640,70 +630,42 @@ def _last_step(monitor: Monitor) -> int | None:
     return int(step) if isinstance(step, (int, float)) else len(records)
 
 
-def _interrupted(diagnosis: Diagnosis, signal_name: str, step: int | None) -> None:
-    """An interrupted run with no failure found is ``interrupted``, never ``healthy``."""
-    from nanscope.diagnose.diagnosis import Evidence
-
-    if diagnosis.verdict not in ("healthy", "unobserved", "interrupted"):
-        diagnosis.extra.setdefault("interrupted", {"signal": signal_name, "step": step})
-        return
-    where = f" after update {step}" if step is not None else " before any update"
-    text = f"the run was interrupted ({signal_name}){where}; no failure was seen up to there"
-    if diagnosis.verdict != "interrupted":
-        # the engine of this version did not read the event: say it here, as the engine would
-        diagnosis.verdict = "interrupted"
-        if diagnosis.cause == "healthy":
-            diagnosis.cause = "unknown"
-            diagnosis.confidence = 0.0
-        diagnosis.step = step
-    if not any("interrupted" in e.text for e in diagnosis.evidence):
-        diagnosis.evidence.insert(0, Evidence("run", text, {"signal": signal_name, "step": step}))
-    diagnosis.extra.setdefault("interrupted", {"signal": signal_name, "step": step})
-
-
-def _crash_noted(diagnosis: Diagnosis, crash: dict[str, Any], step: int | None) -> None:
-    """A failure found before the script's own exception stands (the Monitor diagnosed it when
-    it was found); the exception is noted beside it."""
-    event = {**crash, "step": step}
-    diagnosis.extra.setdefault("crashed", event)
-    if any(e.data.get("type") == crash["type"] and e.data.get("line") == crash["line"]
-           for e in diagnosis.evidence):  # fmt: skip
-        return
-    try:
-        from nanscope.diagnose.engine import crash_note
-    except ImportError:
-        return
-    diagnosis.evidence.append(crash_note(event))
-
-
-def _split_options(argv: list[str]) -> tuple[list[str], list[str]]:
+def split_options(argv: list[str], valued: frozenset[str]) -> tuple[list[str], list[str]]:
+    """``nanscope run``'s own options and the command it runs: what comes after ``--``, else
+    from the first word that is neither an option nor the value of one of ``valued``."""
     if "--" in argv:
         cut = argv.index("--")
         return argv[:cut], argv[cut + 1 :]
     options, command = [], list(argv)
     # allow `nanscope run --policy warn train.py`: options first, then the script
     while command and command[0].startswith("-"):
-        takes_value = command[0] in ("--json", "--policy", "--html", "--data", "--run-dir")
+        takes_value = command[0] in valued
         options.extend(command[: 2 if takes_value else 1])
         command = command[2 if takes_value else 1 :]
     return options, command
 
 
-def main(argv: list[str]) -> int:
-    options, command = _split_options(argv)
-    parser = CommandParser(
+def parser() -> CommandParser:
+    """``nanscope run``'s options (the script's own come after them)."""
+    p = CommandParser(
         prog="nanscope run",
         description="Run a training script under watch: nanscope run [options] -- python train.py",
     )
-    add_output_options(parser, json_help="write the diagnosis as JSON ('-' = stdout, which then "
+    add_output_options(p, json_help="write the diagnosis as JSON ('-' = stdout, which then "
                        "carries the JSON alone: the script's own stdout goes to stderr)")
-    parser.add_argument("--policy", choices=POLICIES, default=None,
-                        help="what to do when the fit breaks (default: raise)")  # fmt: skip
-    parser.add_argument("--experiment", action="store_true",
-                        help="on a step-size/sign/gradient cause, run the lr sweep")  # fmt: skip
-    parser.add_argument("--data", metavar="PATH", help="the data file, to link scan findings")
-    parser.add_argument("--run-dir", metavar="DIR", help="root folder for run directories")
-    args = parser.parse_args(options)
+    p.add_argument("--policy", choices=POLICIES, default=None,
+                   help="what to do when the fit breaks (default: raise)")  # fmt: skip
+    p.add_argument("--experiment", action="store_true",
+                   help="on a step-size/sign/gradient cause, run the lr sweep")  # fmt: skip
+    p.add_argument("--data", metavar="PATH", help="the data file, to link scan findings")
+    p.add_argument("--run-dir", metavar="DIR", help="root folder for run directories")
+    return p
+
+
+def main(argv: list[str]) -> int:
+    options_parser = parser()
+    options, command = split_options(argv, options_parser.valued_options())
+    args = options_parser.parse_args(options)
     try:
         check_folder(args.run_dir, "--run-dir")
         if args.data and not Path(args.data).exists():
@@ -753,34 +715,23 @@ def main(argv: list[str]) -> int:
         _disarm_torch()  # (run in process, as tests and notebooks do: the hooks go with it)
     if ranks and diagnosis is not None:
         diagnosis = ranks.finish(diagnosis, code=code)
-    watched_nothing = owner is not None and not owner.trace.records and stop is None
-    if diagnosis is not None and watched_nothing and diagnosis.verdict == "healthy":
-        diagnosis = _unobserved(
-            f"{target.name} created a Monitor but it saw no update; nothing was watched"
+    if diagnosis is not None and owner is not None and not owner.trace.records and stop is None:
+        from nanscope.diagnose.engine import saw_no_update
+
+        diagnosis = saw_no_update(
+            diagnosis, f"{target.name} created a Monitor but it saw no update; nothing was watched"
         )
     if diagnosis is None and signals.crash is not None:
         diagnosis = _crashed_unwatched(signals.crash)
     if diagnosis is None:
-        if target.program is not None:
-            reason = (f"{target.name} is not a Python program; it ran unwatched (nanscope "
-                      "watches Python: nanscope run -- python train.py)")  # fmt: skip
-        else:
-            reason = f"{target.name} created no Monitor and no watched optimizer stepped"
-            if signals.crashed:
-                reason = f"{target.name} stopped with {signals.crashed} before any update"
-        progress(f"nanscope: {reason}; nothing to diagnose")
-        if args.json or args.html:
-            diagnosis = _unobserved(reason, program=target.program is not None,
-                                    crashed=bool(signals.crashed))  # fmt: skip
-            if signals.caught:
-                diagnosis.extra["interrupted"] = {"signal": signals.caught, "step": None}
-            write_json(diagnosis, args.json)
-            write_html(diagnosis, None, args.html)
+        _nothing_to_diagnose(target, signals, args)
         return code
+    from nanscope.diagnose.engine import note_crash, note_interruption
+
     if signals.caught and stop is None:
-        _interrupted(diagnosis, signals.caught, _last_step(owner) if owner else None)
-    if signals.crash is not None and diagnosis.verdict != "crashed":
-        _crash_noted(diagnosis, signals.crash, _last_step(owner) if owner else None)
+        note_interruption(diagnosis, signals.caught, _last_step(owner) if owner else None)
+    if signals.crash is not None and diagnosis.verdict != Verdict.CRASHED:
+        note_crash(diagnosis, signals.crash, _last_step(owner) if owner else None)
     trace = owner.trace if owner is not None else None
     _enrich(diagnosis, args, target)
     if len(ranked) > 1:  # several optimizers or Monitors: every run is named, the worst first
@@ -789,7 +740,7 @@ def main(argv: list[str]) -> int:
     if owner is not None:
         owner.save_diagnosis(diagnosis)
     write_json(diagnosis, args.json)  # first: the file is there whatever happens next
-    if args.json != "-" or diagnosis.verdict != "healthy":
+    if args.json != "-" or diagnosis.verdict != Verdict.HEALTHY:
         show(diagnosis, trace, no_color=args.no_color, to_stderr=args.json == "-")
     write_html(diagnosis, trace, args.html)
     if rank == 0:

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from nanscope._console import columns, shown_path, table
-from nanscope.commands.base import CommandParser, clean, progress, say
+from nanscope.commands.base import CommandParser, clean, progress, say, write_output
 from nanscope.errors import UsageError
 
 __all__ = ["RunFolder", "find_runs", "main", "parse_age"]
@@ -55,12 +55,6 @@ def parse_age(text: str) -> float:
     if not match:
         raise UsageError(f"--older-than: {text!r} is not an age; e.g. 30d, 12h, 2w")
     return float(match.group(1)) * _UNITS[match.group(2) or "d"]
-
-
-def _default_root() -> Path:
-    from nanscope.monitor import _default_root as root
-
-    return root()
 
 
 def find_runs(root: Path) -> list[RunFolder]:
@@ -124,7 +118,9 @@ def _parser() -> CommandParser:
 
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
-    root = Path(args.run_dir) if args.run_dir else _default_root()
+    from nanscope.monitor import runs_root
+
+    root = Path(args.run_dir) if args.run_dir else runs_root()
     if args.action == "list":
         if args.keep is not None or args.older_than or args.dry_run:
             raise UsageError("--keep, --older-than and --dry-run are for `nanscope runs prune`")
@@ -164,14 +160,9 @@ def _list(root: Path, json_path: str | None) -> int:
              "cause": r.cause, "step": r.step}
             for r in runs
         ]  # fmt: skip
-        text = json.dumps({"root": str(root), "runs": items}, indent=2) + "\n"
+        write_output(json.dumps({"root": str(root), "runs": items}, indent=2) + "\n", json_path)
         if json_path == "-":
-            sys.stdout.write(text)
             return 0
-        try:
-            Path(json_path).write_text(text, encoding="utf-8")
-        except OSError as exc:
-            raise UsageError(f"cannot write --json {json_path}: {exc.strerror}") from None
     if not runs:
         say(f"no runs in {clean(shown_path(root))}")
         return 0

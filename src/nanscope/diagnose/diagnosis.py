@@ -3,11 +3,12 @@
 ``Diagnosis.to_dict()`` follows the schema ``nanscope.diagnosis/1`` of DESIGN.md. Fields are only
 ever added, never renamed.
 
-Verdicts: ``healthy`` (watched, nothing wrong seen), ``diverging``, ``nonfinite``, ``suspect``, and
-three that are never healthy: ``unobserved`` (no update was recorded; cause ``unknown``, the
-evidence says why), ``interrupted`` (stopped from outside with no failure found; cause
-``unknown``) and ``crashed`` (the script ended with its own exception, no failure found before
-it; cause ``unknown``, the exception and the script's line in the evidence).
+Verdicts (:class:`~nanscope.diagnose.verdict.Verdict`): ``healthy`` (watched, nothing wrong
+seen), ``diverging``, ``nonfinite``, ``suspect``, and three that are never healthy:
+``unobserved`` (no update was recorded; cause ``unknown``, the evidence says why),
+``interrupted`` (stopped from outside with no failure found; cause ``unknown``) and ``crashed``
+(the script ended with its own exception, no failure found before it; cause ``unknown``, the
+exception and the script's line in the evidence).
 
 The diagnosis knows no page: ``Diagnosis._repr_html_`` (Jupyter) calls the renderer registered
 with :func:`set_html_renderer`, which the report layer (``nanscope.report.html``) registers when it
@@ -16,12 +17,15 @@ is imported and the top-level ``nanscope`` package wires up lazily.
 
 from __future__ import annotations
 
+import enum
 import json
 import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from nanscope.diagnose.verdict import Verdict
 
 __all__ = [
     "CAUSES",
@@ -51,28 +55,12 @@ CAUSES: tuple[str, ...] = (
     "unknown",
 )
 
-VERDICTS: tuple[str, ...] = (
-    "healthy",
-    "diverging",
-    "nonfinite",
-    "suspect",
-    "unobserved",
-    "interrupted",
-    "crashed",
-)
+#: the verdict names in the schema's order (:class:`~nanscope.diagnose.verdict.Verdict`)
+VERDICTS: tuple[str, ...] = tuple(v.value for v in Verdict)
 
-#: which diagnosis to report when several monitors (or ranks) have one: lowest first. A script
-#: that crashed or was stopped from outside outranks a healthy one; one that saw nothing never
-#: hides one that did.
-VERDICT_RANK: dict[str, int] = {
-    "nonfinite": 0,
-    "diverging": 1,
-    "crashed": 2,
-    "suspect": 3,
-    "interrupted": 4,
-    "healthy": 5,
-    "unobserved": 6,
-}
+#: which diagnosis to report when several monitors (or ranks) have one: lowest first
+#: (:attr:`Verdict.rank <nanscope.diagnose.verdict.Verdict.rank>`, as plain strings)
+VERDICT_RANK: dict[str, int] = {v.value: v.rank for v in sorted(Verdict, key=lambda v: v.rank)}
 
 _html_renderer: Callable[[Diagnosis], str] | None = None
 
@@ -153,7 +141,7 @@ class Diagnosis:
 
     @property
     def ok(self) -> bool:
-        return self.verdict == "healthy"
+        return self.verdict == Verdict.HEALTHY
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -201,18 +189,18 @@ class Diagnosis:
 
     def headline(self) -> str:
         """One line: the verdict, the cause and where."""
-        if self.verdict == "healthy":
+        if self.verdict == Verdict.HEALTHY:
             return "healthy: no non-finite value and no sign of divergence"
-        if self.verdict == "unobserved":
+        if self.verdict == Verdict.UNOBSERVED:
             seen = int((self.summary or {}).get("updates") or 0)
             if seen:
                 unit = "epochs" if self.granularity == "epoch" else "updates"
                 return f"unobserved: {seen} {unit} recorded but no loss in them, nothing to judge"
             return "unobserved: no update was recorded, so nothing could be watched"
-        if self.verdict == "interrupted":
+        if self.verdict == Verdict.INTERRUPTED:
             last = f" after update {self.step}" if self.step is not None else ""
             return f"interrupted{last}: stopped from outside, no failure found before"
-        if self.verdict == "crashed":
+        if self.verdict == Verdict.CRASHED:
             crash = next((e.data for e in self.evidence if e.data.get("type")), {})
             what = f" with {crash['type']}" if crash.get("type") else ""
             if crash.get("file"):
@@ -264,7 +252,10 @@ def _located_text(located: dict[str, Any]) -> str:
 
 
 def _jsonable(value: Any) -> Any:
-    """Strict-JSON-ready copy: non-finite floats as strings, numpy scalars as Python numbers."""
+    """Strict-JSON-ready copy: non-finite floats as strings, numpy scalars as Python numbers, a
+    vocabulary's enum member (a :class:`Verdict`) as its plain value."""
+    if isinstance(value, enum.Enum):
+        return _jsonable(value.value)
     if isinstance(value, dict):
         return {str(k): _jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):

@@ -32,11 +32,22 @@ from nanscope.diagnose.decide import UNCONFIRMED, Decision, decide, first_action
 from nanscope.diagnose.diagnosis import Diagnosis, Evidence, Finding
 from nanscope.diagnose.rules import load_rules
 from nanscope.diagnose.rules._logs import from_log, record_more
+from nanscope.diagnose.verdict import Verdict
 from nanscope.formatting import number as num
-from nanscope.outcome import FAR, Outcome
+from nanscope.outcome import FAR, Outcome, OutcomeKind
 from nanscope.trace import Trace
 
-__all__ = ["crash", "crash_note", "diagnose", "interruption", "run_rules"]
+__all__ = [
+    "crash",
+    "crash_note",
+    "diagnose",
+    "interruption",
+    "note_crash",
+    "note_interruption",
+    "run_rules",
+    "saw_no_update",
+    "unwatched",
+]
 
 #: a finding must be at least this sure to call a finite run "suspect"
 SUSPECT = 0.6
@@ -122,42 +133,42 @@ def diagnose(trace: Trace | Any, evidence: Mapping[str, Any] | None = None) -> D
     findings = run_rules(ctx)
     outcome = ctx.outcome
     if ctx.fail is not None:
-        verdict = "nonfinite"
+        verdict = Verdict.NONFINITE
     elif ctx.stop is not None:
-        verdict = "diverging"
-    elif outcome.kind == "blown":
-        verdict = "diverging"  # it was not stopped, but it ended far above where it began
+        verdict = Verdict.DIVERGING
+    elif outcome.kind == OutcomeKind.BLOWN:
+        verdict = Verdict.DIVERGING  # it was not stopped, but it ended far above where it began
     elif crashed is not None:
         return _crashed(trace, ctx, findings, crashed, run)
     elif findings and findings[0].confidence >= SUSPECT:
-        verdict = "suspect"
+        verdict = Verdict.SUSPECT
     elif stopped is not None:
         return _interrupted(ctx, findings, stopped, run)
-    elif outcome.kind == "returned":
-        verdict = "suspect"  # it survived an explosion, or stepped up by design: not healthy
+    elif outcome.kind == OutcomeKind.RETURNED:
+        verdict = Verdict.SUSPECT  # it survived an explosion, or stepped up by design: not healthy
     else:
-        verdict = "healthy"
-    if verdict == "healthy" and _zeros(ctx) is not None:
-        verdict = "suspect"  # a loss stuck at exactly 0.0 is not a converged one
+        verdict = Verdict.HEALTHY
+    if verdict == Verdict.HEALTHY and _zeros(ctx) is not None:
+        verdict = Verdict.SUSPECT  # a loss stuck at exactly 0.0 is not a converged one
     held = _last_event(trace, "held")
-    if verdict == "healthy" and held is not None:
-        verdict = "suspect"  # the loss stepped up with its data: not stopped, not healthy either
+    if verdict == Verdict.HEALTHY and held is not None:
+        verdict = Verdict.SUSPECT  # the loss stepped up with its data: not stopped, not healthy
     summary = _summary(ctx)
     notes = _notes(ctx, stopped)
-    if verdict == "suspect" and outcome.kind == "returned":
+    if verdict == Verdict.SUSPECT and outcome.kind == OutcomeKind.RETURNED:
         notes.insert(0, _outcome_evidence(outcome))
-    if held is not None and verdict == "suspect":
+    if held is not None and verdict == Verdict.SUSPECT:
         notes.insert(0, Evidence("replay", str(held.get("text")), {"step": held.get("step")}))
     if crashed is not None:  # a failure found before the script's own exception: it stands
         notes.append(crash_note(crashed))
-    if verdict == "healthy":
+    if verdict == Verdict.HEALTHY:
         confidence = 1.0 - (findings[0].confidence if findings else 0.0) / 2
         if trace.meta.get("truncated"):
             confidence = min(confidence, TRUNCATED_CONFIDENCE)
         if ctx.n < FEW_RECORDS:
             confidence = min(confidence, FEW_CONFIDENCE)
         return Diagnosis(
-            verdict="healthy",
+            verdict=Verdict.HEALTHY,
             cause="healthy",
             confidence=round(confidence, 3),
             step=ctx.step_at(ctx.n - 1),
@@ -170,7 +181,7 @@ def diagnose(trace: Trace | Any, evidence: Mapping[str, Any] | None = None) -> D
             granularity=ctx.granularity,
             summary=summary,
         )
-    if outcome.kind == "blown" and ctx.fail is None and ctx.stop is None:
+    if outcome.kind == OutcomeKind.BLOWN and ctx.fail is None and ctx.stop is None:
         notes.insert(0, _outcome_evidence(outcome))
     findings, decided = _decided(ctx, findings)
     if decided.unknown and not (findings and findings[0].confidence >= CONFIDENT):
@@ -464,7 +475,7 @@ def _unobserved(
         "without one (numpy, JAX) needs a Monitor.update call per update.",
     ]
     return Diagnosis(
-        verdict="unobserved",
+        verdict=Verdict.UNOBSERVED,
         cause="unknown",
         confidence=0.0,
         step=None,
@@ -518,7 +529,7 @@ def _no_loss(ctx: Context, stopped: Mapping[str, Any] | None, run: dict[str, Any
             "evaluation, on other data."
         )
     return Diagnosis(
-        verdict="unobserved",
+        verdict=Verdict.UNOBSERVED,
         cause="unknown",
         confidence=0.0,
         step=ctx.step_at(ctx.n - 1),
@@ -544,7 +555,7 @@ def _interrupted(
     if ctx.trace.meta.get("truncated"):
         evidence.extend(n for n in _notes(ctx, None))
     return Diagnosis(
-        verdict="interrupted",
+        verdict=Verdict.INTERRUPTED,
         cause="unknown",
         confidence=0.0,
         step=ctx.step_at(ctx.n - 1),
@@ -578,6 +589,70 @@ def _crash_text(event: Mapping[str, Any]) -> str:
     return f"the script ended with its own exception {when}: {what}{where}"
 
 
+def unwatched(
+    reason: str, *, program: bool = False, crashed: bool = False, refused: bool = False
+) -> Diagnosis:
+    """The diagnosis of a run nanscope could not watch: ``unobserved``, ``reason`` its evidence.
+
+    ``nanscope run`` asks for it when the script created no Monitor and stepped no watched
+    optimizer, ran a program that is not Python (``program``), stopped with its own exception
+    before any update (``crashed``) or was never started because its command line was refused
+    (``refused``); each of those gets the one action that helps."""
+    diagnosis = _unobserved(Trace(), {"unobserved": reason}, None, {})
+    if refused:
+        diagnosis.actions = ["Fix the command line (the error above), then run it again."]
+    elif program:
+        diagnosis.actions = [
+            "Run the Python training script itself under nanscope (nanscope run -- python "
+            "train.py): a Python fit is watched through torch.optim or nanscope.Monitor.",
+        ]
+    elif crashed:
+        diagnosis.actions = [
+            "The script raised before its first update (its traceback is above): fix that "
+            "error, then run it again under nanscope.",
+        ]
+    return diagnosis
+
+
+def saw_no_update(diagnosis: Diagnosis, reason: str) -> Diagnosis:
+    """The verdict of a Monitor that recorded no update and was not stopped: never ``healthy``
+    (:func:`unwatched`, ``reason`` its evidence); any other verdict stands."""
+    return unwatched(reason) if diagnosis.verdict == Verdict.HEALTHY else diagnosis
+
+
+def note_interruption(diagnosis: Diagnosis, signal_name: str, step: int | None) -> None:
+    """Judge ``diagnosis`` again for a run that ``nanscope run`` saw stopped from outside
+    (``signal_name``, after update ``step``): with no failure found it is ``interrupted``, never
+    ``healthy``, also when it recorded no update (the script was watched, and stopped); a failure
+    or a crash found before it stands, the interruption noted beside it."""
+    noted = {"signal": signal_name, "step": step}
+    if diagnosis.verdict not in (Verdict.HEALTHY, Verdict.UNOBSERVED, Verdict.INTERRUPTED):
+        diagnosis.extra.setdefault("interrupted", noted)
+        return
+    where = f" after update {step}" if step is not None else " before any update"
+    text = f"the run was interrupted ({signal_name}){where}; no failure was seen up to there"
+    if diagnosis.verdict != Verdict.INTERRUPTED:
+        diagnosis.verdict = Verdict.INTERRUPTED
+        if diagnosis.cause == "healthy":
+            diagnosis.cause = "unknown"
+            diagnosis.confidence = 0.0
+        diagnosis.step = step
+    if not any("interrupted" in e.text for e in diagnosis.evidence):
+        diagnosis.evidence.insert(0, Evidence("run", text, dict(noted)))
+    diagnosis.extra.setdefault("interrupted", noted)
+
+
+def note_crash(diagnosis: Diagnosis, crash: Mapping[str, Any], step: int | None) -> None:
+    """A failure found before the script's own exception stands (the Monitor diagnosed it when
+    it was found); the exception (``crash``: a ``crashed`` event's fields) is noted beside it."""
+    event = {**crash, "step": step}
+    diagnosis.extra.setdefault("crashed", event)
+    if any(e.data.get("type") == crash["type"] and e.data.get("line") == crash["line"]
+           for e in diagnosis.evidence):  # fmt: skip
+        return
+    diagnosis.evidence.append(crash_note(event))
+
+
 def _crashed(
     trace: Trace,
     ctx: Context | None,
@@ -597,7 +672,7 @@ def _crashed(
             evidence.extend(_notes(ctx, None))
     where = f" ({event['type']} at {event['file']}:{event['line']})" if event.get("file") else ""
     return Diagnosis(
-        verdict="crashed",
+        verdict=Verdict.CRASHED,
         cause="unknown",
         confidence=0.0,
         step=event.get("step") if ctx is None else ctx.step_at(ctx.n - 1),

@@ -31,6 +31,7 @@ from typing import Any
 
 from nanscope import formatting
 from nanscope.diagnose.diagnosis import VERDICTS, Diagnosis, set_html_renderer
+from nanscope.diagnose.verdict import Verdict, is_failure, is_inconclusive
 from nanscope.report import plots as _plots
 from nanscope.trace import Trace
 
@@ -181,8 +182,6 @@ def _located_text(located: Mapping[str, Any]) -> str:
 # ---------------------------------------------------------------------------- sections
 
 
-#: verdicts that are not a failure found at an update
-_NOT_A_FAILURE = ("healthy", "unobserved", "interrupted", "crashed")
 #: what the verdict box says instead of the cause ``unknown`` for the verdicts that are no finding
 _VERDICT_WORDS = {
     "unobserved": "nothing was watched: no update recorded",
@@ -196,16 +195,16 @@ def _verdict_box(d: Mapping[str, Any]) -> str:
     cause = d.get("cause") or "unknown"
     unit = _unit(d)
     bits = []
-    if verdict == "interrupted" and d.get("step") is not None:
+    if verdict == Verdict.INTERRUPTED and d.get("step") is not None:
         bits.append(f"stopped from outside after {unit} {d['step']}")
-    elif verdict == "crashed" and d.get("step") is not None:
+    elif verdict == Verdict.CRASHED and d.get("step") is not None:
         bits.append(f"the script raised after {unit} {d['step']}")
-    elif d.get("step") is not None and verdict not in _NOT_A_FAILURE:
+    elif d.get("step") is not None and is_failure(verdict):
         bits.append(f"detected at {unit} {d['step']}")
     fn = d.get("first_nonfinite")
     if isinstance(fn, Mapping) and fn.get("step") is not None:
         bits.append(f"first non-finite {fn.get('what', 'value')} at {unit} {fn['step']}")
-    if d.get("confidence") is not None and verdict not in ("unobserved", "interrupted", "crashed"):
+    if d.get("confidence") is not None and not is_inconclusive(verdict):
         bits.append(f"confidence {fmt_number(d.get('confidence'))}")
     located = d.get("located")
     if isinstance(located, Mapping):
@@ -741,7 +740,7 @@ def diagnosis_fragment(diagnosis: Diagnosis | Mapping[str, Any]) -> str:
     bg, border = _FRAGMENT_COLORS.get(str(verdict), ("#f6f7f9", "#888888"))
     unit = _unit(d)
     head = f"<b>{_e(verdict)}</b>: <code>{_e(d.get('cause') or 'unknown')}</code>"
-    if d.get("step") is not None and verdict != "healthy":
+    if d.get("step") is not None and verdict != Verdict.HEALTHY:
         head += f" at {unit} {_e(d['step'])}"
     if d.get("confidence") is not None:
         head += f" (confidence {_e(fmt_number(d['confidence']))})"

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from nanscope.diagnose.verdict import is_failure
 from nanscope.trace import Trace
 
 __all__ = [
@@ -293,7 +294,7 @@ def build_panels(
     marks = loss_marks(trace)
     verdict = str(_get(diagnosis, "verdict") or "")
     detect = _get(diagnosis, "step")
-    failed = verdict not in ("healthy", "unobserved", "interrupted", "crashed")
+    failed = is_failure(verdict)
     detect_step = int(detect) if isinstance(detect, (int, float)) and failed else None
     common: dict[str, Any] = {
         "xlim": xlim,

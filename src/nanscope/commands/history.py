@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from nanscope._console import columns, rich_text, table
-from nanscope.commands.base import CommandParser, clean
+from nanscope.commands.base import CommandParser, clean, write_output
 from nanscope.errors import UsageError
 
 __all__ = ["main", "render"]
@@ -70,7 +70,7 @@ def _short(path: str, group: set[str]) -> str:
 
 
 def _cells(run: dict[str, Any], names: dict[str, str] | None = None) -> list[str]:
-    from nanscope.ledger import _when
+    from nanscope.ledger import local_time
 
     outcome = str(run.get("outcome") or "?")
     script = str(run.get("script") or "?")
@@ -79,7 +79,7 @@ def _cells(run: dict[str, Any], names: dict[str, str] | None = None) -> list[str
     else:
         shown = (names or {}).get(script) or Path(script).name
     return [
-        _when(run.get("started")),
+        local_time(run.get("started")),
         clean(shown, 80),
         outcome,
         "" if run.get("failed_at") is None else str(run["failed_at"]),
@@ -126,13 +126,9 @@ def main(argv: list[str]) -> int:
             runs = ledger.runs(args.script, limit=args.limit)
     if args.json:
         text = json.dumps({"ledger": str(path), "runs": runs}, indent=2, default=str)
+        write_output(text + "\n", args.json)
         if args.json == "-":
-            sys.stdout.write(text + "\n")
             return 0
-        try:
-            Path(args.json).write_text(text + "\n", encoding="utf-8")
-        except OSError as exc:
-            raise UsageError(f"cannot write --json {args.json}: {exc.strerror}") from exc
     if not runs:
         which = f" of {args.script}" if args.script else ""
         print(f"no runs{which} in the ledger ({path})")

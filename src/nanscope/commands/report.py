@@ -123,11 +123,7 @@ def load_inputs(target: str | Path) -> tuple[Trace | None, Diagnosis, Path]:
 
 
 def main(argv: list[str]) -> int:
-    parser = _parser()
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as exc:  # --help
-        return int(exc.code or 0)
+    args = _parser().parse_args(argv)
     trace, diagnosis, default_out = load_inputs(args.path)
     out = Path(args.output) if args.output else default_out
     if out.is_dir():

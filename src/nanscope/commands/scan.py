@@ -10,11 +10,9 @@ import json
 import sys
 
 from nanscope._console import columns
-from nanscope.commands.base import CommandParser
-from nanscope.errors import UsageError
+from nanscope.commands.base import CommandParser, write_output
 
 __all__ = ["main"]
-
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -48,15 +46,7 @@ def main(argv: list[str]) -> int:
         progress=False if args.no_progress or args.quiet else None,
     )
     if args.json:
-        text = json.dumps(report.to_dict(), indent=2, allow_nan=False)
-        if args.json == "-":
-            sys.stdout.write(text + "\n")
-        else:
-            try:
-                with open(args.json, "w", encoding="utf-8") as fh:
-                    fh.write(text + "\n")
-            except OSError as exc:
-                raise UsageError(f"cannot write --json {args.json}: {exc.strerror}") from exc
+        write_output(json.dumps(report.to_dict(), indent=2, allow_nan=False) + "\n", args.json)
     if args.json != "-":
         color = sys.stdout.isatty() and not args.no_color
         sys.stdout.write(render(report, color=color, width=columns(sys.stdout)))

@@ -1,4 +1,4 @@
-"""Small pieces the commands share: writing the JSON, printing the report, the exit code."""
+"""How a diagnosis leaves a command: its JSON (one or a list), its HTML page, its report."""
 
 from __future__ import annotations
 
@@ -7,9 +7,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from nanscope.commands.base import warn
+from nanscope.commands.base import warn, write_output
 from nanscope.diagnose.diagnosis import Diagnosis
-from nanscope.errors import UsageError
 from nanscope.trace import Trace
 
 __all__ = ["add_output_options", "show", "write_html", "write_json", "write_json_list"]
@@ -28,27 +27,14 @@ def add_output_options(
 def write_json(diagnosis: Diagnosis, path: str | None) -> None:
     if not path:
         return
-    _write_text(diagnosis.to_json() + "\n", path)
-
-
-def _write_text(text: str, path: str) -> None:
-    if path == "-":
-        sys.stdout.write(text)
-        sys.stdout.flush()
-        return
-    target = Path(path)
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(text)
-    except OSError as exc:
-        raise UsageError(f"cannot write --json {path}: {exc.strerror}") from None
+    write_output(diagnosis.to_json() + "\n", path)
 
 
 def write_json_list(items: list[dict[str, Any]], path: str) -> None:
     """Several diagnoses (``nanscope diagnose a.log b.log --json PATH``) as one JSON list."""
     import json
 
-    _write_text(json.dumps(items, indent=2, allow_nan=False) + "\n", path)
+    write_output(json.dumps(items, indent=2, allow_nan=False) + "\n", path)
 
 
 def write_html(diagnosis: Diagnosis, trace: Trace | None, path: str | None) -> None:

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import TextIO
 
-from nanscope.commands.base import CommandParser
+from nanscope.commands.base import CommandParser, write_output
 from nanscope.errors import InputError, UsageError
 from nanscope.lint._engine import LintReport, lint_paths, lint_source
 from nanscope.lint._types import LintFinding, Rule
@@ -95,15 +95,6 @@ def _read_stdin() -> str:
         raise InputError(f"standard input: cannot read ({exc})") from exc
 
 
-def _write_json(path: str, findings: list[LintFinding]) -> None:
-    text = json.dumps([f.to_dict() for f in findings], indent=2)
-    try:
-        with open(path, "w", encoding="utf-8") as fh:
-            fh.write(text + "\n")
-    except OSError as exc:
-        raise InputError(f"{path}: cannot write JSON ({exc.strerror or exc})") from exc
-
-
 def _apply_fixes(report: LintReport) -> tuple[dict[str, str], int]:
     """The fixed source of every file that has a safe fix, and how many findings were fixed."""
     fixed_sources: dict[str, str] = {}
@@ -137,15 +128,19 @@ def main(argv: list[str]) -> int:
     if args.fix and args.diff:
         raise UsageError("--fix and --diff do not go together: --diff shows what --fix would do")
     stdin = (_read_stdin(), args.stdin_filename or "-") if from_stdin else None
-    report = lint_paths(
-        paths,
-        select=args.select,
-        ignore=args.ignore,
-        extend_select=args.extend_select,
-        isolated=args.isolated,
-        force_exclude=args.force_exclude,
-        stdin=stdin,
-    )
+
+    def lint_all(source: tuple[str, str] | None) -> LintReport:
+        return lint_paths(
+            paths,
+            select=args.select,
+            ignore=args.ignore,
+            extend_select=args.extend_select,
+            isolated=args.isolated,
+            force_exclude=args.force_exclude,
+            stdin=source,
+        )
+
+    report = lint_all(stdin)
     for skipped in report.skipped:
         print(f"nanscope lint: skipped {skipped} (not a Python file)", file=sys.stderr)
 
@@ -176,14 +171,8 @@ def main(argv: list[str]) -> int:
             except OSError as exc:
                 raise InputError(f"{shown}: cannot write the fix ({exc.strerror or exc})") from exc
         if fixed_sources:
-            report = lint_paths(
-                paths,
-                select=args.select,
-                ignore=args.ignore,
-                extend_select=args.extend_select,
-                isolated=args.isolated,
-                force_exclude=args.force_exclude,
-                stdin=(stdin_fixed, stdin[1]) if stdin and stdin_fixed is not None else stdin,
+            report = lint_all(
+                (stdin_fixed, stdin[1]) if stdin and stdin_fixed is not None else stdin
             )
         if stdin is not None:
             # the fixed source goes to stdout (an editor replaces its buffer with it); the
@@ -199,7 +188,7 @@ def _finish(report: LintReport, args: argparse.Namespace, fixed: int, stream: Te
     if args.json_path == "-":
         fmt = "json"
     elif args.json_path is not None:
-        _write_json(args.json_path, findings)
+        write_output(json.dumps([f.to_dict() for f in findings], indent=2) + "\n", args.json_path)
     status = 1 if findings and not args.exit_zero else 0
     if args.statistics:
         if findings:

@@ -14,14 +14,14 @@ import sys
 from typing import Any
 
 from nanscope._console import columns, rich_text, table, wrap
-from nanscope.commands.base import CommandParser
+from nanscope.commands.base import CommandParser, write_output
 from nanscope.errors import UsageError
-from nanscope.experiment.sweep import FactorResult, SweepResult, _fmt
+from nanscope.experiment.sweep import FactorResult, SweepResult
+from nanscope.formatting import lr as format_lr
 
-__all__ = ["main", "parse_factors", "render"]
+__all__ = ["main", "parse_factors", "parser", "render"]
 
 _BARS = "▁▂▃▄▅▆▇█"
-
 
 
 def parse_factors(text: str) -> list[float]:
@@ -55,7 +55,7 @@ def _positive_int(name: str, text: str) -> int:
     return value
 
 
-def _parser() -> argparse.ArgumentParser:
+def parser() -> CommandParser:
     p = CommandParser(
         prog="nanscope sweep",
         description="Rerun the first N updates of a training script with every optimizer's "
@@ -100,13 +100,13 @@ def _spark(losses: list[float | None], width: int = 24) -> str:
 
 
 def _num(value: float | None) -> str:
-    return "" if value is None else _fmt(value)
+    return "" if value is None else format_lr(value)
 
 
 def _row(r: FactorResult, best: FactorResult | None) -> list[str]:
     mark = " ←" if best is r else ""
     return [
-        _fmt(r.factor) + mark,
+        format_lr(r.factor) + mark,
         _num(r.lr),
         r.phrase(),
         str(r.updates),
@@ -158,7 +158,7 @@ def main(argv: list[str]) -> int:
         from nanscope.torch.distributed import refuse_under_torchrun
 
         refuse_under_torchrun("sweep")
-    args = _parser().parse_args(argv)
+    args = parser().parse_args(argv)
     target: list[str] = list(args.target)
     if target and target[0] == "--":
         target = target[1:]
@@ -187,15 +187,7 @@ def main(argv: list[str]) -> int:
     )
     if args.json:
         payload: dict[str, Any] = result.to_dict()
-        text = json.dumps(payload, indent=2, allow_nan=False)
-        if args.json == "-":
-            sys.stdout.write(text + "\n")
-        else:
-            try:
-                with open(args.json, "w", encoding="utf-8") as fh:
-                    fh.write(text + "\n")
-            except OSError as exc:
-                raise UsageError(f"cannot write --json {args.json}: {exc.strerror}") from exc
+        write_output(json.dumps(payload, indent=2, allow_nan=False) + "\n", args.json)
     if args.json != "-":
         color = sys.stdout.isatty() and not args.no_color
         sys.stdout.write(render(result, color=color, width=columns(sys.stdout)))
