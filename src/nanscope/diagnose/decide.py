@@ -104,21 +104,7 @@ def decide(entries: Sequence[Mapping[str, Any]], priors: Sequence[tuple[str, flo
     ran = [e for e in window if e.get("ran") and e.get("change") != "control"]
     fixed = {str(e["change"]) for e in ran if e.get("fixed")}
     failed = {str(e["change"]) for e in ran if not e.get("fixed")}
-    # the failing update alone rerun in float32, or without its suspect rows, and finite: the
-    # same evidence for the precision and the rows (the window cannot rerun a loop's own
-    # preprocessing, whose output it feeds the model as it was)
-    # (a window rerun of the same change, over several updates, has the last word, unless it
-    # passed the update where the control failed and failed later: that update's failure is
-    # removed, and what follows is another, like an unscaled loss scale's oversized steps)
-    outlasted = {str(e["change"]) for e in ran if not e.get("fixed")
-                 and int(e.get("updates") or 0) > int(control.get("updates") or 0)}  # fmt: skip
-    for e in entries:
-        change = str(e.get("change"))
-        single = e.get("scope") != "window" and change in ("float32", "without_rows")
-        if single and e.get("finite") is True and (change not in failed or change in outlasted):
-            fixed.add(change)
-            failed.discard(change)
-            ran.append(e)
+    ran += _single_update_fixes(entries, ran, control, fixed, failed)
     decision.tried = [str(e["change"]) for e in ran]
     for tested, tests in TESTS.items():
         relevant = [t for t in tests if t in fixed or t in failed]
@@ -187,6 +173,29 @@ def decide(entries: Sequence[Mapping[str, Any]], priors: Sequence[tuple[str, flo
     decision.unknown = not fixed
     decision.evidence = [str(e.get("text")) for e in ran]
     return decision
+
+
+def _single_update_fixes(entries: Sequence[Mapping[str, Any]], ran: list[Mapping[str, Any]],
+                         control: Mapping[str, Any], fixed: set[str],
+                         failed: set[str]) -> list[Mapping[str, Any]]:  # fmt: skip
+    """The failing update alone rerun in float32, or without its suspect rows, and finite: the
+    same evidence for the precision and the rows as a window rerun (the window cannot rerun a
+    loop's own preprocessing, whose output it feeds the model as it was). A window rerun of the
+    same change, over several updates, has the last word, unless it passed the update where the
+    control failed and failed later: that update's failure is removed, and what follows is
+    another, like an unscaled loss scale's oversized steps. ``fixed`` and ``failed`` are
+    updated; the entries that count are returned."""
+    outlasted = {str(e["change"]) for e in ran if not e.get("fixed")
+                 and int(e.get("updates") or 0) > int(control.get("updates") or 0)}  # fmt: skip
+    counted = []
+    for e in entries:
+        change = str(e.get("change"))
+        single = e.get("scope") != "window" and change in ("float32", "without_rows")
+        if single and e.get("finite") is True and (change not in failed or change in outlasted):
+            fixed.add(change)
+            failed.discard(change)
+            counted.append(e)
+    return counted
 
 
 def _init_far(entries: Sequence[Mapping[str, Any]]) -> bool:

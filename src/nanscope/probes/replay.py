@@ -331,9 +331,7 @@ class _Replay:
         except KeyboardInterrupt:
             raise
         except BaseException as exc:  # the user's step may exit, or raise a test's own failure
-            text = f"not run: {exc}" if isinstance(exc, _Unfed) else \
-                f"not run: the rerun raised {type(exc).__name__}: {str(exc)[:160]}"  # fmt: skip
-            return _not_run(change, text)
+            return _not_run(change, _why_not_run(exc))
         seconds = time.monotonic() - started
         judged = judge(losses)
         # removed: finite, no blow-up and no excursion, and it trains: the window's own batches
@@ -453,12 +451,7 @@ class _Replay:
             forwards = [(_without_rows(a, rows, size, replace=replace),
                          _without_rows(k, rows, size, replace=replace))
                         for a, k in iteration.forwards]  # fmt: skip
-            if rows and not _changed(forwards, iteration.forwards) and not _changed(
-                    [namespace[name] for name in iteration.values],
-                    list(iteration.values.values())):  # fmt: skip
-                # the batch the model was fed is made inside the step, out of the replay's reach
-                raise _Unfed("the suspect rows could not be left out: the replay does not hold "
-                             "the batch the model was fed (a compiled model's inputs are not seen)")
+            _rows_reached(rows, forwards, namespace, iteration)
             if stats:
                 forwards = [(_standardise(a, stats), k) for a, k in forwards]
             if setup.get("float32"):
@@ -764,6 +757,22 @@ def _without_rows(value: Any, rows: list[int] | None, size: int | None, *,
     if isinstance(value, dict):
         return {k: _without_rows(v, rows, size, replace=replace) for k, v in value.items()}
     return value
+
+
+def _why_not_run(exc: BaseException) -> str:
+    if isinstance(exc, _Unfed):
+        return f"not run: {exc}"
+    return f"not run: the rerun raised {type(exc).__name__}: {str(exc)[:160]}"
+
+
+def _rows_reached(rows: list[int] | None, forwards: list[Any], namespace: dict[str, Any],
+                  iteration: Any) -> None:  # fmt: skip
+    """Raise ``_Unfed`` when rows were to be left out and nothing the replay feeds changed: the
+    batch the model was fed is made inside the step, out of the replay's reach."""
+    if rows and not _changed(forwards, iteration.forwards) and not _changed(
+            [namespace[name] for name in iteration.values], list(iteration.values.values())):
+        raise _Unfed("the suspect rows could not be left out: the replay does not hold the "
+                     "batch the model was fed (a compiled model's inputs are not seen)")
 
 
 def _changed(new: Any, old: Any) -> bool:
