@@ -153,6 +153,23 @@ def errors_of(w: _Watch, step: int, monitor: Any) -> dict[str, Any] | None:
     return located
 
 
+def prepared(step: int) -> dict[str, Any] | None:
+    """The first numpy op of the data preparation (before any Monitor, or in a script no
+    Monitor watches, like a PyTorch one) that made a NaN/inf from finite values, as a located
+    producer of phase ``preprocess``; None when numpy reported no such op."""
+    producers = [e for e in _PRELUDE if e["why"].get("kind") != "nonfinite_input"]
+    if not producers:
+        return None
+    first = producers[0]
+    return {
+        "phase": "preprocess", "op": first["op"], "source": first["source"],
+        "message": first["message"], "observed": True, "step": step,
+        "how": "numpy floating-point error, in the data preparation before training",
+        "why": first["why"], "inputs": first["inputs"],
+        "input_zero": bool(first["why"].get("zero", False)),
+    }  # fmt: skip
+
+
 def _batch_nonfinite(monitor: Any, step: int) -> bool:
     """The inputs or targets given to update ``step`` hold a NaN or inf."""
     trace = getattr(monitor, "trace", None)

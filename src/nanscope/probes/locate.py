@@ -61,6 +61,7 @@ from nanscope.probes._tensors import (
 )
 from nanscope.probes.confirm import confirm
 from nanscope.probes.failure import TorchFailure
+from nanscope.probes.fperrors import prepared
 from nanscope.probes.loop import replay_preprocess
 
 __all__ = ["inspect_graph", "locate"]
@@ -90,6 +91,7 @@ def locate(failure: TorchFailure) -> dict[str, Any]:
         return result
     try:
         _with_loop_producer(result, failure)
+        _with_prepared_producer(result)
     except Exception as exc:  # a probe bug must never kill the user's run
         _failed("the re-evaluation of the loop's preprocessing", exc)
     try:
@@ -164,6 +166,25 @@ def _with_loop_producer(result: dict[str, Any], failure: TorchFailure) -> None:
         for row in rows:
             row.setdefault("before", f"{found.get('op')} at line {found['source']['line']}")
         result["rows"] = list(result.get("rows") or []) + rows
+
+
+def _with_prepared_producer(result: dict[str, Any]) -> None:
+    """An op whose input was already non-finite, in a script whose data preparation made a
+    NaN/inf with numpy (a log of zero counts, a division by a zero std, before the loop): that
+    op of the preparation is the producer, the op the replay saw meet it is kept beside it."""
+    located = result.get("located") or {}
+    if located.get("phase") == "preprocess":
+        return
+    if (located.get("why") or {}).get("kind") != "nonfinite_input":
+        return
+    found = prepared(int(located.get("step") or 1))
+    where = (located.get("source") or located.get("backward_source") or {}).get("file")
+    if found is None or found["source"].get("file") != where:
+        return  # (numpy's errors of another file, an earlier notebook cell: not this data's)
+    found["replay"] = {k: located.get(k) for k in ("phase", "op", "module", "how")
+                       if located.get(k) is not None}  # fmt: skip
+    found["detected"] = located.get("detected")
+    result["located"] = {k: v for k, v in found.items() if v is not None}
 
 
 def _weights_nonfinite(model: Any) -> bool:

@@ -1,0 +1,52 @@
+"""A PyTorch script whose data preparation takes numpy's log of counts that can be 0: the -inf
+reaches the loss through the targets, and the producer is the preparation's log (seen by numpy's
+floating-point error callback from the script's first line under ``nanscope run``), not the
+loss op that met it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+pytestmark = pytest.mark.slow
+
+SCRIPT = """\
+import numpy as np
+import torch
+
+rng = np.random.default_rng(3)
+X = rng.normal(size=(64, 4))
+counts = rng.poisson(np.exp(X[:, 0]))        # some counts are 0
+y = np.log(counts)                           # model the log of the count
+X = torch.tensor(X, dtype=torch.float32)
+y = torch.tensor(y, dtype=torch.float32).unsqueeze(1)
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.05)
+for epoch in range(5):
+    for start in range(0, 64, 16):
+        opt.zero_grad()
+        loss = ((model(X[start:start + 16]) - y[start:start + 16]) ** 2).mean()
+        loss.backward()
+        opt.step()
+"""
+
+
+def test_a_log_of_zero_counts_in_the_data_preparation_is_the_producer(tmp_path: Path) -> None:
+    script = tmp_path / "fit.py"
+    script.write_text(SCRIPT)
+    done = subprocess.run(
+        [sys.executable, "-m", "nanscope", "run", "-q", "--json", "d.json", "--", "fit.py"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 3, done.stderr
+    found = json.loads((tmp_path / "d.json").read_text())
+    assert found["cause"] == "log_of_zero"
+    located = found["located"]
+    assert located["phase"] == "preprocess" and located["op"] == "log"
+    assert located["source"]["line"] == 7 and located["observed"] is True
+    assert located["replay"]["op"]  # the op the replay saw meet the -inf is kept beside it
