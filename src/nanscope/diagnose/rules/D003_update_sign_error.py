@@ -37,6 +37,9 @@ CODE = "D003"
 CAUSE = "update_sign_error"
 TITLE = "The update ascends the loss"
 
+#: cosine(update, gradient) above this: the update is the gradient itself, scaled (w += lr * g)
+EXACTLY_ALONG = 0.99
+
 ACTIONS = [
     "Fix the sign of the update: w = w - lr * grad (this fit adds the gradient, which climbs "
     "the loss).",
@@ -55,7 +58,9 @@ def check(ctx: Context) -> Finding | None:
     rising = float(np.mean(deltas > 0))
     cos = ctx.update_cos[:end]
     cos = cos[np.isfinite(cos)]
-    if cos.size >= 3:
+    # an update exactly along the gradient (cosine ~ +1: plain SGD turned round) is conclusive
+    # from any number of measured updates; a noisier direction (momentum, Adam) needs several
+    if cos.size >= 3 or (cos.size and bool(np.all(cos > EXACTLY_ALONG))):
         along = float(np.mean(cos > 0))
         median = float(np.median(cos))
         # a loss that left its range and stayed out (the departure detector) rose however noisy
