@@ -88,21 +88,14 @@ def _aggregate_key(name: str, depth: int) -> str:
 class ParamMeasure:
     """Measures the parameters of one optimizer, update after update.
 
-    Made with DTensor parameters (FSDP2's ``fully_shard``, tensor parallel), ``ParamMeasure(...)``
-    gives a :class:`nanscope.torch.sharded.ShardedMeasure`: the same measures on the local shards,
-    combined across the ranks with one collective per update.
+    For DTensor parameters (FSDP2's ``fully_shard``, tensor parallel),
+    :func:`nanscope.torch.sharded.measure_for` makes a
+    :class:`~nanscope.torch.sharded.ShardedMeasure` instead: the same measures on the local
+    shards, combined across the ranks with one collective per update.
     """
 
     #: the lean per-update check applies (set by ``__init__``; never for sharded parameters)
     lean = False
-
-    def __new__(cls, params: list[torch.Tensor], names: Mapping[int, str]) -> ParamMeasure:
-        if cls is ParamMeasure:
-            from nanscope.torch import sharded
-
-            if sharded.any_dtensor(params):
-                return super().__new__(sharded.ShardedMeasure)
-        return super().__new__(cls)
 
     def __init__(self, params: list[torch.Tensor], names: Mapping[int, str]) -> None:
         self.params = params

@@ -21,7 +21,9 @@ from collections import deque
 from typing import Any
 
 import torch
+from nanscope.schedule import Every, Rises
 from nanscope.torch.measure import ParamMeasure, batch_stats, column_scale
+from nanscope.torch.sharded import measure_for
 from nanscope.torch.window import StepWindow
 
 __all__ = ["FULL_EVERY", "RecordBuilder", "count_nonfinite", "step_extra"]
@@ -34,21 +36,24 @@ FULL_EVERY = 64
 class RecordBuilder:
     """Builds the records of one optimizer (see the module docstring).
 
-    every: take the full measures every ``every`` updates; names: ``id(param) -> name``.
+    every: take the full measures every ``every`` updates (:attr:`full`: the first of each
+    ``every``, counted from 1); names: ``id(param) -> name``.
     """
 
     def __init__(self, every: int = FULL_EVERY) -> None:
         self.every = every
+        #: the full updates: 1, every + 1, 2 * every + 1...
+        self.full = Every(every, offset=1)
+        #: the update after each full one (its direction sample is a point for the plots)
+        self.after_full = Every(every, offset=2)
         self.names: dict[int, str] = {}
         self.measure: ParamMeasure | None = None
         self._groups_sig: list[tuple[int, int]] = []
         self._sampled_at = -1
-        self._prev_loss: float | None = None
         #: the first finite loss a record carried: where the run started
         self.first_loss: float | None = None
         self._scales_seen = False
-        #: how many times in a row the loss rose, up to the last record
-        self.rises = 0
+        self._rises = Rises()
         # per-param gradient norms of recent updates, for the per-name norms at a stop
         self._gnorms: deque[tuple[int, list[float], Any]] = deque(maxlen=64)
 
@@ -70,7 +75,7 @@ class RecordBuilder:
         """The measure of these parameters (made anew when they are not the measured ones)."""
         key = (len(params), sum(id(p) for p in params))
         if self.measure is None or self.measure.key != key:
-            self.measure = ParamMeasure(params, self.names)
+            self.measure = measure_for(params, self.names)
         self._groups_sig = _group_signature(optimizer)
         return self.measure
 
@@ -99,7 +104,7 @@ class RecordBuilder:
         """This step's device vector, its ``ctx`` and its batch ``(inputs, targets, rows)``."""
         measure = self.measure
         assert measure is not None
-        full = (step - 1) % self.every == 0
+        full = self.full.due(step)
         # read every update (CPU): the sample is taken after the read, only when it is wanted
         vec, layout = measure.device_vector(full, sample=interval > 1)
         if interval > 1:
@@ -205,7 +210,12 @@ class RecordBuilder:
     @property
     def last_loss(self) -> float | None:
         """The loss of the last record the sampling decision saw."""
-        return self._prev_loss
+        return self._rises.last
+
+    @property
+    def rises(self) -> int:
+        """How many times in a row the loss rose, up to the last record."""
+        return self._rises.count
 
     def keep_norms(self, step: int, gnorms: list[float]) -> None:
         """Keep this update's per-parameter gradient norms (the per-name norms at a stop)."""
@@ -225,10 +235,9 @@ class RecordBuilder:
         loss = record.get("loss")
         if self.first_loss is None and type(loss) is float and loss - loss == 0.0:
             self.first_loss = loss  # where the run started (finite)
-        prev, self._prev_loss = self._prev_loss, loss
-        rising = loss is not None and prev is not None and loss > prev
-        self.rises = self.rises + 1 if rising else 0
-        if not (self.rises >= 2 or full or (step - 2) % self.every == 0):
+        rises = self._rises
+        prev = rises.last
+        if not (rises.see(loss) >= 2 or full or self.after_full.due(step)):
             return prev
         measure = self.measure
         if measure is None:
