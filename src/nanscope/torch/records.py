@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -56,6 +57,7 @@ class RecordBuilder:
         self._rises = Rises()
         # per-param gradient norms of recent updates, for the per-name norms at a stop
         self._gnorms: deque[tuple[int, list[float], Any]] = deque(maxlen=64)
+        self._extra: dict[str, Any] = {}  # for the next record's ``extra``
 
     # ------------------------------------------------------------------ the parameters
 
@@ -88,6 +90,16 @@ class RecordBuilder:
         """Forget the previous update (the sampled cosines start over): after a skip/rollback."""
         if self.measure is not None:
             self.measure.reset_history()
+
+    def add_extra(self, extra: Mapping[str, Any]) -> None:
+        """Fields for the next record's ``extra`` (a trainer's own logged values)."""
+        self._extra.update(extra)
+
+    def take_extra(self, record: dict[str, Any]) -> None:
+        """The fields :meth:`add_extra` gave go into this record (its own win a clash)."""
+        if self._extra:
+            record["extra"] = {**self._extra, **record.get("extra", {})}
+            self._extra = {}
 
     # ------------------------------------------------------------------ device side
 
