@@ -1,9 +1,9 @@
 """The torch record builder: one optimizer step's measures in, one trace record out.
 
 Every torch entry point (``nanscope.watch``, ``nanscope run``'s autowatch, the Lightning and Hugging
-Face callbacks) builds its records here, through a :class:`~nanscope.torch.watch.Watcher`, so a run
-is diagnosed from the same records whichever way it was watched. Two halves, so the device can be
-read late (:mod:`nanscope.torch.deferred`):
+Face callbacks) builds its records here, through a :class:`~nanscope.torch.watcher.Watcher`, so a
+run is diagnosed from the same records whichever way it was watched. Two halves, so the device can
+be read late (:mod:`nanscope.torch.deferred`):
 
 * :meth:`RecordBuilder.pack` gathers the step's device-side values into one float32 vector: the
   loss, the batch's min/max (on full updates), the pre-clip norm, the loss scale and the fused

@@ -1,8 +1,8 @@
 """The per-step window: what happened between two optimizer steps (batch, output, losses, clip).
 
 A :class:`StepWindow` is fed by the hooks (the model's forward, ``loss.backward()``, a loss module,
-``clip_grad_norm_``) and read once per update by the :class:`~nanscope.torch.watch.Watcher` when
-it checks the step; :meth:`StepWindow.reset` empties it for the next one. It holds references
+``clip_grad_norm_``) and read once per update by the :class:`~nanscope.torch.watcher.Watcher`
+when it checks the step; :meth:`StepWindow.reset` empties it for the next one. It holds references
 only: nothing is copied or read from an accelerator here.
 
 Several backward calls before one step are micro-batches (gradient accumulation): the step's loss
