@@ -27,7 +27,7 @@ from nanscope.torch.measure import ParamMeasure, batch_stats, column_scale
 from nanscope.torch.sharded import measure_for
 from nanscope.torch.window import StepWindow
 
-__all__ = ["FULL_EVERY", "RecordBuilder", "count_nonfinite", "step_extra"]
+__all__ = ["FULL_EVERY", "RecordBuilder", "count_nonfinite", "read_lr", "step_extra"]
 
 #: default ``every``: the weight norm, per-layer gradient norms and batch max |x| every this many
 #: updates (the loss, gradient finiteness and norm, and the sampled cosines on every update)
@@ -310,6 +310,19 @@ class RecordBuilder:
             names = measure.grad_norms(gnorms, have)
             if names:
                 record["grad_norms"] = names
+
+
+def read_lr(optimizer: Any) -> float | None:
+    """The learning rate of the optimizer's first group, as a record's ``lr``."""
+    try:
+        lr = optimizer.param_groups[0].get("lr")
+    except (AttributeError, IndexError):
+        return None
+    if type(lr) is float:  # the common case first: it is read on every update
+        return lr
+    if isinstance(lr, torch.Tensor):
+        return float(lr.detach().cpu())
+    return float(lr) if isinstance(lr, (int, float)) else None
 
 
 def step_extra(

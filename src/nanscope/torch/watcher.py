@@ -37,7 +37,7 @@ from nanscope.torch.history import History
 from nanscope.torch.lean import LeanCheck
 from nanscope.torch.measure import ParamMeasure, param_names
 from nanscope.torch.precision import Precision, unscale_tensor
-from nanscope.torch.records import FULL_EVERY, RecordBuilder
+from nanscope.torch.records import FULL_EVERY, RecordBuilder, read_lr
 from nanscope.torch.rollback import LastGood
 from nanscope.torch.window import StepWindow
 
@@ -87,8 +87,9 @@ class Watcher:
         self.monitor = _monitor_for(model, optimizer, monitor, policy=policy, run_dir=run_dir)
         self._owns_monitor = monitor is None
         self.guard = _hooks.Guard()
-        faults = self.monitor.meta.setdefault("hook_faults", {})  # a rank says why it saw
-        self.guard.faults = self.monitor.trace.meta.setdefault("hook_faults", faults)  # nothing
+        # the hooks' faults, in the run's meta and the trace's (a rank says why it saw nothing)
+        faults = self.monitor.meta.setdefault("hook_faults", {})
+        self.guard.faults = self.monitor.trace.meta.setdefault("hook_faults", faults)
         self.optimizer = optimizer
         self.model: Any = None
         #: the model's forward hooks are this watcher's own (not ``nanscope run``'s global ones)
@@ -361,7 +362,7 @@ class Watcher:
         self.step += 1
         loss = self.window.loss(None, unscale_tensor(self.window.scaled_by))
         value = float(loss) if loss is not None else math.nan
-        record = Precision.skipped_record(self.step, value, self._lr(), skip)
+        record = Precision.skipped_record(self.step, value, read_lr(self.optimizer), skip)
         self.records.reset_history()
         self.alarms.observe(record, what="grad" if skip["collapsed"] else "loss")
         self.window.reset()
@@ -380,7 +381,7 @@ class Watcher:
                 self.history.off = f"the history of updates failed ({type(exc).__name__}: {exc})"
         measure = self._measure()
         if (closure_loss is None and measure.lean and self.lean.applies(step)
-                and self.lean.check(step, measure, self._lr())):  # fmt: skip
+                and self.lean.check(step, measure, read_lr(self.optimizer))):  # fmt: skip
             return
         window = self.window
         self.drain_batched()  # the records before this one first
@@ -389,8 +390,9 @@ class Watcher:
         interval = self.deferred.interval(
             weight.device if isinstance(weight, torch.Tensor) else torch.device("cpu")
         )
+        lr = read_lr(self.optimizer)
         vec, ctx, batch = self.records.pack(step, window, loss, self.precision.scale_tensor(),
-                                            interval=interval, lr=self._lr())  # fmt: skip
+                                            interval=interval, lr=lr)  # fmt: skip
         self.deferred.remember(step, window.args, window.kwargs, batch[1], interval)
         if interval <= 1 or vec is None:
             self._process(step, vec.tolist() if vec is not None else [], ctx, batch=batch)
@@ -427,17 +429,6 @@ class Watcher:
         self.alarms.observe(record, what=what, batch=batch, step=step, late=late)
 
     # ------------------------------------------------------------------ helpers
-
-    def _lr(self) -> float | None:
-        try:
-            lr = self.optimizer.param_groups[0].get("lr")
-        except (AttributeError, IndexError):
-            return None
-        if type(lr) is float:  # the common case first: it is read on every update
-            return lr
-        if isinstance(lr, torch.Tensor):
-            return float(lr.detach().cpu())
-        return float(lr) if isinstance(lr, (int, float)) else None
 
     def note(self, notes: list[str]) -> None:
         """Say once (a warning, and ``notes``) what is skipped and why."""
