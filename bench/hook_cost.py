@@ -88,7 +88,7 @@ def run(name: str, rounds: int, block: int, warm: int) -> dict[str, float]:
         _hooks._notify_backward = _timed(notify, "backward", acc)
         watcher.on_loss_module = _timed(watcher.on_loss_module, "loss module", acc)  # type: ignore[method-assign]
         watcher.on_clip = _timed(watcher.on_clip, "clip", acc)  # type: ignore[method-assign]
-        watcher.drain_batched = _timed(watcher.drain_batched, "  judging (batched)", acc)  # type: ignore[method-assign]
+        watcher.lean.drain = _timed(watcher.lean.drain, "  judging (batched)", acc)  # type: ignore[method-assign]
         ParamMeasure.lean_norms = _timed(norms, "  gradient norms", acc)  # type: ignore[method-assign]
         # the scheduled work inside the step pre-hook: the full measures of every `every`-th
         # update (and of an update the lean check hands over), and the direction samples of the

@@ -58,9 +58,6 @@ ALLOWED: set[tuple[str, str]] = {
     ("monitor/test_deferred_judging.py", "nanscope.Monitor._judge_deferred"),
     # which updates took the lean check, and the global module hooks' narrowing
     ("torch/test_autowatch_narrow.py", "autowatch._MODULE_HANDLES"),
-    ("bench/test_overhead.py", "watcher._check_lean"),
-    ("torch/test_lean_check.py", "watcher._batched"),
-    ("torch/test_lean_check.py", "watcher._lean_applies"),
     ("torch/test_lean_check.py", "watcher.records.measure._lean_stacked"),
 }
 

@@ -69,8 +69,10 @@ def test_the_gpt_loop_accumulates_clips_and_takes_the_lean_check(overhead, tmp_p
     assert work.clips and len(work.opt.param_groups) == 2
     watcher = nanscope.watch(work.model, work.opt, policy="raise", run_dir=tmp_path)
     lean = []
-    check_lean = watcher._check_lean
-    watcher._check_lean = lambda step, measure: lean.append(check_lean(step, measure)) or lean[-1]
+    check_lean = watcher.lean.check
+    watcher.lean.check = (  # type: ignore[method-assign]
+        lambda step, measure, lr: lean.append(check_lean(step, measure, lr)) or lean[-1]
+    )
     for _ in range(6):
         work.step(False)
     records = watcher.monitor.trace.records

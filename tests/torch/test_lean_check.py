@@ -39,7 +39,7 @@ def _fit(steps, *, lean, lr=0.05, clip=None, micro=1, seed=0, tmp_path=None, pol
     y = x @ torch.randn(6, 1, generator=gen) + 0.1 * torch.randn(256, 1, generator=gen)
     watcher = nanscope.watch(model, opt, policy=policy, run_dir=tmp_path)
     if not lean:
-        watcher._lean_applies = lambda step: False  # type: ignore[method-assign]
+        watcher.lean.applies = lambda step: False  # type: ignore[method-assign]
     loss_fn = nn.MSELoss()
     for step in range(steps):
         opt.zero_grad()
@@ -86,16 +86,16 @@ def test_a_read_of_the_trace_mid_run_sees_every_update():
         nn.functional.mse_loss(model(x), y).backward()
         opt.step()
         assert watcher.monitor.trace.records[-1]["step"] == step
-    assert watcher._batched == []
+    assert watcher.lean.waiting == []
     watcher.close()
 
 
 def test_the_lean_path_holds_records_in_batches():
     """Between two reads the records wait (what makes the check cheap), at most a batch."""
     watcher, _ = _fit(5, lean=True)  # steps 2..5: lean (1 is a full update)
-    assert 1 <= len(watcher._batched) < BATCH_RECORDS
+    assert 1 <= len(watcher.lean.waiting) < BATCH_RECORDS
     assert watcher.monitor.trace.records[-1]["step"] == 5  # the read hands them over
-    assert watcher._batched == []
+    assert watcher.lean.waiting == []
     watcher.close()
 
 
@@ -180,8 +180,8 @@ def test_a_stop_found_while_the_trace_is_read_is_raised_at_the_next_step(monkeyp
     from nanscope.detectors import Alarm
 
     watcher, model = _fit(6, lean=True, policy="raise")
-    assert watcher._batched
-    held = [r[0] for r in watcher._batched]
+    assert watcher.lean.waiting
+    held = watcher.lean.waiting
     monkeypatch.setattr(
         watcher.monitor.detectors, "step",
         lambda rec: Alarm("diverging", rec["step"], "test alarm", {})
@@ -302,7 +302,7 @@ def _warmup_past_stability(lean, tmp_path):
     schedule = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: min(1.0, (k + 1) / 60))
     watcher = nanscope.watch(model, opt, policy="raise", run_dir=tmp_path)
     if not lean:
-        watcher._lean_applies = lambda step: False  # type: ignore[method-assign]
+        watcher.lean.applies = lambda step: False  # type: ignore[method-assign]
     loss_fn = nn.MSELoss()
     for step in range(1, 200):
         opt.zero_grad()

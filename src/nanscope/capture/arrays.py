@@ -12,10 +12,11 @@ times as possible:
   gradients, the norms of large weight tensors and (by sign) the flips.
   No full copy of the model is kept: the previous weights are referenced only when the caller
   hands in a new array each update (``w = w - lr * g``).
-* an input batch is checked every ``CHECK_EVERY`` updates, and always when the update went
-  non-finite: one read-only pass (a finite sum proves every value finite), or, every
-  ``COLUMN_EVERY`` batches, a column-wise max and min that give ``input_absmax`` and the jump
-  trigger. The Monitor keeps the last batches, and its failure probe examines them row by row.
+* an input batch is checked every ``CHECK_EVERY`` updates (:data:`BATCH_CHECKS`), and always
+  when the update went non-finite: one read-only pass (a finite sum proves every value
+  finite), or, every ``COLUMN_EVERY`` batches, a column-wise max and min that give
+  ``input_absmax`` and the jump trigger. The Monitor keeps the last batches, and its failure
+  probe examines them row by row.
   Row-level robust z-scores are computed only when a column's maximum jumps far beyond its
   history, on the first batch, or when a value is non-finite; the failure probe recomputes them
   on the last batches anyway.
@@ -30,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from nanscope.errors import UsageError
+from nanscope.schedule import Every, Rises
 
 __all__ = ["BatchChecker", "ParamTracker", "as_array", "as_named", "nonfinite_rows", "robust_rows"]
 
@@ -38,7 +40,12 @@ SAMPLE = 1024
 #: the sample of a large tensor is taken in this many contiguous runs
 CHUNKS = 8
 #: large weight tensors get an exact norm and finiteness pass every this many updates
-FULL_EVERY = 16
+EXACT_WEIGHTS_EVERY = 16
+#: the exact weight pass: the first update of every ``EXACT_WEIGHTS_EVERY``
+EXACT_WEIGHTS = Every(EXACT_WEIGHTS_EVERY, offset=1)
+#: the weight sample on the schedule (a point for the plots and the rules): the first two updates
+#: of every ``EXACT_WEIGHTS_EVERY`` (ParamTracker.measure writes it out: a test pins the two)
+WEIGHT_SAMPLES = Every(EXACT_WEIGHTS_EVERY, offset=1, span=2)
 #: a row is "extreme" when one of its values lies this many robust standard deviations out
 EXTREME_Z = 20.0
 #: a column max this many times its recent typical max triggers the row analysis
@@ -47,7 +54,11 @@ COLUMN_JUMP = 8.0
 CHECK_EVERY = 8
 #: of those, column maxima (absmax, the jump trigger) every this many batches; else a sum pass
 COLUMN_EVERY = 4 * CHECK_EVERY
-MAX_ROWS = 5
+#: the batches checked (counted from 0), and those of them whose column maxima are taken
+BATCH_CHECKS = Every(CHECK_EVERY)
+COLUMN_CHECKS = Every(COLUMN_EVERY)
+#: rows described at most per array by :func:`nonfinite_rows` and :func:`robust_rows`
+ROWS_DESCRIBED = 5
 
 _F64 = np.dtype(np.float64)
 _F32 = np.dtype(np.float32)
@@ -192,8 +203,8 @@ class ParamTracker:
     :meth:`wants_sample`) and on the schedule, the weights' sample too, and from a few short dot
     products of the buffer's rows (exact for tensors of at most ``SAMPLE`` elements): the applied
     update, its cosines with the gradients, the sign flips and the weights' norm and finiteness.
-    The exact weight norm and finiteness pass every ``FULL_EVERY`` updates and when a gradient
-    is non-finite.
+    The exact weight norm and finiteness pass every ``EXACT_WEIGHTS_EVERY`` updates
+    (:data:`EXACT_WEIGHTS`) and when a gradient is non-finite.
     """
 
     def __init__(self) -> None:
@@ -206,8 +217,7 @@ class ParamTracker:
         self._gg_before = math.nan  # and of the one before it
         self._sampled_last = False  # the previous update's weight sample is in the buffer
         self._grads_seen = False  # a previous gradient sample is in the buffer
-        self._prev_loss: float | None = None
-        self._rises = 0  # the loss rose this many updates in a row
+        self._rises = Rises()  # the loss's rises in a row
         #: take the sample on every update (the tests compare the detectors' decisions both ways)
         self.every_update = False
 
@@ -257,12 +267,10 @@ class ParamTracker:
         self._count += 1
         if loss is None or self.every_update:
             sample = True
-        else:  # wants_sample, inline: it runs on every update
-            prev, self._prev_loss = self._prev_loss, loss
-            self._rises = self._rises + 1 if prev is not None and loss > prev else 0
+        else:  # wants_sample, inline: it runs on every update (WEIGHT_SAMPLES written out)
             sample = (
-                self._rises >= 2
-                or self._count % FULL_EVERY in (1, 2)
+                self._rises.see(loss) >= 2
+                or (self._count - 1) % EXACT_WEIGHTS_EVERY < 2
                 or loss - loss != 0.0  # inf or NaN
             )
         out: dict[str, Any] = {}
@@ -283,12 +291,11 @@ class ParamTracker:
         the update's cosines and the flips only over a run of rising losses (the divergence
         detector from the fourth rise, the ascent detector from the fifth), so it is taken from
         the second rise in a row on (the measures, which need the previous sample, from the
-        third), at a non-finite loss, and on the first two updates of every ``FULL_EVERY`` (a
-        point for the plots and the rules). A noisy loss rises twice in a row about one update
-        in four. The gradient reversal needs no weights: it is measured every update."""
-        prev, self._prev_loss = self._prev_loss, loss
-        self._rises = self._rises + 1 if prev is not None and loss > prev else 0
-        return self._rises >= 2 or self._count % FULL_EVERY in (1, 2) or not math.isfinite(loss)
+        third), at a non-finite loss, and on :data:`WEIGHT_SAMPLES` (a point for the plots and
+        the rules). A noisy loss rises twice in a row about one update in four. The gradient
+        reversal needs no weights: it is measured every update."""
+        rises = self._rises.see(loss)
+        return rises >= 2 or WEIGHT_SAMPLES.due(self._count) or not math.isfinite(loss)
         # (measure inlines this: keep the two the same)
 
     def _fill(
@@ -302,7 +309,7 @@ class ParamTracker:
         """The gradients, then the weights when they are wanted; whether the weights were
         sampled."""
         broken = self._grads(layout, grads, out, sample) if grads else False
-        if not params or not (sample or broken or self._count % FULL_EVERY == 1):
+        if not params or not (sample or broken or EXACT_WEIGHTS.due(self._count)):
             return False
         # overflow and inf - inf here are answers, not warnings
         with np.errstate(over="ignore", invalid="ignore"):
@@ -380,7 +387,7 @@ class ParamTracker:
         and the weight norm and finiteness: exact on the schedule and when the update broke (a
         sample of small tensors only is exact already), else estimated from the sample."""
         slices = layout.slices
-        exact_pass = (broken or self._count % FULL_EVERY == 1) and not (
+        exact_pass = (broken or EXACT_WEIGHTS.due(self._count)) and not (
             sample and layout.exact_weights
         )
         wn = 1 - layout.w_now
@@ -471,7 +478,7 @@ def _as_rows(array: np.ndarray) -> np.ndarray | None:
 
 
 def nonfinite_rows(
-    array: np.ndarray, source: str, index: np.ndarray | None = None, limit: int = MAX_ROWS
+    array: np.ndarray, source: str, index: np.ndarray | None = None, limit: int = ROWS_DESCRIBED
 ) -> tuple[int, list[dict[str, Any]]]:
     """Count non-finite values and describe the first rows holding them."""
     rows2d = _as_rows(array)
@@ -504,7 +511,7 @@ def robust_rows(
     source: str,
     index: np.ndarray | None = None,
     threshold: float = EXTREME_Z,
-    limit: int = MAX_ROWS,
+    limit: int = ROWS_DESCRIBED,
 ) -> tuple[float, list[dict[str, Any]]]:
     """Robust z-score of each row (median / MAD per column, std where MAD is 0).
 
@@ -579,7 +586,7 @@ class BatchChecker:
             return self._last_result  # the same full batch again: nothing new to learn
         seen = self._seen
         self._seen = seen + 1
-        if seen % CHECK_EVERY and not force:
+        if seen % CHECK_EVERY and not force:  # BATCH_CHECKS, written out: every update
             return {}  # the kept recent batches are examined when the fit breaks
         array = as_array(batch, self.source)
         result: dict[str, Any] = {}
@@ -590,7 +597,7 @@ class BatchChecker:
             result[f"nf_{self.source}"] = nf
             self._remember(batch, result)
             return result
-        columns = force or seen % COLUMN_EVERY == 0
+        columns = force or COLUMN_CHECKS.due(seen)
         if rows2d.dtype.kind in "iub":
             # integers (class labels) cannot be NaN or inf and have no rows to call extreme
             result[f"nf_{self.source}"] = 0

@@ -39,7 +39,7 @@ import sys
 import threading
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from nanscope._frames import is_nanscope, is_user_file
@@ -47,8 +47,38 @@ from nanscope._guard import REPORT, FaultGuard
 from nanscope.errors import DivergenceError
 from nanscope.probes.failure import CallSite
 
-__all__ = ["GUARD", "REPORT", "CallerSites", "Guard", "aside", "compiling", "install",
-           "live_watchers", "standing_aside", "transforming", "user_site"]  # fmt: skip
+__all__ = ["GUARD", "REPORT", "CallerSites", "Guard", "Listener", "aside", "compiling",
+           "install", "live_watchers", "standing_aside", "transforming", "user_site"]  # fmt: skip
+
+
+class Listener(Protocol):
+    """What the patches call on each live listener (:func:`register`): a
+    :class:`~nanscope.torch.watcher.Watcher`, or ``nanscope run``'s stand-ins that watch before
+    there is one (:mod:`nanscope.torch.autowatch`)."""
+
+    def owns(self, optimizer: Any) -> bool:
+        """This listener watches ``optimizer`` (the GradScaler's step is reported to it)."""
+        ...
+
+    def on_backward(self, tensor: torch.Tensor, site: CallSite | None) -> None:
+        """``backward()`` is about to run on the one-element ``tensor``, called at ``site``."""
+        ...
+
+    def on_loss_module(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """A loss module (``nn.MSELoss``...) was called with these arguments."""
+        ...
+
+    def on_clip(self, total: Any) -> None:
+        """``clip_grad_norm_`` returned the pre-clip ``total`` norm."""
+        ...
+
+    def scaler_step_begin(self, scaler: Any) -> None:
+        """A GradScaler's ``step`` of an optimizer this listener owns begins."""
+        ...
+
+    def scaler_step_end(self, scaler: Any) -> None:
+        """... and ended (it may have skipped the step)."""
+        ...
 
 
 class Guard(FaultGuard):
@@ -61,7 +91,7 @@ class Guard(FaultGuard):
 #: the guard of the process-wide patches
 GUARD = Guard()
 
-_LIVE: weakref.WeakSet[Any] = weakref.WeakSet()
+_LIVE: weakref.WeakSet[Listener] = weakref.WeakSet()
 
 
 def _never_compiling() -> bool:
@@ -141,7 +171,7 @@ def _quiet() -> Any:
 #: the live watchers as a tuple of weak references, what the patches read on every call (a
 #: ``WeakSet``'s ``len`` and iteration are Python calls; a tuple's are not). Remade on register,
 #: unregister and when a watcher is collected.
-_LIVE_NOW: tuple[weakref.ref[Any], ...] = ()
+_LIVE_NOW: tuple[weakref.ref[Listener], ...] = ()
 _LOCK = threading.Lock()
 _INSTALLED = False
 _STATE = threading.local()
@@ -263,11 +293,11 @@ def standing_aside() -> Any:
             table.update(items)
 
 
-def live_watchers() -> list[Any]:
+def live_watchers() -> list[Listener]:
     return list(_LIVE)
 
 
-def _live() -> list[Any]:
+def _live() -> list[Listener]:
     """The live watchers, from the snapshot (the patches' fast path)."""
     out = []
     for ref in _LIVE_NOW:
@@ -282,13 +312,13 @@ def _refresh(_gone: Any = None) -> None:
     _LIVE_NOW = tuple(weakref.ref(w, _refresh) for w in list(_LIVE))
 
 
-def register(watcher: Any) -> None:
+def register(watcher: Listener) -> None:
     install()
     _LIVE.add(watcher)
     _refresh()
 
 
-def unregister(watcher: Any) -> None:
+def unregister(watcher: Listener) -> None:
     _LIVE.discard(watcher)
     _refresh()
 

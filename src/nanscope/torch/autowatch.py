@@ -9,8 +9,8 @@
 The global hooks (all guarded: a fault inside nanscope warns once and switches that hook off):
 
 * ``torch.optim.optimizer.register_optimizer_step_pre_hook`` / post hook: the first step of any
-  optimizer creates its :class:`~nanscope.torch.watch.Watcher` (and Monitor), so optimizers created
-  inside ``Trainer.fit`` (Lightning) or ``Trainer.train`` (Hugging Face) are found too;
+  optimizer creates its :class:`~nanscope.torch.watcher.Watcher` (and Monitor), so optimizers
+  created inside ``Trainer.fit`` (Lightning) or ``Trainer.train`` (Hugging Face) are found too;
 * ``register_module_forward_pre_hook`` / ``register_module_forward_hook`` (``with_kwargs``,
   ``always_call``) track the call depth: the outermost module called between two steps whose
   parameters the optimizer holds is the model; its arguments (also keyword arguments, as Hugging
@@ -26,7 +26,7 @@ torch.no_grad(): p -= lr * p.grad``), with no ``torch.optim`` optimizer, are wat
 sample of the leaves the loss reached with the sample it kept at the end of the previous backward.
 When they changed and no optimizer stepped in between, the script updates by hand: from then on
 every backward is an update, checked right after it (the gradient fresh, the weights not yet
-changed) by a :class:`~nanscope.torch.watch.Watcher` on a stand-in optimizer
+changed) by a :class:`~nanscope.torch.watcher.Watcher` on a stand-in optimizer
 (:class:`ManualUpdate`).
 The first update's loss is kept; its gradient was not. The learning rate is read off the update
 and the gradient before it, ``lr = -<dw, g> / <g, g>`` on the samples, so each record carries the
@@ -46,9 +46,17 @@ import threading
 import warnings
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # (torch is imported by the script, not by arming the hooks)
+    from nanscope.torch.watcher import Watcher
 
 __all__ = ["ManualUpdate", "arm", "disarm", "enable", "enabled", "on_watcher", "watchers"]
+
+#: the ``source`` of the runs it watches, in the Monitor's meta
+RUN_SOURCE = "torch (nanscope run)"
+#: the ``optimizer`` of a loop that updates by hand
+MANUAL_OPTIMIZER = "manual update (no torch.optim)"
 
 _LOCK = threading.Lock()
 _ENABLED = False
@@ -56,15 +64,15 @@ _FINDER: _TorchImportHook | None = None
 _HANDLES: list[Any] = []
 #: the global module hooks, while they are on (a subset of _HANDLES' job, removed by _narrow)
 _MODULE_HANDLES: list[Any] = []
-_WATCHERS: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+_WATCHERS: weakref.WeakKeyDictionary[Any, Watcher] = weakref.WeakKeyDictionary()
 _STATE = threading.local()
 #: outermost modules called since the last optimizer step: id -> (weakref, args, kwargs, output)
 _SEEN: dict[int, tuple[Any, tuple[Any, ...], dict[str, Any], Any]] = {}
 #: models bound to a watcher: id(module) -> watchers
-_BOUND: dict[int, list[Any]] = {}
+_BOUND: dict[int, list[Watcher]] = {}
 #: called with each Watcher right after it is made for an optimizer (e.g. by
 #: ``nanscope.torch.distributed.arm``); a fault in one warns once and never stops training
-on_watcher: list[Callable[[Any], None]] = []
+on_watcher: list[Callable[[Watcher], None]] = []
 
 
 def arm() -> None:
@@ -109,7 +117,7 @@ def enabled() -> bool:
     return _ENABLED
 
 
-def watchers() -> list[Any]:
+def watchers() -> list[Watcher]:
     """The watchers created so far (one per optimizer that stepped, one for hand updates)."""
     found = list(_WATCHERS.values())
     if _MANUAL.watcher is not None:
@@ -339,7 +347,13 @@ class _Collector:
     def on_clip(self, total: Any) -> None:
         self.clip = total
 
-    def hand_over(self, watcher: Any) -> None:
+    def scaler_step_begin(self, scaler: Any) -> None:
+        pass  # (it owns no optimizer: never called)
+
+    def scaler_step_end(self, scaler: Any) -> None:
+        pass
+
+    def hand_over(self, watcher: Watcher) -> None:
         for tensor, site in self.losses:
             watcher.on_backward(tensor, site)
         if self.loss_module is not None:
@@ -372,7 +386,7 @@ def _step_post(optimizer: Any, args: Any, kwargs: Any) -> None:
             _guard().run("autowatch narrow", _narrow)
 
 
-def _watcher_for(optimizer: Any) -> Any:
+def _watcher_for(optimizer: Any) -> Watcher | None:
     watcher = _WATCHERS.get(optimizer)
     if watcher is not None:
         if watcher.model is None:
@@ -383,15 +397,14 @@ def _watcher_for(optimizer: Any) -> Any:
     if inner is not None and inner is not optimizer and hasattr(inner, "param_groups"):
         return None  # a wrapper (accelerate, Lightning): the inner optimizer is the one watched
     from nanscope.torch import _hooks
-    from nanscope.torch.watch import Watcher
+    from nanscope.torch.watcher import Watcher
 
     for live in _hooks.live_watchers():
         if isinstance(live, Watcher) and live.owns(optimizer) and not live.closed:
             _MANUAL.off = True  # an optimizer steps: not a loop that updates by hand
             return None  # the script watches it itself (nanscope.watch): one watcher, its own
 
-    watcher = Watcher(None, optimizer, hook_optimizer=False)
-    watcher.monitor.meta["source"] = "torch (nanscope run)"
+    watcher = Watcher(None, optimizer, hook_optimizer=False, meta={"source": RUN_SOURCE})
     _WATCHERS[optimizer] = watcher
     _bind(watcher)
     if watcher.model is None:
@@ -402,7 +415,7 @@ def _watcher_for(optimizer: Any) -> Any:
     return watcher
 
 
-def _bind(watcher: Any) -> None:
+def _bind(watcher: Watcher) -> None:
     """Pick the model: the outermost module seen whose parameters the optimizer holds most of."""
     ids = {id(p) for p in watcher.params()}
     best: tuple[int, Any, tuple[Any, ...], dict[str, Any], Any] | None = None
@@ -434,6 +447,10 @@ class ManualUpdate:
     def __init__(self, params: list[Any]) -> None:
         self.param_groups: list[dict[str, Any]] = [{"params": params, "lr": None}]
 
+    def set_lr(self, lr: float | None) -> None:
+        """The learning rate read off the update (what the next record carries)."""
+        self.param_groups[0]["lr"] = lr
+
 
 class _ManualUpdates:
     """Finds and watches parameter updates made without ``torch.optim`` (see the module doc)."""
@@ -447,7 +464,8 @@ class _ManualUpdates:
 
     def __init__(self) -> None:
         self.optimizer_stepped = False
-        self.watcher: Any = None
+        self.watcher: Watcher | None = None
+        self._optimizer: ManualUpdate | None = None
         self.off = False
         self._params: list[Any] = []
         self._weights: list[Any] | None = None
@@ -463,6 +481,12 @@ class _ManualUpdates:
     # the hooks of nanscope.torch._hooks call these on every live object
     def owns(self, optimizer: Any) -> bool:
         return False
+
+    def scaler_step_begin(self, scaler: Any) -> None:
+        pass  # (it owns no optimizer: never called)
+
+    def scaler_step_end(self, scaler: Any) -> None:
+        pass
 
     def on_loss_module(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         pass
@@ -560,33 +584,26 @@ class _ManualUpdates:
 
     def _check(self) -> None:
         self._grads = self._grad_sample()  # the gradient this update applies
-        self.watcher.optimizer.param_groups[0]["lr"] = self._lr
-        self.watcher.check()
+        watcher, optimizer = self.watcher, self._optimizer
+        assert watcher is not None and optimizer is not None
+        optimizer.set_lr(self._lr)
+        watcher.check()
         if _MODULE_HANDLES:
             _guard().run("autowatch narrow", _narrow)
 
     def _start(self) -> None:
-        from nanscope.torch.watch import Watcher
+        from nanscope.torch.watcher import Watcher
 
-        optimizer = ManualUpdate(list(self._params))
-        watcher = Watcher(None, optimizer, hook_optimizer=False)
-        watcher.monitor.meta["source"] = "torch (nanscope run)"
-        watcher.monitor.meta["optimizer"] = "manual update (no torch.optim)"
+        optimizer = self._optimizer = ManualUpdate(list(self._params))
+        watcher = Watcher(None, optimizer, hook_optimizer=False,
+                          meta={"source": RUN_SOURCE, "optimizer": MANUAL_OPTIMIZER})  # fmt: skip
         self.watcher = watcher
         _bind(watcher)
         for callback in list(on_watcher):
             _guard().run("autowatch on_watcher", callback, watcher)
         # the update before this one: its loss is known, its gradient is gone
         # (every backward before the weights first changed belonged to that first update)
-        first = self._first
-        step = 1
-        if first is not None:
-            import math
-
-            watcher.monitor.observe(
-                {"step": step, "loss": first, "nf_loss": 0 if math.isfinite(first) else 1}
-            )
-        watcher.step = step
+        watcher.first_update(self._first)
         watcher.on_backward(self._loss, self._site)  # it registered after this backward began
 
 

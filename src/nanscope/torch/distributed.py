@@ -59,6 +59,7 @@ import torch
 from nanscope.detectors import Alarm, Detector
 from nanscope.errors import UsageError
 from nanscope.monitor import Monitor
+from nanscope.schedule import Every
 
 __all__ = [
     "AgreeingDetectors",
@@ -157,6 +158,8 @@ class DistributedAgreement:
         self.rank = dist.get_rank()
         self.world_size = dist.get_world_size()
         self.every = every
+        #: the updates it combines on: those divisible by ``every``
+        self.schedule = Every(every)
         self._vec = torch.zeros(self.world_size + 3, dtype=torch.int64)
         self._held: tuple[str, int, int] | None = None  # kind, step, what level
         self.combines = 0
@@ -177,7 +180,7 @@ class DistributedAgreement:
         if local_alarm and self._held is None:
             code = KINDS.index(kind) if kind in KINDS else KINDS.index("nonfinite")
             self._held = (KINDS[max(code, 1)], int(step), level)
-        if self.every > 1 and step % self.every != 0:
+        if not self.schedule.due(step):
             return False, []
         vec = self._vec
         vec.zero_()

@@ -80,6 +80,16 @@ def param_names(model: Any) -> dict[int, str]:
         return {}
 
 
+def _aggregate_keys(names: list[str]) -> list[str]:
+    """Each name's top-level module, a level deeper while that leaves fewer than two keys."""
+    depth = 1
+    keys = [_aggregate_key(n, depth) for n in names]
+    while len(set(keys)) < 2 and depth < 3:
+        depth += 1
+        keys = [_aggregate_key(n, depth) for n in names]
+    return keys
+
+
 def _aggregate_key(name: str, depth: int) -> str:
     parts = name.split(".")
     return ".".join(parts[:depth]) if len(parts) > depth else name
@@ -88,21 +98,14 @@ def _aggregate_key(name: str, depth: int) -> str:
 class ParamMeasure:
     """Measures the parameters of one optimizer, update after update.
 
-    Made with DTensor parameters (FSDP2's ``fully_shard``, tensor parallel), ``ParamMeasure(...)``
-    gives a :class:`nanscope.torch.sharded.ShardedMeasure`: the same measures on the local shards,
-    combined across the ranks with one collective per update.
+    For DTensor parameters (FSDP2's ``fully_shard``, tensor parallel),
+    :func:`nanscope.torch.sharded.measure_for` makes a
+    :class:`~nanscope.torch.sharded.ShardedMeasure` instead: the same measures on the local
+    shards, combined across the ranks with one collective per update.
     """
 
     #: the lean per-update check applies (set by ``__init__``; never for sharded parameters)
     lean = False
-
-    def __new__(cls, params: list[torch.Tensor], names: Mapping[int, str]) -> ParamMeasure:
-        if cls is ParamMeasure:
-            from nanscope.torch import sharded
-
-            if sharded.any_dtensor(params):
-                return super().__new__(sharded.ShardedMeasure)
-        return super().__new__(cls)
 
     def __init__(self, params: list[torch.Tensor], names: Mapping[int, str]) -> None:
         self.params = params
@@ -126,21 +129,32 @@ class ParamMeasure:
             self.notes.append(
                 f"{len(self.other)} complex parameter(s): norms only, no update cosine or flips"
             )
-        self.groups = self._dtype_groups(self.dense)
+        self.groups = _dtype_groups(params, self.dense)
         # grad-norm aggregation: by name, or by top-level module when there are many params
-        self.agg: list[str]
-        if len(params) > MAX_NAMES:
-            depth = 1
-            keys = [_aggregate_key(n, depth) for n in self.names]
-            while len(set(keys)) < 2 and depth < 3:
-                depth += 1
-                keys = [_aggregate_key(n, depth) for n in self.names]
-            self.agg = keys
-        else:
-            self.agg = list(self.names)
-        # the fixed sample: tensors of more than SAMPLE elements give SAMPLE // BLOCK evenly
-        # spaced blocks of BLOCK contiguous elements (a cache line each: a strided gather of
-        # single elements would miss the cache once per element), smaller ones are taken whole
+        self.agg: list[str] = _aggregate_keys(self.names) if len(params) > MAX_NAMES \
+            else list(self.names)  # fmt: skip
+        self._plan_sample(params)
+        self._f32 = all(v.dtype == torch.float32 for v in self._views)
+        self._half = 0  # which half holds this update's rows
+        self._have_prev = False
+        # built once: what each update walks over
+        self._order = [i for idx, _ in self.groups for i in idx] + list(self.other)
+        self._wlists = [([params[i].detach() for i in idx], dtype) for idx, dtype in self.groups]
+        self._nan: torch.Tensor | None = None
+        self.count = 0
+        #: the lean per-update check applies (:meth:`lean_norms`): dense CPU parameters in
+        #: float32/float64, nothing on the meta device, nothing complex
+        self.lean = (
+            type(self) is ParamMeasure and not self.meta and not self.other and bool(self.dense)
+            and all(dtype is None for _, dtype in self.groups)
+            and all(params[i].device.type == "cpu" for i in self.dense)
+        )  # fmt: skip
+        self._plan_lean(params)
+
+    def _plan_sample(self, params: list[torch.Tensor]) -> None:
+        """The fixed sample: tensors of more than SAMPLE elements give SAMPLE // BLOCK evenly
+        spaced blocks of BLOCK contiguous elements (a cache line each: a strided gather of single
+        elements would miss the cache once per element), smaller ones are taken whole."""
         self.sampled: list[int] = []
         eligible = [i for i in self.dense if params[i].numel() and params[i].is_contiguous()]
         if len(eligible) > MAX_SAMPLED:  # a fixed cost per update: the largest tensors
@@ -189,22 +203,10 @@ class ParamMeasure:
                 self.notes.append("parameters on several devices: update cosine off")
                 self._views = self._lviews = self._sviews = []
                 self._large, self._small, self.sampled = [], [], []
-        self._f32 = all(v.dtype == torch.float32 for v in self._views)
-        self._half = 0  # which half holds this update's rows
-        self._have_prev = False
-        # built once: what each update walks over
-        self._order = [i for idx, _ in self.groups for i in idx] + list(self.other)
-        self._wlists = [([params[i].detach() for i in idx], dtype) for idx, dtype in self.groups]
-        self._nan: torch.Tensor | None = None
-        self.count = 0
-        #: the lean per-update check applies (:meth:`lean_norms`): dense CPU parameters in
-        #: float32/float64, nothing on the meta device, nothing complex
-        self.lean = (
-            type(self) is ParamMeasure and not self.meta and not self.other and bool(self.dense)
-            and all(dtype is None for _, dtype in self.groups)
-            and all(params[i].device.type == "cpu" for i in self.dense)
-        )  # fmt: skip
-        # the tensors of each dtype group, in the layout's order (the lean check's norms follow it)
+
+    def _plan_lean(self, params: list[torch.Tensor]) -> None:
+        """What the lean check's norms walk: the tensors of each dtype group, in the layout's
+        order, and the stacked buffers of many small ones."""
         self._lean_groups = [[params[i] for i in idx] for idx, _ in self.groups]
         # many small tensors (a model of many small layers): one norm call each costs more than
         # copying them into a few buffers and taking a dot product of each; their per-tensor
@@ -215,13 +217,6 @@ class ParamMeasure:
             keep = set(small)
             self._lean_stacked = ([params[i] for i in self.dense if i not in keep],
                                   _stacks([params[i] for i in small]))  # fmt: skip
-
-    def _dtype_groups(self, indices: Iterable[int]) -> list[tuple[list[int], torch.dtype | None]]:
-        by: dict[tuple[torch.dtype, str], list[int]] = {}
-        for i in indices:
-            p = self.params[i]
-            by.setdefault((p.dtype, str(p.device)), []).append(i)
-        return [(idx, torch.float32 if dt in _HALF else None) for (dt, _), idx in by.items()]
 
     # ------------------------------------------------------------------ per update
 
@@ -445,8 +440,8 @@ class ParamMeasure:
                         # every element finite, only the float32 sum of squares overflowed: the
                         # true norm, which may itself lie past the float32 range
                         idx = [order[k] for k in present]
-                        out["grad_norm"] = norm = self._exact_norm(idx, grads=True)
-                        if norm > self._range_of(idx):
+                        out["grad_norm"] = norm = _exact_norm(self.params, idx, grads=True)
+                        if norm > _range_of(self.params, idx):
                             out["grad_past_range"] = True
                 out["nf_grads"] = nf_grads
                 if layout.get("names"):
@@ -466,34 +461,10 @@ class ParamMeasure:
                         nf_params += self._count_nonfinite_param(order[k])
             out["weight_norm"] = math.sqrt(w_sq) if not math.isnan(w_sq) else math.nan
             if not math.isfinite(w_sq) and not nf_params:
-                out["weight_norm"] = self._exact_norm(range(n), grads=False)
+                out["weight_norm"] = _exact_norm(self.params, range(n), grads=False)
             out["nf_params"] = nf_params
         if layout.get("stats"):
-            G = values[pos : pos + 36]
-            r = 3 * int(layout.get("half", 0))
-            q = 3 - r  # the previous update's half
-            w, g, s, wp, gp, sp = r, r + 1, r + 2, q, q + 1, q + 2
-
-            def at(i: int, j: int) -> float:
-                return G[6 * i + j]
-
-            uu = at(w, w) - 2.0 * at(w, wp) + at(wp, wp)
-            ugp = at(w, gp) - at(wp, gp)
-            ug = at(w, g) - at(wp, g)
-            ggp, gpgp, gg = at(g, gp), at(gp, gp), at(g, g)
-            # sign w . sign w_prev = same - opposite (both nonzero); |sign w_prev|^2 = nonzero
-            total = at(sp, sp)
-            flips = max(0.0, (total - at(s, sp)) / 2.0)
-            un = math.sqrt(max(uu, 0.0))
-            out["update_norm"] = un
-            if un > 0 and gpgp > 0:
-                out["update_cos"] = _clip(ugp / (un * math.sqrt(gpgp)))
-            if un > 0 and gg > 0:
-                out["update_cos_same"] = _clip(ug / (un * math.sqrt(gg)))
-            if gg > 0 and gpgp > 0:
-                out["grad_cos"] = _clip(ggp / math.sqrt(gg * gpgp))
-            if total > 0:
-                out["flip_frac"] = flips / total
+            out.update(_direction(values[pos : pos + 36], int(layout.get("half", 0))))
         return out
 
     def grad_norms(self, gnorms: list[float], present: Iterable[int] | None = None) -> dict:
@@ -507,37 +478,6 @@ class ParamMeasure:
         if len(per) < 2:
             return {}
         return {k: math.sqrt(v) for k, v in per.items()}
-
-    def _exact_norm(self, indices: Iterable[int], *, grads: bool) -> float:
-        """The 2-norm of these gradients (or weights) in float64, scaled by their largest
-        magnitude so that no square overflows: the true size of finite values whose float32
-        sum of squares was inf (rare: only then is it called)."""
-        parts: list[torch.Tensor] = []
-        for i in indices:
-            t = self.params[i].grad if grads else self.params[i]
-            if t is None:
-                continue
-            t = t.detach()
-            if t.is_sparse:
-                t = t.coalesce().values()
-            if t.is_floating_point():
-                parts.append(t.reshape(-1))
-        if not parts:
-            return math.nan
-        top = max(float(torch.linalg.vector_norm(p, ord=math.inf)) for p in parts)
-        if not math.isfinite(top) or top == 0:
-            return top
-        total = math.fsum(float(torch.sum((p.double() / top) ** 2)) for p in parts)
-        return top * math.sqrt(total)
-
-    def _range_of(self, indices: Iterable[int]) -> float:
-        """The largest finite value of the widest floating dtype among these parameters."""
-        top = 0.0
-        for i in indices:
-            p = self.params[i]
-            if p.is_floating_point():
-                top = max(top, float(torch.finfo(p.dtype).max))
-        return top or math.inf
 
     def _count_nonfinite_grad(self, i: int) -> int:
         g = self.params[i].grad
@@ -579,6 +519,81 @@ def _stacks(small: list[torch.Tensor]) -> list[_Stack]:
 def _blocks(t: torch.Tensor, stride: int) -> torch.Tensor:
     """``SAMPLE // BLOCK`` blocks of ``BLOCK`` contiguous elements, ``stride`` apart (a view)."""
     return torch.as_strided(t, (SAMPLE // BLOCK, BLOCK), (stride, 1), t.storage_offset())
+
+
+def _dtype_groups(
+    params: list[torch.Tensor], indices: Iterable[int]
+) -> list[tuple[list[int], torch.dtype | None]]:
+    """The parameters by dtype and device; a half-precision group is measured in float32."""
+    by: dict[tuple[torch.dtype, str], list[int]] = {}
+    for i in indices:
+        p = params[i]
+        by.setdefault((p.dtype, str(p.device)), []).append(i)
+    return [(idx, torch.float32 if dt in _HALF else None) for (dt, _), idx in by.items()]
+
+
+def _exact_norm(params: list[torch.Tensor], indices: Iterable[int], *, grads: bool) -> float:
+    """The 2-norm of these gradients (or weights) in float64, scaled by their largest
+    magnitude so that no square overflows: the true size of finite values whose float32
+    sum of squares was inf (rare: only then is it called)."""
+    parts: list[torch.Tensor] = []
+    for i in indices:
+        t = params[i].grad if grads else params[i]
+        if t is None:
+            continue
+        t = t.detach()
+        if t.is_sparse:
+            t = t.coalesce().values()
+        if t.is_floating_point():
+            parts.append(t.reshape(-1))
+    if not parts:
+        return math.nan
+    top = max(float(torch.linalg.vector_norm(p, ord=math.inf)) for p in parts)
+    if not math.isfinite(top) or top == 0:
+        return top
+    total = math.fsum(float(torch.sum((p.double() / top) ** 2)) for p in parts)
+    return top * math.sqrt(total)
+
+
+def _range_of(params: list[torch.Tensor], indices: Iterable[int]) -> float:
+    """The largest finite value of the widest floating dtype among these parameters."""
+    top = 0.0
+    for i in indices:
+        p = params[i]
+        if p.is_floating_point():
+            top = max(top, float(torch.finfo(p.dtype).max))
+    return top or math.inf
+
+
+def _direction(G: list[float], half: int) -> dict[str, Any]:
+    """The update's direction measures from the 6 x 6 Gram matrix ``G`` (row-major) of the
+    sample buffer's rows; ``half``: which half holds this update's rows."""
+    out: dict[str, Any] = {}
+    r = 3 * half
+    q = 3 - r  # the previous update's half
+    w, g, s, wp, gp, sp = r, r + 1, r + 2, q, q + 1, q + 2
+
+    def at(i: int, j: int) -> float:
+        return G[6 * i + j]
+
+    uu = at(w, w) - 2.0 * at(w, wp) + at(wp, wp)
+    ugp = at(w, gp) - at(wp, gp)
+    ug = at(w, g) - at(wp, g)
+    ggp, gpgp, gg = at(g, gp), at(gp, gp), at(g, g)
+    # sign w . sign w_prev = same - opposite (both nonzero); |sign w_prev|^2 = nonzero
+    total = at(sp, sp)
+    flips = max(0.0, (total - at(s, sp)) / 2.0)
+    un = math.sqrt(max(uu, 0.0))
+    out["update_norm"] = un
+    if un > 0 and gpgp > 0:
+        out["update_cos"] = _clip(ugp / (un * math.sqrt(gpgp)))
+    if un > 0 and gg > 0:
+        out["update_cos_same"] = _clip(ug / (un * math.sqrt(gg)))
+    if gg > 0 and gpgp > 0:
+        out["grad_cos"] = _clip(ggp / math.sqrt(gg * gpgp))
+    if total > 0:
+        out["flip_frac"] = flips / total
+    return out
 
 
 def _clip(value: float) -> float:

@@ -1,9 +1,9 @@
 """The torch record builder: one optimizer step's measures in, one trace record out.
 
 Every torch entry point (``nanscope.watch``, ``nanscope run``'s autowatch, the Lightning and Hugging
-Face callbacks) builds its records here, through a :class:`~nanscope.torch.watch.Watcher`, so a run
-is diagnosed from the same records whichever way it was watched. Two halves, so the device can be
-read late (:mod:`nanscope.torch.deferred`):
+Face callbacks) builds its records here, through a :class:`~nanscope.torch.watcher.Watcher`, so a
+run is diagnosed from the same records whichever way it was watched. Two halves, so the device can
+be read late (:mod:`nanscope.torch.deferred`):
 
 * :meth:`RecordBuilder.pack` gathers the step's device-side values into one float32 vector: the
   loss, the batch's min/max (on full updates), the pre-clip norm, the loss scale and the fused
@@ -18,13 +18,16 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Mapping
 from typing import Any
 
 import torch
+from nanscope.schedule import Every, Rises
 from nanscope.torch.measure import ParamMeasure, batch_stats, column_scale
+from nanscope.torch.sharded import measure_for
 from nanscope.torch.window import StepWindow
 
-__all__ = ["FULL_EVERY", "RecordBuilder", "count_nonfinite", "step_extra"]
+__all__ = ["FULL_EVERY", "RecordBuilder", "count_nonfinite", "read_lr", "step_extra"]
 
 #: default ``every``: the weight norm, per-layer gradient norms and batch max |x| every this many
 #: updates (the loss, gradient finiteness and norm, and the sampled cosines on every update)
@@ -34,23 +37,27 @@ FULL_EVERY = 64
 class RecordBuilder:
     """Builds the records of one optimizer (see the module docstring).
 
-    every: take the full measures every ``every`` updates; names: ``id(param) -> name``.
+    every: take the full measures every ``every`` updates (:attr:`full`: the first of each
+    ``every``, counted from 1); names: ``id(param) -> name``.
     """
 
     def __init__(self, every: int = FULL_EVERY) -> None:
         self.every = every
+        #: the full updates: 1, every + 1, 2 * every + 1...
+        self.full = Every(every, offset=1)
+        #: the update after each full one (its direction sample is a point for the plots)
+        self.after_full = Every(every, offset=2)
         self.names: dict[int, str] = {}
         self.measure: ParamMeasure | None = None
         self._groups_sig: list[tuple[int, int]] = []
         self._sampled_at = -1
-        self._prev_loss: float | None = None
         #: the first finite loss a record carried: where the run started
         self.first_loss: float | None = None
         self._scales_seen = False
-        #: how many times in a row the loss rose, up to the last record
-        self.rises = 0
+        self._rises = Rises()
         # per-param gradient norms of recent updates, for the per-name norms at a stop
         self._gnorms: deque[tuple[int, list[float], Any]] = deque(maxlen=64)
+        self._extra: dict[str, Any] = {}  # for the next record's ``extra``
 
     # ------------------------------------------------------------------ the parameters
 
@@ -70,7 +77,7 @@ class RecordBuilder:
         """The measure of these parameters (made anew when they are not the measured ones)."""
         key = (len(params), sum(id(p) for p in params))
         if self.measure is None or self.measure.key != key:
-            self.measure = ParamMeasure(params, self.names)
+            self.measure = measure_for(params, self.names)
         self._groups_sig = _group_signature(optimizer)
         return self.measure
 
@@ -83,6 +90,16 @@ class RecordBuilder:
         """Forget the previous update (the sampled cosines start over): after a skip/rollback."""
         if self.measure is not None:
             self.measure.reset_history()
+
+    def add_extra(self, extra: Mapping[str, Any]) -> None:
+        """Fields for the next record's ``extra`` (a trainer's own logged values)."""
+        self._extra.update(extra)
+
+    def take_extra(self, record: dict[str, Any]) -> None:
+        """The fields :meth:`add_extra` gave go into this record (its own win a clash)."""
+        if self._extra:
+            record["extra"] = {**self._extra, **record.get("extra", {})}
+            self._extra = {}
 
     # ------------------------------------------------------------------ device side
 
@@ -99,7 +116,7 @@ class RecordBuilder:
         """This step's device vector, its ``ctx`` and its batch ``(inputs, targets, rows)``."""
         measure = self.measure
         assert measure is not None
-        full = (step - 1) % self.every == 0
+        full = self.full.due(step)
         # read every update (CPU): the sample is taken after the read, only when it is wanted
         vec, layout = measure.device_vector(full, sample=interval > 1)
         if interval > 1:
@@ -205,7 +222,12 @@ class RecordBuilder:
     @property
     def last_loss(self) -> float | None:
         """The loss of the last record the sampling decision saw."""
-        return self._prev_loss
+        return self._rises.last
+
+    @property
+    def rises(self) -> int:
+        """How many times in a row the loss rose, up to the last record."""
+        return self._rises.count
 
     def keep_norms(self, step: int, gnorms: list[float]) -> None:
         """Keep this update's per-parameter gradient norms (the per-name norms at a stop)."""
@@ -225,10 +247,9 @@ class RecordBuilder:
         loss = record.get("loss")
         if self.first_loss is None and type(loss) is float and loss - loss == 0.0:
             self.first_loss = loss  # where the run started (finite)
-        prev, self._prev_loss = self._prev_loss, loss
-        rising = loss is not None and prev is not None and loss > prev
-        self.rises = self.rises + 1 if rising else 0
-        if not (self.rises >= 2 or full or (step - 2) % self.every == 0):
+        rises = self._rises
+        prev = rises.last
+        if not (rises.see(loss) >= 2 or full or self.after_full.due(step)):
             return prev
         measure = self.measure
         if measure is None:
@@ -289,6 +310,19 @@ class RecordBuilder:
             names = measure.grad_norms(gnorms, have)
             if names:
                 record["grad_norms"] = names
+
+
+def read_lr(optimizer: Any) -> float | None:
+    """The learning rate of the optimizer's first group, as a record's ``lr``."""
+    try:
+        lr = optimizer.param_groups[0].get("lr")
+    except (AttributeError, IndexError):
+        return None
+    if type(lr) is float:  # the common case first: it is read on every update
+        return lr
+    if isinstance(lr, torch.Tensor):
+        return float(lr.detach().cpu())
+    return float(lr) if isinstance(lr, (int, float)) else None
 
 
 def step_extra(

@@ -2,8 +2,8 @@
 weights, without ever gathering a full tensor.
 
 Under FSDP2 every parameter is a ``DTensor``: each rank holds one shard (``.to_local()``), and so
-does its gradient. :class:`ShardedMeasure` (what ``ParamMeasure(params, names)`` becomes when a
-parameter is a DTensor) takes the usual measures of :mod:`nanscope.torch.measure` on the local
+does its gradient. :class:`ShardedMeasure` (what :func:`measure_for` makes when a parameter is
+a DTensor) takes the usual measures of :mod:`nanscope.torch.measure` on the local
 shards and combines them across the ranks with **one** ``all_reduce(SUM)`` per update of one
 float64 vector (``2 n + 36 + 3 W + 2`` values for ``n`` parameters and ``W`` ranks):
 
@@ -56,6 +56,7 @@ __all__ = [
     "is_sharded",
     "load_last_good",
     "local_shards",
+    "measure_for",
     "replicated",
     "restore_shards",
     "save_shards",
@@ -64,7 +65,7 @@ __all__ = [
 #: the ``format`` field of a rank's ``last_good.pt``
 FORMAT = "nanscope.local_shards/1"
 #: at most this many non-finite rows named per parameter and rank
-MAX_ROWS = 16
+SHARD_ROWS_NAMED = 16
 
 
 _DTENSOR: list[type | None] = []
@@ -163,6 +164,14 @@ def _world() -> tuple[int, int]:
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
+
+
+def measure_for(params: list[torch.Tensor], names: Mapping[int, str]) -> ParamMeasure:
+    """The measure of these parameters: a :class:`ShardedMeasure` when one is a DTensor (FSDP2's
+    ``fully_shard``, tensor parallel), else a :class:`~nanscope.torch.measure.ParamMeasure`."""
+    if any_dtensor(params):
+        return ShardedMeasure(params, names)
+    return ParamMeasure(params, names)
 
 
 class ShardedMeasure(ParamMeasure):
@@ -501,7 +510,7 @@ class ShardedMeasure(ParamMeasure):
                     start = _offset(p)[0]
                 except Exception:
                     start = 0
-            entry["rows"] = [int(r) + start for r in rows[:MAX_ROWS].tolist()]
+            entry["rows"] = [int(r) + start for r in rows[:SHARD_ROWS_NAMED].tolist()]
             entry["rows_total"] = int(rows.numel())
         return entry
 

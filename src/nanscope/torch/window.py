@@ -1,8 +1,8 @@
 """The per-step window: what happened between two optimizer steps (batch, output, losses, clip).
 
 A :class:`StepWindow` is fed by the hooks (the model's forward, ``loss.backward()``, a loss module,
-``clip_grad_norm_``) and read once per update by the :class:`~nanscope.torch.watch.Watcher` when
-it checks the step; :meth:`StepWindow.reset` empties it for the next one. It holds references
+``clip_grad_norm_``) and read once per update by the :class:`~nanscope.torch.watcher.Watcher`
+when it checks the step; :meth:`StepWindow.reset` empties it for the next one. It holds references
 only: nothing is copied or read from an accelerator here.
 
 Several backward calls before one step are micro-batches (gradient accumulation): the step's loss
@@ -100,8 +100,10 @@ class StepWindow:
         *,
         rng: bool,
         probe: bool = True,
+        site: CallSite | None = None,
     ) -> None:
-        """The model's forward ran; ``rng``: keep the CPU RNG state (for an exact replay).
+        """The model's forward ran; ``rng``: keep the CPU RNG state (for an exact replay);
+        ``site``: the user's line that called the model.
 
         The state (a 5 kB copy) is kept on every forward while the forward is known to draw
         from the RNG (dropout); a ``probe`` forward keeps it and :meth:`probe_rng` compares it at
@@ -110,6 +112,7 @@ class StepWindow:
         self.args = args
         self.kwargs = kwargs
         self.output = output
+        self.model_site = site
         if output is not None:
             self.keep_output_grad(output)
         else:  # (what keep_output_grad starts with; the forward hook gives the output later)
@@ -122,6 +125,17 @@ class StepWindow:
             self.rng = torch.get_rng_state()
             self.rng_probing = probe
         self.autocast = autocast_dtype()
+
+    def on_traced_forward(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """The model's forward while ``torch.compile`` traces it: references only, which the
+        compiler replays after the graph (reading the RNG or the frames would break the graph,
+        an error under ``fullgraph=True``)."""
+        self.args, self.kwargs, self.rng = args, kwargs, None
+
+    def on_output(self, output: Any) -> None:
+        """The model's forward returned ``output`` (its gradient and the RNG probe follow, where
+        wanted: :meth:`keep_output_grad`, :meth:`probe_rng`)."""
+        self.output = output
 
     def probe_rng(self) -> None:
         """At the end of a probed forward: did it draw from the CPU RNG?"""
@@ -171,9 +185,10 @@ class StepWindow:
         tensor: torch.Tensor,
         site: CallSite | None,
         scaler: Any,
-        inspect: Callable[[torch.Tensor, CallSite | None], None],
+        inspect: Callable[[torch.Tensor, CallSite | None], dict[str, Any] | None],
     ) -> None:
-        """``backward()`` was called on ``tensor``; ``inspect`` reads a broken CPU graph now."""
+        """``backward()`` was called on ``tensor``; ``inspect`` reads a broken CPU graph now
+        (what it found, ``{}`` for nothing, None when it could not look)."""
         self.last_loss = tensor
         self.site = site
         output = self.output
@@ -192,7 +207,9 @@ class StepWindow:
             number = float(value)
             self.loss_floats.append(number)
             if self.graph_located is None and not math.isfinite(number):
-                inspect(tensor, site)
+                found = inspect(tensor, site)
+                if found is not None:
+                    self.graph_located = found
 
     def on_loss_module(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         if args and not self._loss_module_seen:
@@ -212,10 +229,41 @@ class StepWindow:
             if target is not None:
                 self.loss_args = (*args, target)
 
-    def on_clip(self, total: Any) -> None:
+    def on_clip(self, total: Any, call: tuple[Any, Any, Any] | None = None) -> None:
+        """``clip_grad_norm_`` returned ``total``; ``call``: its ``(params, max_norm,
+        norm_type)`` when they were read."""
         if isinstance(total, torch.Tensor):
             self.clip_norm = sharded.replicated(total.detach())  # FSDP2: a replicated DTensor
             self.clip_backwards = len(self.losses)
+        self.clip_call = call
+
+    def restart_losses(self, loss: torch.Tensor | None = None) -> None:
+        """The step's losses start again (a closure's evaluations): empty, or ``loss`` alone."""
+        self.losses = [] if loss is None else [loss.detach().reshape(())]
+
+    def drop_graph(self) -> None:
+        """Forget the loss tensor and the output once the update is checked: they hold the
+        autograd graph (an unrolled graph, LBFGS's last closure) until the next backward."""
+        self.last_loss = None
+        self.output = None
+        if self.loss_args_live:
+            # the loss module's arguments stay for a replay, without the graph the output holds
+            self.loss_args_live = False
+            self.loss_args = tuple(
+                a.detach() if isinstance(a, torch.Tensor) and a.requires_grad else a
+                for a in self.loss_args
+            )
+
+    def forget_update(self) -> None:
+        """A finite update the lean check passed is never replayed: its loss module's arguments
+        are not kept, nor the loss and the output (their graph)."""
+        self.loss_args, self.loss_args_live = (), False
+        self.last_loss = self.output = None
+
+    @property
+    def holds_graph(self) -> bool:
+        """Something of this update may still hold its autograd graph."""
+        return self.loss_args_live or self.output is not None or self.last_loss is not None
 
     @property
     def clip_fresh(self) -> bool:
