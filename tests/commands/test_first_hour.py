@@ -332,3 +332,30 @@ def test_every_command_has_q_and_bare_nanscope_is_a_usage_error(tmp_path: Path) 
         assert "``" not in done.stdout, f"{name} --help shows raw markup"
     bare = _nanscope(cwd=tmp_path)
     assert bare.returncode == 2 and bare.stdout == "" and "usage: nanscope" in bare.stderr
+
+
+NEVER_STEPS = """\
+import torch
+
+torch.manual_seed(0)
+X, y = torch.randn(192, 4), torch.randn(192, 1)
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+for epoch in range(3):
+    for i, start in enumerate(range(0, 192, 64)):   # 3 batches an epoch
+        loss = torch.nn.functional.mse_loss(model(X[start:start + 64]), y[start:start + 64])
+        (loss / 4).backward()
+        if (i + 1) % 4 == 0:                         # never true: i restarts every epoch
+            opt.step()
+            opt.zero_grad()
+print("done")
+"""
+
+
+def test_a_fit_whose_optimizer_never_steps_is_named_not_healthy(tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text(NEVER_STEPS)
+    done = _nanscope("run", "--json", "d.json", "--", "train.py", cwd=tmp_path)
+    assert done.returncode == 0 and done.stdout.strip() == "done"  # the script's own exit
+    assert "called backward() 9 times but no optimizer ever stepped" in done.stderr
+    found = json.loads((tmp_path / "d.json").read_text())
+    assert found["verdict"] == "unobserved" and found["cause"] != "healthy"

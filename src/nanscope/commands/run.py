@@ -610,6 +610,12 @@ def _nothing_to_diagnose(target: Target, signals: _Signals, args: argparse.Names
                   "watches Python: nanscope run -- python train.py)")  # fmt: skip
     else:
         reason = f"{target.name} created no Monitor and no watched optimizer stepped"
+        backwards = _backwards_without_step()
+        if backwards:
+            reason = (f"{target.name} called backward() {backwards} times but no optimizer "
+                      "ever stepped and no weight was updated by hand: its weights never "
+                      "changed (is opt.step() behind a condition that is never true, like an "
+                      "accumulation counter that restarts every epoch?)")  # fmt: skip
         if signals.crashed:
             reason = f"{target.name} stopped with {signals.crashed} before any update"
     progress(f"nanscope: {reason}; nothing to diagnose")
@@ -620,6 +626,14 @@ def _nothing_to_diagnose(target: Target, signals: _Signals, args: argparse.Names
             diagnosis.extra["interrupted"] = {"signal": signals.caught, "step": None}
         write_json(diagnosis, args.json)
         write_html(diagnosis, None, args.html)
+
+
+def _backwards_without_step() -> int:
+    autowatch = sys.modules.get("nanscope.torch.autowatch")
+    try:
+        return int(autowatch.backwards_without_step()) if autowatch is not None else 0
+    except Exception:
+        return 0
 
 
 def _last_step(monitor: Monitor) -> int | None:

@@ -51,7 +51,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # (torch is imported by the script, not by arming the hooks)
     from nanscope.torch.watcher import Watcher
 
-__all__ = ["ManualUpdate", "arm", "disarm", "enable", "enabled", "on_watcher", "watchers"]
+__all__ = ["ManualUpdate", "arm", "backwards_without_step", "disarm", "enable", "enabled",
+           "on_watcher", "watchers"]
 
 #: the ``source`` of the runs it watches, in the Monitor's meta
 RUN_SOURCE = "torch (nanscope run)"
@@ -115,6 +116,11 @@ def disarm() -> None:
 
 def enabled() -> bool:
     return _ENABLED
+
+
+def backwards_without_step() -> int:
+    """How many backward() calls the script made while no optimizer had stepped yet."""
+    return _COLLECTOR.unstepped
 
 
 def watchers() -> list[Watcher]:
@@ -322,6 +328,9 @@ class _Collector:
     """Keeps what happens before an optimizer's first step, when no Watcher exists for it yet."""
 
     def __init__(self) -> None:
+        #: backward() calls while no optimizer had stepped yet (a step that never comes: the
+        #: weights never change, and ``nanscope run`` says so)
+        self.unstepped = 0
         self.reset()
 
     def reset(self) -> None:
@@ -338,8 +347,10 @@ class _Collector:
     def on_backward(self, tensor: Any, site: Any) -> None:
         # inside a step (a closure's evaluations) the step's own Watcher sees the backward; a
         # loss kept here would keep its graph alive, 20 of them per LBFGS step
-        if getattr(_STATE, "stepping", None) is None and len(self.losses) < 64:
-            self.losses.append((tensor, site))
+        if getattr(_STATE, "stepping", None) is None:
+            self.unstepped += 1
+            if len(self.losses) < 64:
+                self.losses.append((tensor, site))
 
     def on_loss_module(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         self.loss_module = (module, args, kwargs)
