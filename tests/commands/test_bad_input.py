@@ -20,6 +20,7 @@ import json
 import os
 import re
 import resource
+import signal
 import subprocess
 import sys
 import textwrap
@@ -149,7 +150,14 @@ class Result:
 
 
 def _limit_memory() -> None:  # pragma: no cover - runs in the child
+    _as_from_a_terminal()
     resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
+
+
+def _as_from_a_terminal() -> None:  # pragma: no cover - runs in the child
+    """Ctrl-C delivered as from a terminal: a suite started in the background (``cmd &``) hands
+    its children SIGINT ignored, and their Python would never see one."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _run(case: Case, folder: Path) -> Result:
@@ -200,7 +208,7 @@ def _nanscope(
         stderr=subprocess.PIPE,
         text=True,
         timeout=120,
-        preexec_fn=_limit_memory if memory else None,
+        preexec_fn=_limit_memory if memory else _as_from_a_terminal,
     )
 
 
