@@ -87,6 +87,8 @@ class UpdateInputs:
     lrs: list[float]
     iterations: list[Iteration] = field(default_factory=list)
     nbytes: int = 0
+    #: the ids of the tensors it holds (the next update's new bytes are read against them)
+    ids: frozenset[int] = frozenset()
 
     @property
     def forwards(self) -> list[Forward]:
@@ -199,7 +201,8 @@ class History:
                 scope = frame.f_locals
                 iterations = [Iteration({n: scope[n] for n in captured if n in scope})]
         lrs = [_float(g.get("lr")) for g in self.optimizer.param_groups]
-        entry = UpdateInputs(step, lrs, iterations, _new_bytes(iterations, self.updates))
+        nbytes, ids = _new_bytes(iterations, self.updates[-1].ids if self.updates else None)
+        entry = UpdateInputs(step, lrs, iterations, nbytes, ids)
         self.updates.append(entry)
         self._kept_bytes += entry.nbytes
         horizon = self.every * (KEEP + 1) + 2
@@ -401,16 +404,17 @@ def _parts(iterations: list[Iteration]) -> list[Any]:
     return [[it.forwards, list(it.values.values())] for it in iterations]
 
 
-def _new_bytes(iterations: list[Iteration], before: deque[UpdateInputs]) -> int:
-    """The bytes of this update's tensors that the previous update did not hold already (a
-    full batch reused every update costs nothing more)."""
-    seen: set[int] = set()
-    if before:
-        for t in _tensors(_parts(before[-1].iterations)):
-            seen.add(id(t))
+def _new_bytes(iterations: list[Iteration],
+               before: frozenset[int] | None) -> tuple[int, frozenset[int]]:  # fmt: skip
+    """The bytes of this update's tensors that the previous update (``before``: its tensors'
+    ids) did not hold already (a full batch reused every update costs nothing more), and this
+    update's tensors' ids."""
+    seen = before or frozenset()
+    mine: set[int] = set()
     total = 0
     for t in _tensors(_parts(iterations)):
-        if id(t) not in seen:
-            seen.add(id(t))
+        key = id(t)
+        if key not in mine and key not in seen:
             total += t.numel() * t.element_size()
-    return total
+        mine.add(key)
+    return total, frozenset(mine)
