@@ -19,11 +19,10 @@ import tempfile
 import time
 import warnings
 
-import torch
-from torch import nn
-
 import nanscope
+import torch
 from nanscope.torch.history import KEEP
+from torch import nn
 
 
 def main() -> None:
