@@ -12,10 +12,9 @@ that worked".
   on the way. Only this kind may be called healthy, and only when the run was watched.
 * ``blown``: finite, but it ended more than ``FAR`` times above where it started, whatever path it
   took (one jump, a slow climb, an oscillation of growing amplitude). Never healthy.
-* ``returned``: finite and it ended near its start, but on the way it reached ``EXCURSION``
-  times its start or more and came back down, or ``FAR`` times and it ended above its start (an
-  explosion the fit survived, a curriculum step, a new data shard): at most suspect, never
-  stopped.
+* ``returned``: finite and it ended near its start, but on the way it reached ``EXCURSION`` times
+  its start or more and came back down (an explosion the fit survived, a curriculum step, a new
+  data shard): at most suspect, never stopped.
 * ``nonfinite``: a loss was NaN or inf.
 * ``empty``: no loss at all: nothing can be said.
 
@@ -113,7 +112,6 @@ class Outcome:
             return (
                 f"{went}, but on the way it reached {self.peak:.4g} ({_times(self.peak_ratio)} "
                 "its start) and came back down"
-                + (" only part of the way" if self.end_ratio > 1.0 else "")
             )
         return went
 
@@ -171,9 +169,7 @@ def judge(losses: Iterable[float | None]) -> Outcome:
         index = n - 1
         while index > 0 and ended_far_above(start, values[index - 1]):
             index -= 1
-    elif ended_far_above(start, peak, EXCURSION) or (
-            ended_far_above(start, peak) and _ratio(start, end) > 1.0):  # fmt: skip
-        # (a loss that went FAR above its start and ended above it has not trained either)
+    elif ended_far_above(start, peak, EXCURSION):
         kind = OutcomeKind.RETURNED
         index = values.index(peak)
     return Outcome(kind, start=start, end=end, peak=peak, best=best, updates=n, index=index)
