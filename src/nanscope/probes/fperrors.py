@@ -129,12 +129,7 @@ def errors_of(w: _Watch, step: int, monitor: Any) -> dict[str, Any] | None:
     if not events:
         return None
     first = producers[0] if producers else events[0]
-    located: dict[str, Any] = {
-        "op": first["op"], "source": first["source"], "message": first["message"],
-        "observed": bool(producers), "how": how, "step": step,
-        "why": first["why"], "inputs": first["inputs"],
-        "input_zero": bool(first["why"].get("zero", False)),
-    }  # fmt: skip
+    located = _located(first, step, how, observed=bool(producers))
     if producers and made_batch:
         # an op that made a value from finite ones, and the batch handed to update() holds a
         # non-finite value: the loop's (or the data preparation's) own op made the batch
@@ -160,13 +155,16 @@ def prepared(step: int) -> dict[str, Any] | None:
     producers = [e for e in _PRELUDE if e["why"].get("kind") != "nonfinite_input"]
     if not producers:
         return None
-    first = producers[0]
+    how = "numpy floating-point error, in the data preparation before training"
+    return {"phase": "preprocess", **_located(producers[0], step, how, observed=True)}
+
+
+def _located(event: dict[str, Any], step: int, how: str, *, observed: bool) -> dict[str, Any]:
+    """The located producer of one floating-point error event."""
     return {
-        "phase": "preprocess", "op": first["op"], "source": first["source"],
-        "message": first["message"], "observed": True, "step": step,
-        "how": "numpy floating-point error, in the data preparation before training",
-        "why": first["why"], "inputs": first["inputs"],
-        "input_zero": bool(first["why"].get("zero", False)),
+        "op": event["op"], "source": event["source"], "message": event["message"],
+        "observed": observed, "how": how, "step": step, "why": event["why"],
+        "inputs": event["inputs"], "input_zero": bool(event["why"].get("zero", False)),
     }  # fmt: skip
 
 
