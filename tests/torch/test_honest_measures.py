@@ -81,3 +81,51 @@ def test_the_first_batch_names_a_column_in_raw_units() -> None:
         watcher.close()
     first = monitor.trace.records[0]
     assert first["input_scale_column"] == 1 and first["input_scale_ratio"] > 100
+
+
+def _half_fit_with_static_scale(scale: float, monitor: nanscope.Monitor) -> list[float]:
+    """A float16 classifier trained with ``(loss * scale).backward()`` written by hand; the
+    losses the script itself logs."""
+    torch.manual_seed(0)
+    x = torch.randn(256, 8).half()
+    y = torch.randint(0, 16, (256,))
+    model = nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 16)).half()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    watcher = nanscope.watch(model, opt, monitor=monitor)
+    logged = []
+    try:
+        for _ in range(40):
+            opt.zero_grad()
+            logp = torch.log(torch.softmax(model(x), dim=-1))
+            loss = -logp.gather(-1, y.unsqueeze(-1)).mean()
+            (loss * scale).backward()
+            for p in model.parameters():
+                p.grad /= scale
+            opt.step()
+            logged.append(loss.item())
+    finally:
+        watcher.close()
+    return logged
+
+
+def test_a_static_loss_scale_that_overflows_float16_while_the_gradients_stay_finite_is_healthy(
+) -> None:
+    # ln(16) * 32768 is past 65504: the value backward() is called on is inf on every update,
+    # while its gradient, 32768 times each loss's, is finite and the fit trains
+    monitor = nanscope.Monitor(write=False)
+    logged = _half_fit_with_static_scale(32768.0, monitor)
+    assert logged[0] * 32768.0 > 65504 and all(math.isfinite(v) for v in logged)
+    assert logged[-1] < logged[0]
+    recorded = [r["loss"] for r in monitor.trace.records]
+    assert recorded == pytest.approx(logged, rel=1e-3)  # the loss before the scale
+    assert monitor.diagnose().verdict == "healthy"
+
+
+def test_a_static_loss_scale_whose_gradients_overflow_float16_still_stops() -> None:
+    # 2**24 times the gradient is past float16 in the backward: the step holds inf and stops
+    monitor = nanscope.Monitor(write=False)
+    with pytest.raises(nanscope.DivergenceError) as info:
+        _half_fit_with_static_scale(2.0**24, monitor)
+    assert info.value.diagnosis.first_nonfinite["what"] == "grad"
+    assert info.value.diagnosis.cause == "fp16_overflow"
+    assert math.isfinite(monitor.trace.records[-1]["loss"])  # the loss itself never was inf

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import contextlib
 import math
+import sys
 from collections.abc import Callable
 from typing import Any
 
 __all__ = ["all_finite", "custom_saved", "float_tensors", "graph_nodes", "has_forward",
-           "inputs_in_order", "nonfinite_scalar", "number_summary", "op_watch", "saved_tensors",
-           "summary", "tensors"]  # fmt: skip
+           "inputs_in_order", "loss_before_scale", "nonfinite_scalar", "number_summary",
+           "op_watch", "saved_tensors", "static_scale", "summary", "tensors"]  # fmt: skip
 
 #: how deep nested lists, tuples and dicts of an op's arguments are searched for tensors
 DEPTH = 3
@@ -203,3 +204,61 @@ def op_watch(note: Callable[[Any, Any, Any, Any], None]) -> Any:
             return out
 
     return OpWatch()
+
+
+#: how many frames above ``backward()`` a scaled loss's operand is looked for
+_OPERAND_FRAMES = 8
+
+
+def static_scale(root: Any) -> float | None:
+    """The constant above 1 that multiplied a loss to make ``root`` (``loss * 32768``, a static
+    loss scale written by hand), or None. A division (``loss / n``, gradient accumulation) or a
+    factor below 1 is part of the loss the step applies, not a scale."""
+    node = root.grad_fn
+    if node is None or type(node).__name__ != "MulBackward0":
+        return None
+    (first, _), (second, _) = node.next_functions
+    saved = "_saved_other" if second is None else "_saved_self" if first is None else None
+    if saved is None or (first is None and second is None):
+        return None
+    try:
+        constant: Any = getattr(node, saved, None)
+    except RuntimeError:  # the backward ran and freed what the node saved
+        return None
+    # (a constant on an accelerator would be a sync to read: such a scale is left as it is)
+    if not hasattr(constant, "numel") or constant.numel() != 1 or not constant.is_cpu:
+        return None
+    value = float(constant)
+    return value if math.isfinite(value) and abs(value) > 1.0 else None
+
+
+def loss_before_scale(root: Any) -> Any:
+    """The loss ``backward()`` was called on, detached, before a static loss scale.
+
+    For ``(loss * c).backward()`` it is the tensor ``c`` multiplied: read from a calling frame
+    that holds it (the exact value, even where ``loss * c`` overflowed float16 while the
+    gradients stayed finite), else ``root / c``. Any other root is itself."""
+    value = root.detach()
+    scale = static_scale(root)
+    if scale is None:
+        return value
+    operand = _scaled_operand(root, sys._getframe(1))
+    if operand is not None:
+        return operand.detach()
+    return value.float() / scale
+
+
+def _scaled_operand(root: Any, frame: Any) -> Any:
+    """The tensor a static scale multiplied to make ``root``: a local of ``frame`` or a frame
+    above it, whose autograd node is the scale's input (None when none holds it)."""
+    import torch
+
+    inner = next((fn for fn, _ in root.grad_fn.next_functions if fn is not None), None)
+    for _ in range(_OPERAND_FRAMES):
+        if frame is None or inner is None:
+            return None
+        for value in list(frame.f_locals.values()):
+            if type(value) is torch.Tensor and value.grad_fn is inner and value.numel() == 1:
+                return value
+        frame = frame.f_back
+    return None

@@ -111,8 +111,9 @@ def _with_producer(result: dict[str, Any], live: dict[str, Any] | None,
                    failure: TorchFailure) -> dict[str, Any]:  # fmt: skip
     """The live first-update producer when it belongs to this failure; else the replay's, marked."""
     replay = result.get("located")
-    step = failure.step or 1
-    if live and (step <= 1 or (step == 2 and live.get("phase") == "optimizer")):
+    step = failure.step  # (a failure of no watched update is not the first update's)
+    optimizer = bool(live) and live.get("phase") == "optimizer"  # type: ignore[union-attr]
+    if live and step is not None and (step <= 1 or (step == 2 and optimizer)):
         located = dict(live)
         located["step"] = failure.step
         located["detected"] = failure.what

@@ -7,8 +7,9 @@ that code (the file and the line of the ``step()`` call, from the frame that mad
 statements an update needs, in order, as one compiled block:
 
 * the essential statements: ``backward()``, ``zero_grad()``, ``clip_grad_norm_`` /
-  ``clip_grad_value_``, the ``step()`` call itself, calls of the user's own functions (they may
-  do any of those), and the ``with`` / ``if`` / ``for`` blocks around them;
+  ``clip_grad_value_``, the ``step()`` call itself, a gradient changed by hand (``p.grad /=
+  scale``), calls of the user's own functions (they may do any of those), and the ``with`` /
+  ``if`` / ``for`` blocks around them;
 * the assignments those read, transitively (``out = model(x)``, ``loss = crit(out, y)``);
 * nothing after the ``step()`` call, and nothing the update does not need: prints, logging,
   metrics, ``scheduler.step()`` (the replay sets each update's recorded learning rate itself).
@@ -266,6 +267,8 @@ def _essential(stmt: ast.stmt) -> bool:
     user's own function (it may run the backward itself)."""
     if _compound(stmt):
         return False
+    if _writes_grad(stmt):
+        return True
     for node in ast.walk(stmt):
         if not isinstance(node, ast.Call):
             continue
@@ -285,6 +288,24 @@ def _essential(stmt: ast.stmt) -> bool:
         ):
             return True  # the user's own function: it may do the backward and the step
     return False
+
+
+def _writes_grad(stmt: ast.stmt) -> bool:
+    """``p.grad /= scale``, ``p.grad = g``, ``p.grad.div_(s)``: the gradient the step applies,
+    changed by hand (a static loss scale undone, a gradient masked)."""
+    if isinstance(stmt, ast.Assign):
+        targets: list[ast.expr] = list(stmt.targets)
+    elif isinstance(stmt, (ast.AugAssign, ast.AnnAssign)):
+        targets = [stmt.target]
+    elif isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call):
+        func = stmt.value.func
+        in_place = isinstance(func, ast.Attribute) and func.attr.endswith("_") \
+            and not func.attr.startswith("_")  # fmt: skip
+        targets = [func.value] if in_place and isinstance(func, ast.Attribute) else []
+    else:
+        return False
+    return any(isinstance(n, ast.Attribute) and n.attr == "grad"
+               for t in targets for n in ast.walk(t))  # fmt: skip
 
 
 def _is_optimizer_step(func: ast.Attribute) -> bool:

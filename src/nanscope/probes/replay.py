@@ -39,6 +39,7 @@ from typing import Any
 
 from nanscope.numerics import RAW_UNITS
 from nanscope.outcome import FAR, judge
+from nanscope.probes._tensors import loss_before_scale
 from nanscope.probes.failure import TorchFailure
 
 __all__ = ["MATCH", "REPLAY_SECONDS", "data_step", "experiments", "onset_of"]
@@ -845,7 +846,7 @@ def _catching(torch: Any, out: list[Any]) -> Iterator[None]:
 
     def backward(self: Any, *args: Any, **kwargs: Any) -> Any:
         if self.numel() == 1 and not inside[0]:
-            out.append(self.detach())
+            out.append(loss_before_scale(self))  # (as the record holds it)
         inside[0] = True
         try:
             return original(self, *args, **kwargs)
@@ -854,7 +855,7 @@ def _catching(torch: Any, out: list[Any]) -> Iterator[None]:
 
     def autograd_bw(tensors: Any, *args: Any, **kwargs: Any) -> Any:
         if isinstance(tensors, torch.Tensor) and tensors.numel() == 1 and not inside[0]:
-            out.append(tensors.detach())
+            out.append(loss_before_scale(tensors))
         return autograd_backward(tensors, *args, **kwargs)
 
     torch.Tensor.backward = backward

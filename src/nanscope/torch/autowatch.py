@@ -48,6 +48,8 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from nanscope.probes._tensors import loss_before_scale
+
 if TYPE_CHECKING:  # (torch is imported by the script, not by arming the hooks)
     from nanscope.torch.watcher import Watcher
 
@@ -334,7 +336,7 @@ class _Collector:
         self.reset()
 
     def reset(self) -> None:
-        self.losses: list[tuple[Any, Any]] = []
+        self.losses: list[tuple[Any, Any, Any]] = []
         self.loss_module: tuple[Any, tuple[Any, ...], dict[str, Any]] | None = None
         self.clip: Any = None
 
@@ -349,8 +351,8 @@ class _Collector:
         # loss kept here would keep its graph alive, 20 of them per LBFGS step
         if getattr(_STATE, "stepping", None) is None:
             self.unstepped += 1
-            if len(self.losses) < 64:
-                self.losses.append((tensor, site))
+            if len(self.losses) < 64:  # (before the scale: its graph is freed by the backward)
+                self.losses.append((tensor, site, loss_before_scale(tensor)))
 
     def on_loss_module(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         self.loss_module = (module, args, kwargs)
@@ -365,8 +367,8 @@ class _Collector:
         pass
 
     def hand_over(self, watcher: Watcher) -> None:
-        for tensor, site in self.losses:
-            watcher.on_backward(tensor, site)
+        for tensor, site, value in self.losses:
+            watcher.on_backward(tensor, site, value)
         if self.loss_module is not None:
             watcher.on_loss_module(*self.loss_module)
         if self.clip is not None:

@@ -279,14 +279,18 @@ class Watcher:
         """A trainer callback names this step's batch (read where the forward's arguments fail)."""
         self.window.on_batch(inputs, targets)
 
-    def on_backward(self, tensor: torch.Tensor, site: CallSite | None) -> None:
+    def on_backward(
+        self, tensor: torch.Tensor, site: CallSite | None, value: torch.Tensor | None = None
+    ) -> None:
+        """``backward()`` was called on ``tensor``; ``value``: its loss before a static scale,
+        when it was read at the backward (a Watcher made later is handed earlier backwards)."""
         # a backward that cannot reach this optimizer's params is someone else's (GAN, 2 models)
         if "backward" in self.guard.off or not tensor.requires_grad:
             return
         scaler = _hooks.scaled_by(tensor)
         if scaler is not None:
             self.precision.scaler = scaler
-        self.window.on_backward(tensor, site, scaler, self._inspect_live_graph)
+        self.window.on_backward(tensor, site, scaler, self._inspect_live_graph, value)
 
     def _inspect_live_graph(
         self, tensor: torch.Tensor, site: CallSite | None

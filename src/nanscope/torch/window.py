@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 from nanscope.capture.keys import INPUT_KEYS, TARGET_KEYS
+from nanscope.probes._tensors import loss_before_scale
 from nanscope.probes.failure import CallSite, TorchFailure
 from nanscope.torch import sharded
 
@@ -186,9 +187,11 @@ class StepWindow:
         site: CallSite | None,
         scaler: Any,
         inspect: Callable[[torch.Tensor, CallSite | None], dict[str, Any] | None],
+        value: torch.Tensor | None = None,
     ) -> None:
         """``backward()`` was called on ``tensor``; ``inspect`` reads a broken CPU graph now
-        (what it found, ``{}`` for nothing, None when it could not look)."""
+        (what it found, ``{}`` for nothing, None when it could not look); ``value``: the loss
+        before a static scale when it was read already."""
         self.last_loss = tensor
         self.site = site
         output = self.output
@@ -197,7 +200,9 @@ class StepWindow:
                 else _holds(output, tensor)  # fmt: skip
         if scaler is not None:
             self.scaled_by = scaler
-        value = tensor.detach()
+            value = tensor.detach()
+        elif value is None:  # a static scale written by hand: the loss before it (the scaled
+            value = loss_before_scale(tensor)  # value may be inf while the gradients are finite)
         if value.dim():
             value = value.reshape(())
         self.losses.append(value)
