@@ -14,7 +14,9 @@ that worked".
   took (one jump, a slow climb, an oscillation of growing amplitude). Never healthy.
 * ``returned``: finite and it ended near its start, but on the way it reached ``EXCURSION`` times
   its start or more and came back down (an explosion the fit survived, a curriculum step, a new
-  data shard): at most suspect, never stopped.
+  data shard): at most suspect, never stopped. For a whole fit (``from_init``: its first loss is
+  the model at initialisation) also a climb of ``FAR`` times that start which never came back
+  below it: a fit that ends above its untrained loss after such a climb did not train.
 * ``nonfinite``: a loss was NaN or inf.
 * ``empty``: no loss at all: nothing can be said.
 
@@ -138,8 +140,11 @@ def ended_far_above(start: float, value: float, factor: float = FAR) -> bool:
     return _ratio(start, value) > factor  # NaN compares False
 
 
-def judge(losses: Iterable[float | None]) -> Outcome:
-    """Judge a loss series (``None`` entries, updates without a loss, are skipped)."""
+def judge(losses: Iterable[float | None], *, from_init: bool = False) -> Outcome:
+    """Judge a loss series (``None`` entries, updates without a loss, are skipped).
+
+    ``from_init``: the series is a whole fit from its first update. A window of a fit (a
+    replay's) starts at a trained model's minibatch loss, whose noise alone can span ``FAR``."""
     values = [float(v) for v in losses if v is not None]
     if not values:
         return Outcome(OutcomeKind.EMPTY)
@@ -169,7 +174,9 @@ def judge(losses: Iterable[float | None]) -> Outcome:
         index = n - 1
         while index > 0 and ended_far_above(start, values[index - 1]):
             index -= 1
-    elif ended_far_above(start, peak, EXCURSION):
+    elif ended_far_above(start, peak, EXCURSION) or (
+        from_init and ended_far_above(start, peak) and _ratio(start, end) > 1.0
+    ):
         kind = OutcomeKind.RETURNED
         index = values.index(peak)
     return Outcome(kind, start=start, end=end, peak=peak, best=best, updates=n, index=index)

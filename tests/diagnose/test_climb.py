@@ -102,3 +102,20 @@ def test_a_climb_back_to_where_the_run_started_is_healthy() -> None:
     climb = detectors._climbing(list(losses[-64:]), 5)
     assert climb is not None and climb > 100 * best
     assert (d.verdict, d.cause) == ("healthy", "healthy"), d.message()
+
+
+def test_a_fit_thrown_out_of_its_start_is_judged_so_from_its_first_update_only() -> None:
+    # the D012 fit: lr 30 throws the loss 60x up in two updates; it swings back but ends above
+    # its untrained loss. A replay window may start on any minibatch: there such a swing is noise
+    from nanscope.outcome import OutcomeKind, judge
+    from nanscope.trace import read_trace
+
+    fixture = Path(__file__).parent / "fixtures" / "D012_step_size_too_large.jsonl"
+    losses = [float(v) for v in read_trace(fixture).column("loss")]
+    assert max(losses) > 10 * losses[0] and np.median(losses[-3:]) > losses[0]
+    assert judge(losses).kind == OutcomeKind.OK
+    thrown = judge(losses, from_init=True)
+    assert thrown.kind == OutcomeKind.RETURNED and thrown.end_ratio > 1
+    # the same curve that came back below its start trained: nothing to say
+    settled = losses + [losses[0] / 4] * len(losses)
+    assert judge(settled, from_init=True).kind == OutcomeKind.OK

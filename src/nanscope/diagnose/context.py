@@ -184,8 +184,9 @@ class Context:
 
     @cached_property
     def outcome(self) -> Outcome:
-        """How the loss ended (:func:`nanscope.outcome.judge`), over the updates that carry one."""
-        return judge(self.loss[self.trace.present("loss")].tolist())
+        """How the loss ended (:func:`nanscope.outcome.judge`), over the updates that carry one.
+        A watched run's trace begins at the fit's first update; a log may begin anywhere."""
+        return judge(self.loss[self.trace.present("loss")].tolist(), from_init=self.live)
 
     @cached_property
     def finite_loss(self) -> np.ndarray:

@@ -25,6 +25,7 @@ from nanscope.diagnose.rules import (
     D009_bad_initialization,
     D010_bad_initialization,
     D011_step_size_too_large,
+    D012_step_size_too_large,
 )
 
 __all__ = ["RULES", "RULE_MODULES", "load_rules"]
@@ -42,6 +43,7 @@ RULES: tuple[ModuleType, ...] = (
     D009_bad_initialization,
     D010_bad_initialization,
     D011_step_size_too_large,
+    D012_step_size_too_large,
 )
 
 #: code -> module name under nanscope.diagnose.rules
