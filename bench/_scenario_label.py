@@ -35,6 +35,9 @@ __all__ = ["DIVERGED", "SPIKE", "decide", "establish", "judge", "run_script", "w
 DIVERGED = 10.0
 #: a run that trained may not have passed this many times its first loss on the way
 SPIKE = 10.0
+#: a "trained" bare run that ends this many times above what the same fit reaches from a
+#: standard initialisation only descended by noise at an absurd level (orders of magnitude)
+ABSURD = 1e3
 #: seconds one bare run may take
 RUN_TIMEOUT = 90.0
 
@@ -208,9 +211,20 @@ def establish(
     bare = _summary(bare_run)
     record: dict[str, Any] = {"bare": bare, "bare_stdout": bare_run.get("stdout", ""),
                               "counterfactuals": {}}  # fmt: skip
+    changes = applicable(spec)
+    if bare["outcome"] == "trained" and "standard_init" in changes:
+        # a loss that "descends" from 3e25 to 2e25 did not train: what the same fit reaches from
+        # the framework's own initialisation says whether the bare level was a fit at all
+        run = _summary(runner(render(spec, _bare(changes["standard_init"]))))
+        record["counterfactuals"]["standard_init"] = run
+        if run["outcome"] == "trained" and bare["end"] >= ABSURD * run["end"] > 0:
+            bare["outcome"] = "failed"
+            bare["why"] = (f"the loss ended at {bare['end']:.3g}, {bare['end'] / run['end']:.3g}x "
+                           f"above the {run['end']:.3g} the same fit reaches from a standard init")
     if bare["outcome"] == "failed":
-        for name, change in applicable(spec).items():
-            record["counterfactuals"][name] = _summary(runner(render(spec, _bare(change))))
+        for name, change in changes.items():
+            if name not in record["counterfactuals"]:
+                record["counterfactuals"][name] = _summary(runner(render(spec, _bare(change))))
     record.update(decide(spec, bare, record["counterfactuals"]))
     return record
 
@@ -222,7 +236,8 @@ def _bare(change: Change | None = None) -> Change:
 def decide(spec: Spec, bare: dict[str, Any], runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """The label and the rule that gave it, or ``dropped`` with the reason.
 
-    * bare trained: ``healthy``; bare raised or unclear: dropped.
+    * bare trained: ``healthy`` (unless it ended ``ABSURD`` times above what a standard init
+      reaches: then it failed, :func:`establish`); bare raised or unclear: dropped.
     * bare failed: the interventions that name one cause and make the run train at the
       original step size decide: Adam's eps restored (``zero_division``), the stable form or an
       epsilon at the log of a probability (``log_of_zero``), an epsilon at the division by a

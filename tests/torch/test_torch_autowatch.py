@@ -185,3 +185,40 @@ def test_hf_trainer(tmp_path):
     # HF clips at max_grad_norm=1.0: the recorded norm is the pre-clip one
     assert all(r["extra"]["grad_norm_source"] == "pre_clip" for r in records)
     assert all("loss" in r for r in records)
+
+
+MANUAL_LOG_COUNTS = """
+import numpy as np
+import torch
+
+rng = np.random.default_rng(3)
+X = rng.normal(size=(256, 3))
+counts = rng.poisson(np.exp(0.5 * X[:, 0]))  # some counts are 0
+y = np.log(counts)  # the log of the count: -inf where it is 0
+X = torch.tensor(X, dtype=torch.float32)
+y = torch.tensor(y, dtype=torch.float32).unsqueeze(1)
+w = torch.zeros(3, 1, requires_grad=True)
+b = torch.zeros(1, requires_grad=True)
+for epoch in range(3):
+    for start in range(0, 256, 32):
+        loss = ((X[start:start + 32] @ w + b - y[start:start + 32]) ** 2).mean()
+        loss.backward()
+        with torch.no_grad():
+            for p in (w, b):
+                p -= 0.01 * p.grad
+                p.grad.zero_()
+print("done")
+"""
+
+
+def test_a_hand_written_loop_on_a_log_of_zero_counts_names_the_data_preparation(tmp_path):
+    # the loop updates by hand: it is found at its second update, when update 1's batch is gone;
+    # numpy saw log(0) before the loop, so the log is named, with what was inferred said so
+    proc, d = _run(tmp_path, MANUAL_LOG_COUNTS)
+    assert d is not None, proc.stderr
+    assert (d["verdict"], d["cause"], d["first_nonfinite"]) == (
+        "nonfinite", "log_of_zero", {"step": 1, "what": "loss"})
+    located = d["located"]
+    assert (located["phase"], located["op"], located["source"]["line"]) == ("preprocess", "log", 8)
+    assert located["observed"] is False and "inferred" in located["how"]
+    assert d["confidence"] < 0.9

@@ -117,19 +117,28 @@ def errors_of(w: _Watch, step: int, monitor: Any) -> dict[str, Any] | None:
     count = int(getattr(monitor, "_count", step) or step)
     events = [e for e in w.events if e["update"] == count]
     made_batch = _batch_nonfinite(monitor, step)
+    # a loop that updates by hand is found at its second update: the first one's batch is gone
+    unseen = step == 1 and not made_batch and not _batch_recorded(monitor, step)
     how = "numpy floating-point error"
     producers = [e for e in events if e["why"].get("kind") != "nonfinite_input"]
-    if made_batch and not producers:
+    inferred = False
+    if (made_batch or unseen) and not producers:
         # the batch was broken before training began: an op of the data preparation made it
         prelude = [e for e in _PRELUDE if e["why"].get("kind") != "nonfinite_input"]
         if prelude:
             events = [*prelude, *events]
             producers = prelude
             how = "numpy floating-point error, in the data preparation before training"
+            if unseen:
+                inferred = True
+                how += ("; the first update's batch was not recorded: that the value reached "
+                        "it is inferred")  # fmt: skip
     if not events:
         return None
     first = producers[0] if producers else events[0]
-    located = _located(first, step, how, observed=bool(producers))
+    located = _located(first, step, how, observed=bool(producers) and not inferred)
+    if inferred:
+        located["phase"] = "preprocess"
     if producers and made_batch:
         # an op that made a value from finite ones, and the batch handed to update() holds a
         # non-finite value: the loop's (or the data preparation's) own op made the batch
@@ -166,6 +175,16 @@ def _located(event: dict[str, Any], step: int, how: str, *, observed: bool) -> d
         "observed": observed, "how": how, "step": step, "why": event["why"],
         "inputs": event["inputs"], "input_zero": bool(event["why"].get("zero", False)),
     }  # fmt: skip
+
+
+def _batch_recorded(monitor: Any, step: int) -> bool:
+    """Update ``step``'s record says whether its inputs or targets were finite."""
+    trace = getattr(monitor, "trace", None)
+    records = getattr(trace, "records", None) or []
+    for record in reversed(records[-8:]):
+        if record.get("step") == step:
+            return "nf_inputs" in record or "nf_targets" in record
+    return False
 
 
 def _batch_nonfinite(monitor: Any, step: int) -> bool:
