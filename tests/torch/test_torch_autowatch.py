@@ -222,3 +222,42 @@ def test_a_hand_written_loop_on_a_log_of_zero_counts_names_the_data_preparation(
     assert (located["phase"], located["op"], located["source"]["line"]) == ("preprocess", "log", 8)
     assert located["observed"] is False and "inferred" in located["how"]
     assert d["confidence"] < 0.9
+
+
+ACCUMULATED_NAN_ROW = """
+import torch
+from torch import nn
+
+torch.manual_seed(0)
+X = torch.randn(128, 6)
+y = (X[:, 0] > 0).long()
+X[5, 2] = float("nan")  # in the first micro-batch of the first update
+model = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 2))
+opt = torch.optim.SGD(model.parameters(), lr=0.05)
+loss_fn = nn.CrossEntropyLoss()
+for epoch in range(2):
+    for i in range(8):
+        xb, yb = X[16 * i:16 * (i + 1)], y[16 * i:16 * (i + 1)]
+        loss = loss_fn(model(xb), yb)
+        (loss / 4).backward()
+        if (i + 1) % 4 == 0:
+            opt.step()
+            opt.zero_grad()
+print("done")
+"""
+
+
+def test_the_first_updates_micro_batches_are_replayed_though_the_model_was_found_at_its_step(
+    tmp_path,
+):
+    # the model is found at the first optimizer step, after the four micro-batches of update 1:
+    # each was kept (not only the last), so the replay reproduces the NaN and, without the row
+    # that holds it, removes it
+    proc, d = _run(tmp_path, ACCUMULATED_NAN_ROW)
+    assert d is not None, proc.stderr
+    assert (d["verdict"], d["cause"], d["step"]) == ("nonfinite", "nonfinite_input", 1)
+    assert d["confidence"] >= 0.9
+    control = next(e for e in d["confirmation"] if e["change"] == "control")
+    assert control["reproduced"] is True
+    rows = next(e for e in d["confirmation"] if e["change"] == "without_rows")
+    assert rows["fixed"] and rows["rows_nonfinite"]

@@ -238,10 +238,12 @@ def _decided(ctx: Context, findings: list[Finding]) -> tuple[list[Finding], Deci
     an intervention confirmed on top, the causes a replay contradicted gone, the rest capped
     when a replay was tried and could not decide."""
     rows = [r for r in ctx.rows if r.get("why") in ("nonfinite", "nan", "inf")]
+    confirmation = _confirmation(ctx)
+    replayed = any(e.get("rows_nonfinite") for e in confirmation)  # (a batch the probes missed)
     decision = decide(
-        _confirmation(ctx),
+        confirmation,
         [(f.cause, f.confidence) for f in findings],
-        rows_nonfinite=bool(rows),
+        rows_nonfinite=bool(rows) or replayed,
         gradient_grew=_gradient_grew(ctx),
     )
     if decision.cap is not None:

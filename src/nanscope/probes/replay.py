@@ -216,7 +216,7 @@ class _Replay:
         # rows that are the whole batch (a column broken in every row) cannot be left out
         rows = {s: r for s, r in rows.items() if len(r) < (sizes.get(s) or len(r) + 1)}
         if rows:
-            changes.append(("without_rows", {"rows": rows}))
+            changes.append(("without_rows", {"rows": rows, "nonfinite": _holds_nonfinite(window)}))
         columns = self._unscaled_columns(window)
         if columns and snap.step == 1:
             changes.append(("standardised", {"columns": columns}))
@@ -371,6 +371,7 @@ class _Replay:
                 entry["text"] = (f"updates {snap.step}-{window[-1].step} rerun unchanged from a "
                                  f"snapshot reproduce the failure ({judged.text()})")
             return entry
+        entry.update({"rows_nonfinite": True} if setup.get("nonfinite") else {})
         if setup.get("clip"):
             setup = {**setup, "clip_to": self._clip_level(snap.step)}
         if setup.get("reinit"):
@@ -386,14 +387,13 @@ class _Replay:
         return entry
 
     def _losses(self, snap: Any, window: list[Any], setup: dict[str, Any]) -> list[float]:
-        if not setup.get("rows"):
-            return self._run_window(snap, window, setup)
         try:
             return self._run_window(snap, window, setup)
-        except RuntimeError:
-            # the step makes its targets from data the replay does not hold row by row (a slice
-            # of a tensor made before the loop): the model is fed the rows replaced by a clean
-            # row of their batch instead of left out, and every batch keeps its size
+        except (RuntimeError, ValueError, IndexError):  # (torch's shape errors, by function)
+            if not setup.get("rows"):
+                raise
+            # targets made from data the replay does not hold row by row (a slice of a tensor
+            # made before the loop): the rows are replaced by a clean row of their batch instead
             return self._run_window(snap, window, {**setup, "replace_rows": True})
 
     def _run_window(self, snap: Any, window: list[Any], setup: dict[str, Any]) -> list[float]:
@@ -617,6 +617,11 @@ def _batch_size(forwards: list[Any]) -> int | None:
     return None
 
 
+def _holds_nonfinite(window: list[Any]) -> bool:
+    """A batch of the window holds a row with NaN/inf (read in full, here)."""
+    return any(_nonfinite_rows(it.forwards, it.values) for u in window for it in u.iterations)
+
+
 def _nonfinite_rows(forwards: list[Any], values: dict[str, Any]) -> list[int]:
     """Every row of the batch (the forwards' tensors and the captured ones of the batch's size)
     that holds a NaN or an inf."""
@@ -707,7 +712,8 @@ def _describe(change: str, setup: dict[str, Any], snap: Any, window: list[Any], 
               fixed: bool) -> str:  # fmt: skip
     span = f"updates {snap.step}-{window[-1].step}"
     what = {
-        "without_rows": "without the suspect rows "
+        "without_rows": ("without the rows holding NaN/inf (and any extreme ones) "
+                         if setup.get("nonfinite") else "without the suspect rows ")
         + ", ".join(f"{rows} of update {s}" for s, rows in (setup.get("rows") or {}).items()),
         "standardised": f"with input column(s) {setup.get('columns')} standardised",
         "eps": (f"with the {setup.get('op')} op masked where its divisor is exactly 0"

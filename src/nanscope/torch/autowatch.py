@@ -69,8 +69,15 @@ _HANDLES: list[Any] = []
 _MODULE_HANDLES: list[Any] = []
 _WATCHERS: weakref.WeakKeyDictionary[Any, Watcher] = weakref.WeakKeyDictionary()
 _STATE = threading.local()
-#: outermost modules called since the last optimizer step: id -> (weakref, args, kwargs, output)
-_SEEN: dict[int, tuple[Any, tuple[Any, ...], dict[str, Any], Any]] = {}
+#: one forward of a model before its watcher existed: (args, kwargs, output, the namespace of the
+#: user's frame that called it, copied then; None when none was found)
+_Forward = tuple[tuple[Any, ...], dict[str, Any], Any, dict[str, Any] | None]
+#: outermost modules called since the last optimizer step: id -> (weakref, its forwards, oldest
+#: first: the micro-batches of an update with gradient accumulation, at most EARLY_FORWARDS)
+_SEEN: dict[int, tuple[Any, list[_Forward]]] = {}
+#: the forwards kept per module before its watcher exists (a replay of the first update needs
+#: each of its micro-batches; only the last keeps its output, which may hold a large tensor)
+EARLY_FORWARDS = 16
 #: models bound to a watcher: id(module) -> watchers
 _BOUND: dict[int, list[Watcher]] = {}
 #: called with each Watcher right after it is made for an optimizer (e.g. by
@@ -226,7 +233,7 @@ def _patch_compile(torch: Any) -> None:
     def compile_in_place(self: Any, *args: Any, **kwargs: Any) -> Any:
         if _ENABLED and len(_SEEN) <= 32:
             with contextlib.suppress(Exception):
-                _SEEN.setdefault(id(self), (weakref.ref(self), (), {}, None))
+                _SEEN.setdefault(id(self), (weakref.ref(self), []))
         return compile_(self, *args, **kwargs)
 
     _PATCHED.add(compile_in_place)
@@ -307,10 +314,11 @@ def _forward_post(module: Any, args: Any, *rest: Any) -> None:
     _STATE.depth = max(depth, 0)
     if depth > 0 or len(rest) != 2 or _hooks_module().aside():
         return  # (a transform's or a checkpoint's call is not the model's forward of the update)
-    _guard().run("autowatch forward", _outermost, module, args, rest[0], rest[1])
+    _guard().run("autowatch forward", _outermost, module, args, rest[0], rest[1],
+                 sys._getframe(1))  # fmt: skip
 
 
-def _outermost(module: Any, args: Any, kwargs: Any, output: Any) -> None:
+def _outermost(module: Any, args: Any, kwargs: Any, output: Any, caller: Any = None) -> None:
     from torch.nn.modules.loss import _Loss
 
     if isinstance(module, _Loss):
@@ -323,7 +331,27 @@ def _outermost(module: Any, args: Any, kwargs: Any, output: Any) -> None:
         return
     if len(_SEEN) > 32:
         _SEEN.clear()
-    _SEEN[id(module)] = (weakref.ref(module), tuple(args), dict(kwargs or {}), output)
+    entry = _SEEN.get(id(module))
+    forwards = entry[1] if entry is not None and entry[0]() is module else []
+    if forwards:
+        last = forwards[-1]
+        forwards[-1] = (last[0], last[1], None, last[3])  # (only the last keeps its output)
+        import torch
+
+        if not torch.is_grad_enabled():
+            forwards.clear()  # an evaluation is no micro-batch of an update: the last call alone
+    forwards.append((tuple(args), dict(kwargs or {}), output, _scope(caller)))
+    del forwards[:-EARLY_FORWARDS]
+    _SEEN[id(module)] = (weakref.ref(module), forwards)
+
+
+def _scope(caller: Any) -> dict[str, Any] | None:
+    """A copy of the namespace of the user's frame that called the model (read now: the frame
+    moves on before a watcher exists to read it)."""
+    from nanscope._frames import user_frame
+
+    frame = user_frame(caller) if caller is not None else None
+    return dict(frame.f_locals) if frame is not None else None
 
 
 class _Collector:
@@ -384,6 +412,8 @@ def _step_pre(optimizer: Any, args: Any, kwargs: Any) -> Any:
     watcher = _WATCHERS.get(optimizer)
     if watcher is None or watcher.model is None:  # (every step while it has no model yet)
         watcher = _guard().run("autowatch step", _watcher_for, optimizer)
+        for _, forwards in _SEEN.values():
+            del forwards[:-1]  # the next update's micro-batches start after this step
     _COLLECTOR.reset()
     if watcher is None:
         return None
@@ -431,8 +461,8 @@ def _watcher_for(optimizer: Any) -> Watcher | None:
 def _bind(watcher: Watcher) -> None:
     """Pick the model: the outermost module seen whose parameters the optimizer holds most of."""
     ids = {id(p) for p in watcher.params()}
-    best: tuple[int, Any, tuple[Any, ...], dict[str, Any], Any] | None = None
-    for ref, args, kwargs, output in list(_SEEN.values()):
+    best: tuple[int, Any, list[_Forward]] | None = None
+    for ref, forwards in list(_SEEN.values()):
         module = ref()
         if module is None:
             continue
@@ -441,12 +471,13 @@ def _bind(watcher: Watcher) -> None:
         except Exception:
             continue
         if overlap and (best is None or overlap > best[0]):
-            best = (overlap, module, args, kwargs, output)
+            best = (overlap, module, forwards)
     if best is None:
         return
-    _, module, args, kwargs, output = best
+    _, module, forwards = best
     watcher.bind_model(module, hook=False)
-    watcher.on_forward(args, kwargs, output)
+    for args, kwargs, output, scope in forwards or [((), {}, None, None)]:
+        watcher.on_forward(args, kwargs, output, scope=scope)  # (each micro-batch, in order)
     _BOUND.setdefault(id(module), []).append(watcher)
     _SEEN.pop(id(module), None)
 

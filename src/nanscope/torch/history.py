@@ -128,10 +128,11 @@ class History:
     def bind(self, model: Any) -> None:
         self.model = model
 
-    def on_forward(self, args: tuple[Any, ...], kwargs: dict[str, Any], frame_depth: int = 1
-                   ) -> None:  # fmt: skip
+    def on_forward(self, args: tuple[Any, ...], kwargs: dict[str, Any], frame_depth: int = 1,
+                   scope: dict[str, Any] | None = None) -> None:  # fmt: skip
         """The model's forward was called (references): a new loop iteration when the captured
-        names hold other values than at the last forward of this update."""
+        names hold other values than at the last forward of this update. ``scope``: the
+        caller's namespace copied at a forward made before this history existed."""
         if self.off is not None or len(self._iterations) >= 256:
             return
         plan = self.plan
@@ -139,8 +140,10 @@ class History:
         if plan is None:
             # the training step is read at the first check: until then each forward keeps a
             # copy of its caller's namespace, to read the captured names from then
-            frame = self._user_frame(frame_depth + 1)
-            self._first_scopes.append(dict(frame.f_locals) if frame is not None else {})
+            if scope is None:
+                frame = self._user_frame(frame_depth + 1)
+                scope = dict(frame.f_locals) if frame is not None else {}
+            self._first_scopes.append(scope)
             self._iterations.append(Iteration({}, [(args, kwargs)]))
             return
         else:

@@ -255,8 +255,11 @@ class Watcher:
         if window.rng_probing:
             self.guard.run("rng probe", window.probe_rng)
 
-    def on_forward(self, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any = None) -> None:
-        """The model's forward was called with ``args``/``kwargs`` (and returned ``output``)."""
+    def on_forward(self, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any = None, *,
+                   scope: dict[str, Any] | None = None) -> None:  # fmt: skip
+        """The model's forward was called with ``args``/``kwargs`` (and returned ``output``);
+        ``scope``: for a forward made before this watcher existed, a copy of the namespace of
+        the user's frame that called it (the frame itself has moved on)."""
         # the forward of every full update (the next one is update step + 1), and the first
         # after a train/eval switch, says whether the forward draws from the RNG
         training = getattr(self.model, "training", None)
@@ -267,11 +270,12 @@ class Watcher:
             site = self._model_sites.get(2, skip_from="_bind")
         except Exception:
             site = None
-        self.window.on_forward(args, kwargs, output, rng=self.failure is None, probe=probe,
-                               site=site)  # fmt: skip
+        # (an earlier forward's RNG state is gone: the state now is not the one it drew from)
+        self.window.on_forward(args, kwargs, output, rng=self.failure is None and scope is None,
+                               probe=probe, site=site)  # fmt: skip
         if self.history.off is None:
             try:
-                self.history.on_forward(args, kwargs)
+                self.history.on_forward(args, kwargs, scope=scope)
             except Exception as exc:  # the replay is lost, never the forward hook
                 self.history.off = f"the history of updates failed ({type(exc).__name__}: {exc})"
 
