@@ -217,7 +217,8 @@ def establish(
         # the framework's own initialisation says whether the bare level was a fit at all
         run = _summary(runner(render(spec, _bare(changes["standard_init"]))))
         record["counterfactuals"]["standard_init"] = run
-        if run["outcome"] == "trained" and bare["end"] >= ABSURD * run["end"] > 0:
+        reached = run.get("end", 0) if run["outcome"] in ("trained", "unclear") else 0
+        if bare["end"] >= ABSURD * reached > 0:
             bare["outcome"] = "failed"
             bare["why"] = (f"the loss ended at {bare['end']:.3g}, {bare['end'] / run['end']:.3g}x "
                            f"above the {run['end']:.3g} the same fit reaches from a standard init")

@@ -50,3 +50,39 @@ def test_a_log_of_zero_counts_in_the_data_preparation_is_the_producer(tmp_path: 
     assert located["phase"] == "preprocess" and located["op"] == "log"
     assert located["source"]["line"] == 7 and located["observed"] is True
     assert located["replay"]["op"]  # the op the replay saw meet the -inf is kept beside it
+
+
+def test_another_files_numpy_error_is_not_this_runs_data_preparation(tmp_path) -> None:
+    # a log of zero made by another file with no Monitor running (another fit, another test)
+    # is not pinned on this run's NaN row, which is read from its own data
+    import gc
+    import runpy
+    import warnings
+
+    import numpy as np
+
+    import nanscope
+
+    other = tmp_path / "other_fit.py"
+    other.write_text("import numpy as np\nlog_counts = np.log(np.zeros(3))\n")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        nanscope.Monitor(write=False).close()  # (numpy's errors are recorded from the first)
+        gc.collect()
+        runpy.run_path(str(other))
+        rng = np.random.default_rng(0)
+        X = rng.normal(size=(64, 2))
+        X[40, 1] = np.nan
+        y = X @ np.array([1.0, -1.0])
+        w = np.zeros(2)
+        monitor = nanscope.Monitor(write=False, policy="warn")
+        for step in range(8):
+            idx = np.arange(8 * step, 8 * step + 8)
+            r = X[idx] @ w - y[idx]
+            g = X[idx].T @ r / 8
+            monitor.update(float(np.mean(r**2)), params={"w": w}, grads={"w": g}, lr=0.1,
+                           inputs=X[idx], targets=y[idx], index=idx)  # fmt: skip
+            w = w - 0.1 * g
+        diagnosis = monitor.close()
+    assert diagnosis.cause == "nonfinite_input"
+    assert (diagnosis.located or {}).get("op") != "log"

@@ -56,6 +56,11 @@ class _Watch:
     def __init__(self, monitor: Any) -> None:
         self.monitor = weakref.ref(monitor)
         self.events: deque[dict[str, Any]] = deque(maxlen=64)
+        # the errors since the last Monitor began are this one's data preparation; an earlier
+        # run's (another test, another fit in this process) are not
+        self.prelude = list(_PRELUDE)
+        _PRELUDE.clear()
+        _STATE["prelude"] = self.prelude
 
     def add(self, event: dict[str, Any]) -> None:
         monitor = self.monitor()
@@ -124,7 +129,9 @@ def errors_of(w: _Watch, step: int, monitor: Any) -> dict[str, Any] | None:
     inferred = False
     if (made_batch or unseen) and not producers:
         # the batch was broken before training began: an op of the data preparation made it
-        prelude = [e for e in _PRELUDE if e["why"].get("kind") != "nonfinite_input"]
+        loop = _loop_file()  # (another file's preparation is another fit's, a test's)
+        prelude = [e for e in w.prelude if e["why"].get("kind") != "nonfinite_input"
+                   and (loop is None or e["source"].get("file") == loop)]  # fmt: skip
         if prelude:
             events = [*prelude, *events]
             producers = prelude
@@ -161,7 +168,8 @@ def prepared(step: int) -> dict[str, Any] | None:
     """The first numpy op of the data preparation (before any Monitor, or in a script no
     Monitor watches, like a PyTorch one) that made a NaN/inf from finite values, as a located
     producer of phase ``preprocess``; None when numpy reported no such op."""
-    producers = [e for e in _PRELUDE if e["why"].get("kind") != "nonfinite_input"]
+    producers = [e for e in (_STATE.get("prelude") or _PRELUDE)
+                 if e["why"].get("kind") != "nonfinite_input"]  # fmt: skip
     if not producers:
         return None
     how = "numpy floating-point error, in the data preparation before training"
@@ -175,6 +183,20 @@ def _located(event: dict[str, Any], step: int, how: str, *, observed: bool) -> d
         "observed": observed, "how": how, "step": step, "why": event["why"],
         "inputs": event["inputs"], "input_zero": bool(event["why"].get("zero", False)),
     }  # fmt: skip
+
+
+def _loop_file() -> str | None:
+    """The file of the user's code that called ``Monitor.update`` (up the stack), or None."""
+    from nanscope._frames import is_user_file
+
+    frame: Any = sys._getframe(1)
+    for _ in range(64):
+        if frame is None:
+            return None
+        if is_user_file(frame.f_code.co_filename):
+            return str(frame.f_code.co_filename)
+        frame = frame.f_back
+    return None
 
 
 def _batch_recorded(monitor: Any, step: int) -> bool:

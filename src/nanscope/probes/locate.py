@@ -33,6 +33,7 @@ live watch (:mod:`~nanscope.probes.producer`) saw it, wins over the replay's.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import linecache
 import math
@@ -84,6 +85,7 @@ def locate(failure: TorchFailure) -> dict[str, Any]:
         live = None
     try:
         result = _with_producer(_Locator(failure).run(), live, failure)
+        result = _with_micro_batches(result, failure)
     except Exception as exc:  # a probe bug must never kill the user's run
         _failed("the localisation replay", exc, "; the diagnosis goes on without the op and module")
         return {}
@@ -99,6 +101,38 @@ def locate(failure: TorchFailure) -> dict[str, Any]:
     except Exception as exc:  # a probe bug must never kill the user's run
         _failed("the confirming experiment", exc)
     return result
+
+
+def _with_micro_batches(result: dict[str, Any], failure: TorchFailure) -> dict[str, Any]:
+    """With gradient accumulation the update's last micro-batch (the one replayed) may be clean
+    while an earlier one broke: when the replay saw no op make the value, each earlier
+    micro-batch's forward is replayed too, and the first that shows the producer is taken."""
+    batches = failure.extra.get("micro_batches") or []
+    located = result.get("located") or {}
+    if not batches or _made_here(located):
+        return result
+    dropped = ("micro_batches", "graph_located", "output_grad", "rng_state")  # (the last one's)
+    extra = {k: v for k, v in failure.extra.items() if k not in dropped}
+    for args, kwargs in batches:
+        alone = dataclasses.replace(failure, args=args, kwargs=kwargs, output=None, loss=None,
+                                    loss_args=(), targets=None, batch_index=None,
+                                    extra=extra)  # fmt: skip
+        found = _Locator(alone).run()
+        seen = found.get("located") or {}
+        if _made_here(seen) and seen.get("phase") == "forward":
+            seen["micro_batch"] = "an earlier micro-batch of the update, replayed alone"
+            out = {**result, "located": seen}
+            if found.get("rows"):
+                out["rows"] = found["rows"]
+            return out
+    return result
+
+
+def _made_here(located: dict[str, Any]) -> bool:
+    """The located op was seen make the non-finite value from finite inputs (not guessed, not
+    met with a value already non-finite)."""
+    guessed = located.get("guessed") or (located.get("source") or {}).get("guessed")
+    return bool(located.get("op")) and not guessed and located.get("inputs") != "non-finite"
 
 
 def _failed(what: str, exc: Exception, then: str = "") -> None:

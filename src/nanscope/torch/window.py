@@ -26,6 +26,8 @@ from nanscope.torch import sharded
 
 __all__ = ["OUTPUT_GRAD_MAX", "StepWindow", "pick_input"]
 
+#: the forwards of one update kept for the probes (the micro-batches of gradient accumulation)
+MICRO_BATCHES = 64
 #: the gradient at the model's output is kept for outputs of at most this many elements
 OUTPUT_GRAD_MAX = 1 << 22
 #: ``NANSCOPE_OUTPUT_GRAD=0`` keeps no gradient at the output (the replay then takes it as ones)
@@ -81,6 +83,9 @@ class StepWindow:
         #: ``(params, max_norm, norm_type)`` of this step's ``clip_grad_norm_`` call, when read
         self.clip_call: tuple[Any, Any, Any] | None = None
         self.graph_located: dict[str, Any] | None = None
+        #: ``(args, kwargs)`` of each forward of this update: with gradient accumulation the
+        #: micro-batch that broke may be any of them (references, until the check)
+        self.forwards: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
         #: kept from this update's backward until its check: nothing past the update
         self.output_grad = None
         # a replay reruns a loss module that took the output, or a model that returns its own
@@ -114,6 +119,8 @@ class StepWindow:
         self.kwargs = kwargs
         self.output = output
         self.model_site = site
+        if len(self.forwards) < MICRO_BATCHES:
+            self.forwards.append((args, kwargs))
         if output is not None:
             self.keep_output_grad(output)
         else:  # (what keep_output_grad starts with; the forward hook gives the output later)
@@ -362,6 +369,8 @@ class StepWindow:
             extra["graph_located"] = self.graph_located
         if self.output_grad is not None and current:
             extra["output_grad"] = self.output_grad
+        if current and len(self.forwards) > 1:
+            extra["micro_batches"] = self.forwards[:-1]  # (the last is ``args``)
         for key in ("loss_site", "model_site"):
             site = getattr(self, key, None)
             if site is not None:
