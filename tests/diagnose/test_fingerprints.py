@@ -1,0 +1,127 @@
+"""Each rule's measured fingerprint, read directly: what the rule measured on a real fit, before any
+scoring or wording.
+
+A rule is ``fingerprint(ctx)`` (a small frozen dataclass of numbers, indices and flags, or None when
+its shape is not there) and the wording that turns it into a Finding. The contexts here are what
+the engine saw: a trace a Monitor recorded from a real fit, with the probes' evidence, either read
+from the rule fixtures (``fixtures/record.py``; the torch fits among them) or recorded live from a
+numpy fit run here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib
+import json
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import nanscope
+from nanscope.diagnose.context import Context
+from nanscope.diagnose.rules import D002_nonfinite_input as d002
+from nanscope.diagnose.rules import D004_extreme_batch as d004
+from nanscope.trace import read_trace
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+
+
+def recorded(stem: str, fixed: bool = False) -> Context:
+    """The context of a rule fixture: the trace a Monitor recorded from a real fit (the fixed fit
+    with ``fixed``) and the evidence the probes gave the engine."""
+    name = f"{stem}{'.fixed' if fixed else ''}"
+    evidence = json.loads((FIXTURES / f"{name}.evidence.json").read_text())
+    return Context(read_trace(FIXTURES / f"{name}.jsonl"), evidence)
+
+
+def watched(fit: Callable[..., Any], *args: Any, **kwargs: Any) -> Context:
+    """The context the engine got when a Monitor diagnosed ``fit`` as it ran (stopped or closed)."""
+    engine = importlib.import_module("nanscope.diagnose")  # the Monitor looks it up here
+    real = engine.diagnose
+    seen: list[Context] = []
+
+    def spy(trace: Any, evidence: Any = None) -> Any:
+        seen.append(Context(trace, evidence))
+        return real(trace, evidence)
+
+    monitor = nanscope.Monitor(write=False)
+    engine.diagnose = spy
+    try:
+        with contextlib.suppress(nanscope.DivergenceError):  # the Monitor stopped the fit
+            fit(monitor, *args, **kwargs)
+        monitor.close()
+    finally:
+        engine.diagnose = real
+    assert seen, "the Monitor never diagnosed the fit"
+    return seen[0]
+
+
+def test_fingerprints_are_frozen() -> None:
+    found = d002.fingerprint(recorded("D002_nonfinite_input"))
+    assert dataclasses.is_dataclass(found)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        found.batch = 0  # type: ignore[misc, union-attr]
+
+
+# --------------------------------------------------------------------------- D002
+
+
+def test_d002_names_the_batch_and_the_row_that_held_the_nan() -> None:
+    ctx = recorded("D002_nonfinite_input")  # row 203 of the data has a NaN feature
+    found = d002.fingerprint(ctx)
+    assert isinstance(found, d002.BadBatch)
+    assert found.fail == ctx.fail and found.batch == found.fail  # that row's own batch
+    assert (found.inputs, found.targets) == (1, 0)
+    assert [(r["dataset_row"], r["column"]) for r in found.rows] == [(203, 2)]
+    assert found.made is None and found.columns == ()  # read from the data, one row, not computed
+
+
+def test_d002_is_silent_on_the_imputed_fit() -> None:
+    assert d002.fingerprint(recorded("D002_nonfinite_input", fixed=True)) is None
+
+
+def _nan_in_unrecorded_data(monitor: Any) -> None:
+    """Least squares on data with one missing value; the Monitor is not given the inputs."""
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((64, 3))
+    X[5, 1] = np.nan
+    y = X @ np.array([1.0, -1.0, 0.5])
+    w = np.zeros(3)
+    for _ in range(5):
+        r = X @ w - y
+        g = 2 * X.T @ r / 64
+        monitor.update(float(np.mean(r * r)), params={"w": w}, grads={"w": g}, lr=0.1)
+        w = w - 0.1 * g
+
+
+def test_d002_suspects_the_data_of_a_first_update_that_broke_unchecked() -> None:
+    ctx = watched(_nan_in_unrecorded_data)
+    found = d002.fingerprint(ctx)
+    assert isinstance(found, d002.UncheckedStart)
+    assert found.loss_nonfinite and math.isnan(found.loss)
+
+
+# --------------------------------------------------------------------------- D004
+
+
+def test_d004_measures_the_descent_the_jump_and_the_extreme_row() -> None:
+    ctx = recorded("D004_extreme_batch")  # row 1000 of a feature is 3e18, in batch 32
+    found = d004.fingerprint(ctx)
+    assert found is not None
+    assert found.broke and found.spike == ctx.fail and found.at == ctx.fail
+    assert found.onset <= found.spike and found.descended
+    losses = ctx.loss[: found.onset]
+    assert found.first == losses[0] and found.last == losses[-1] < found.first
+    assert found.ratio > 1e30 and found.jumped_to > 1e30 and not found.filtered
+    assert [r["dataset_row"] for r in found.rows] == [1000]
+    assert found.rows[0]["z"] > 1e15
+    assert found.inputs_measured and found.overflow is None  # numpy: no op was located
+
+
+def test_d004_is_silent_once_the_row_is_fixed() -> None:
+    assert d004.fingerprint(recorded("D004_extreme_batch", fixed=True)) is None
