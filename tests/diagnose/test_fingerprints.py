@@ -26,6 +26,7 @@ import nanscope
 from nanscope.diagnose.context import Context
 from nanscope.diagnose.rules import D002_nonfinite_input as d002
 from nanscope.diagnose.rules import D004_extreme_batch as d004
+from nanscope.diagnose.rules import D005_log_of_zero as d005
 from nanscope.trace import read_trace
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -125,3 +126,49 @@ def test_d004_measures_the_descent_the_jump_and_the_extreme_row() -> None:
 
 def test_d004_is_silent_once_the_row_is_fixed() -> None:
     assert d004.fingerprint(recorded("D004_extreme_batch", fixed=True)) is None
+
+
+# --------------------------------------------------------------------------- D005
+
+
+def test_d005_follows_the_log_numpy_saw_take_zero() -> None:
+    ctx = recorded("D005_log_of_zero")  # log(sigmoid) on separable data: the sigmoid rounds to 1
+    found = d005.fingerprint(ctx)
+    assert found is not None and found.producer is not None
+    assert found.log and found.producer.op == "log" and found.producer.observed
+    assert found.input_zero and not found.computed and not found.other_op
+    assert found.fail == ctx.fail and math.isnan(found.loss) and not found.filtered
+    assert found.grad_measured and math.isfinite(found.grad_norm)
+    assert found.weights_seen and found.inputs_seen
+    assert found.weights is not None and found.weights[1] > 3 * found.weights[0]  # they grew
+
+
+def _separable_logreg_silenced(monitor: Any) -> None:
+    """float32 logistic regression with log(sigmoid) on separable data, floating-point errors
+    silenced: no op is located, the loss turns NaN while the gradient stays finite."""
+    rng = np.random.default_rng(5)
+    X = rng.standard_normal((200, 2)).astype(np.float32)
+    y = (X[:, 0] + X[:, 1] > 0).astype(np.float32)
+    X = (X + np.where(y[:, None] > 0, 1.5, -1.5).astype(np.float32)) * np.float32(4.0)
+    w = np.zeros(2, np.float32)
+    for _ in range(80):
+        with np.errstate(all="ignore"):
+            p = (1 / (1 + np.exp(-(X @ w)))).astype(np.float32)
+            loss = float(-np.mean(y * np.log(p) + (1 - y) * np.log(1 - p)))
+        g = (X.T @ (p - y) / np.float32(200)).astype(np.float32)
+        monitor.update(loss, params={"w": w}, grads={"w": g}, lr=5.0, inputs=X, targets=y)
+        w = (w - np.float32(5.0) * g).astype(np.float32)
+
+
+def test_d005_without_a_located_op_measures_what_was_finite_beside_the_loss() -> None:
+    ctx = watched(_separable_logreg_silenced)
+    found = d005.fingerprint(ctx)
+    assert found is not None
+    assert found.producer is None and not found.log and found.located == {}
+    assert not math.isfinite(found.loss)
+    assert found.grad_measured and math.isfinite(found.grad_norm)
+    assert found.weights_seen and found.inputs_seen
+
+
+def test_d005_is_silent_on_the_loss_computed_from_logits() -> None:
+    assert d005.fingerprint(recorded("D005_log_of_zero", fixed=True)) is None
