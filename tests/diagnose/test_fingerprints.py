@@ -27,6 +27,7 @@ from nanscope.diagnose.context import Context
 from nanscope.diagnose.rules import D002_nonfinite_input as d002
 from nanscope.diagnose.rules import D004_extreme_batch as d004
 from nanscope.diagnose.rules import D005_log_of_zero as d005
+from nanscope.diagnose.rules import D006_exploding_gradients as d006
 from nanscope.trace import read_trace
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -172,3 +173,31 @@ def test_d005_without_a_located_op_measures_what_was_finite_beside_the_loss() ->
 
 def test_d005_is_silent_on_the_loss_computed_from_logits() -> None:
     assert d005.fingerprint(recorded("D005_log_of_zero", fixed=True)) is None
+
+
+# --------------------------------------------------------------------------- D006
+
+
+def test_d006_measures_the_gradient_running_ahead_of_the_loss() -> None:
+    ctx = recorded("D006_exploding_gradients")  # a tanh RNN, recurrent gain 3, longer sequences
+    found = d006.fingerprint(ctx)
+    assert found is not None
+    assert found.fail is None and found.at == found.peak  # a finished run: the peak is named
+    g = ctx.trace.column("grad_norm")
+    assert found.norm == g[found.peak] == np.nanmax(g)
+    assert found.ratio == found.norm / found.reference >= 1e3 and not found.from_start
+    assert found.loss_ratio < 1 and not found.elastic  # the loss did not follow
+    assert not (found.grad_first or found.sudden or found.extreme_rows or found.scaler_collapsed)
+    assert found.overflow is None and found.clip is None  # no float32 overflow, no clipping
+    assert found.layer is not None and found.layer.name == "W_rec"
+    assert found.layer.share > 0.5 and found.layer.growth > 1e3
+
+
+def test_d006_an_extreme_row_that_throws_loss_and_gradient_together_is_elastic() -> None:
+    found = d006.fingerprint(recorded("D004_extreme_batch"))
+    assert found is not None and found.extreme_rows
+    assert found.loss_ratio > 1 and found.elastic  # the loss grew like the gradient's square
+
+
+def test_d006_is_silent_on_a_contracting_recurrence() -> None:
+    assert d006.fingerprint(recorded("D006_exploding_gradients", fixed=True)) is None
