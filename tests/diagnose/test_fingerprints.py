@@ -28,6 +28,7 @@ from nanscope.diagnose.rules import D002_nonfinite_input as d002
 from nanscope.diagnose.rules import D004_extreme_batch as d004
 from nanscope.diagnose.rules import D005_log_of_zero as d005
 from nanscope.diagnose.rules import D006_exploding_gradients as d006
+from nanscope.diagnose.rules import D007_zero_division as d007
 from nanscope.trace import read_trace
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -201,3 +202,52 @@ def test_d006_an_extreme_row_that_throws_loss_and_gradient_together_is_elastic()
 
 def test_d006_is_silent_on_a_contracting_recurrence() -> None:
     assert d006.fingerprint(recorded("D006_exploding_gradients", fixed=True)) is None
+
+
+# --------------------------------------------------------------------------- D007
+
+
+def test_d007_measures_the_root_whose_gradient_met_zero() -> None:
+    ctx = recorded("D007_zero_division")  # a siamese distance sqrt(sum((a - b)^2)), a == b
+    found = d007.fingerprint(ctx)
+    assert found is not None and found.fail == ctx.fail
+    assert (found.family, found.phase) == ("root", "backward")
+    assert found.producer.op == "SqrtBackward0" and found.producer.forward_op == "sqrt"
+    assert found.producer.observed and found.zero and not found.computed
+    assert found.located == ctx.located and found.located["module"] == "Siamese"
+    assert not found.half_eps
+
+
+def test_d007_is_silent_with_an_epsilon_under_the_root() -> None:
+    assert d007.fingerprint(recorded("D007_zero_division", fixed=True)) is None
+
+
+def _standardised_per_batch(monitor: Any) -> None:
+    """Least squares on batches standardised in the training loop; one column is constant, so
+    its std is 0 and the division fills it with NaN (0/0) in every row."""
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((256, 3))
+    X[:, 2] = 1.0
+    y = X[:, 0] - X[:, 1]
+    w = np.zeros(3)
+    for t in range(8):
+        idx = np.arange(32 * t, 32 * t + 32)
+        Xb = (X[idx] - X[idx].mean(0)) / X[idx].std(0)  # numpy's error names the division
+        r = Xb @ w - y[idx]
+        g = 2 * Xb.T @ r / 32
+        monitor.update(float(np.mean(r * r)), params={"w": w}, grads={"w": g}, lr=0.1,
+                       inputs=Xb, targets=y[idx])  # fmt: skip
+        w = w - 0.1 * g
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered in divide:RuntimeWarning")
+def test_a_division_in_the_loop_is_computed_for_d007_and_made_for_d002() -> None:
+    ctx = watched(_standardised_per_batch)
+    found = d007.fingerprint(ctx)
+    assert found is not None
+    assert (found.family, found.phase) == ("division", "preprocess")
+    assert found.zero and found.computed and found.nan_loss
+    batch = d002.fingerprint(ctx)
+    assert isinstance(batch, d002.BadBatch)
+    assert batch.inputs == 32 and {r["column"] for r in batch.rows} == {2}
+    assert batch.made is not None and batch.made.op == found.producer.op  # not the data's fault

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from nanscope.diagnose.context import Context
 from nanscope.diagnose.rules._common import num
 from nanscope.located import Located
 from nanscope.numerics import DIVISION_OPS, GROWTH_OPS, LOG_OPS
 
-__all__ = ["Producer", "producer_of"]
+__all__ = ["Producer", "producer_of", "producer_step"]
 
 
 class Producer:
@@ -137,3 +138,9 @@ def producer_of(located: dict[str, Any] | None) -> Producer | None:
     if not located:
         return None
     return Producer(located)
+
+
+def producer_step(ctx: Context, located: dict[str, Any]) -> int | None:
+    """The update a producer's finding names: the failing one, else the one the probes located
+    the producer at (a value made and caught before the loss went non-finite)."""
+    return ctx.step_at(ctx.fail) if ctx.fail is not None else located.get("step")
