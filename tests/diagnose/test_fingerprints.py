@@ -4,8 +4,9 @@ scoring or wording.
 A rule is ``fingerprint(ctx)`` (a small frozen dataclass of numbers, indices and flags, or None when
 its shape is not there) and the wording that turns it into a Finding. The contexts here are what
 the engine saw: a trace a Monitor recorded from a real fit, with the probes' evidence, either read
-from the rule fixtures (``fixtures/record.py``; the torch fits among them) or recorded live from a
-numpy fit run here.
+from the rule fixtures (``fixtures/record.py``; the torch fits among them), recorded live from a
+numpy fit run here, or read from a framework log printed from a real fp16 fit
+(``tests/logs/fixtures/write.py``).
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ from nanscope.diagnose.rules import D004_extreme_batch as d004
 from nanscope.diagnose.rules import D005_log_of_zero as d005
 from nanscope.diagnose.rules import D006_exploding_gradients as d006
 from nanscope.diagnose.rules import D007_zero_division as d007
+from nanscope.diagnose.rules import D008_fp16_overflow as d008
+from nanscope.logs import load_trace
 from nanscope.trace import read_trace
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -251,3 +254,43 @@ def test_a_division_in_the_loop_is_computed_for_d007_and_made_for_d002() -> None
     assert isinstance(batch, d002.BadBatch)
     assert batch.inputs == 32 and {r["column"] for r in batch.rows} == {2}
     assert batch.made is not None and batch.made.op == found.producer.op  # not the data's fault
+
+
+# --------------------------------------------------------------------------- D008
+
+LOGS = FIXTURES.parents[1] / "logs" / "fixtures"  # framework logs printed from real fp16 fits
+
+
+def test_d008_measures_the_op_recomputed_past_the_half_range() -> None:
+    found = d008.fingerprint(recorded("D008_fp16_overflow"))  # exp(score) in float16
+    assert found is not None and found.producer is not None
+    assert (found.kind, found.dtype) == ("recomputed", "float16")
+    assert found.producer.op == "exp" and found.producer.observed
+    precision = found.producer.precision or {}
+    assert precision["value"] > precision["limit"] == 65504.0  # finite when run in float32
+    assert not (found.scale.telling or found.scale.scales or found.scale.skipped)
+
+
+def test_d008_is_silent_with_exp_in_float32() -> None:
+    assert d008.fingerprint(recorded("D008_fp16_overflow", fixed=True)) is None
+
+
+def test_d008_reads_a_scale_halved_to_the_floor_from_a_megatron_log() -> None:
+    found = d008.fingerprint(Context(load_trace(LOGS / "megatron_skipped.log")))
+    assert found is not None and found.kind is None and found.producer is None  # no op located
+    scale = found.scale
+    assert scale.collapse and scale.collapsed and scale.telling and not scale.settled
+    assert max(scale.scales) == 2**14 and scale.scales[-1] == 1.0 and scale.halvings == 14.0
+
+
+def test_d008_reads_the_minimum_scale_line_of_a_deepspeed_log() -> None:
+    scale = d008.scale_story(Context(load_trace(LOGS / "deepspeed_minimum.log")))
+    assert scale.minimum and scale.minimum[0]["kind"] == "loss_scale_min"
+    assert scale.overflows >= d008.HALVINGS and scale.telling
+
+
+def test_d008_a_scaler_that_found_its_scale_and_trained_on_is_no_story() -> None:
+    ctx = Context(load_trace(LOGS / "deepspeed_calibration.log"))
+    scale = d008.scale_story(ctx)
+    assert scale.overflows > 0 and scale.settled and not scale.telling
+    assert d008.fingerprint(ctx) is None
