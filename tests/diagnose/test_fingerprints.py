@@ -31,6 +31,7 @@ from nanscope.diagnose.rules import D005_log_of_zero as d005
 from nanscope.diagnose.rules import D006_exploding_gradients as d006
 from nanscope.diagnose.rules import D007_zero_division as d007
 from nanscope.diagnose.rules import D008_fp16_overflow as d008
+from nanscope.diagnose.rules import D009_bad_initialization as d009
 from nanscope.logs import load_trace
 from nanscope.trace import read_trace
 
@@ -294,3 +295,58 @@ def test_d008_a_scaler_that_found_its_scale_and_trained_on_is_no_story() -> None
     scale = d008.scale_story(ctx)
     assert scale.overflows > 0 and scale.settled and not scale.telling
     assert d008.fingerprint(ctx) is None
+
+
+# --------------------------------------------------------------------------- D009
+
+
+def test_d009_measures_the_first_forward_of_weights_scaled_up() -> None:
+    ctx = recorded("D009_bad_initialization")  # a 12-layer MLP, every initial weight x100
+    found = d009.fingerprint(ctx)
+    assert found is not None
+    assert found.fail == 0 and found.first_forward and not found.half_only
+    assert math.isinf(found.first_loss)
+    assert found.overflow is not None and found.overflow.observed
+    assert found.overflow.phase == "loss" and found.overflow.past_range()
+    acts = found.activations
+    assert acts is not None and acts.growth >= d009.GROWTH and acts.layers >= 12
+    assert acts.median_ratio > 10  # each layer multiplies the scale, it does not add to it
+    scale = found.weight_scale
+    assert scale is not None and scale.ratio >= d009.SCALE_FAR
+    assert scale.layer["param"].endswith("weight") and scale.layer["fan_in"] == 32
+
+
+def test_d009_is_silent_on_the_default_initialisation() -> None:
+    assert d009.fingerprint(recorded("D009_bad_initialization", fixed=True)) is None
+
+
+def _relu_stack_times_1e4(monitor: Any) -> None:
+    """A float32 ReLU stack whose initial weights are 1e4 times a standard scale: the first
+    squared error overflows, on clean standardised inputs."""
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((64, 8)).astype(np.float32)
+    y = X @ rng.standard_normal(8).astype(np.float32)
+    P = {f"W{k}": (1e4 * rng.standard_normal((8, 8))).astype(np.float32) for k in range(6)}
+    for _ in range(3):
+        a = X
+        for k in range(6):
+            a = np.maximum(a @ P[f"W{k}"], 0)
+        r = a.sum(1) - y
+        loss = float(np.mean(r * r))  # numpy's overflow error names the multiply
+        g = {k: np.zeros_like(v) for k, v in P.items()}
+        monitor.update(loss, params=P, grads=g, lr=1e-3, inputs=X, targets=y)
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
+def test_d009_a_first_update_that_broke_on_clean_inputs_without_layer_measures() -> None:
+    found = d009.fingerprint(watched(_relu_stack_times_1e4))
+    assert found is not None
+    assert found.fail == 0 and found.first_forward and math.isinf(found.first_loss)
+    assert found.located["op"] == "multiply"  # seen, but numpy does not say it ran in the model
+    assert found.overflow is None and found.activations is None and found.weight_scale is None
+
+
+def test_d009_a_log_of_zero_on_the_second_update_is_not_the_initialisers() -> None:
+    ctx = recorded("D005_log_of_zero")
+    assert ctx.fail is not None and ctx.fail < d009.EARLY
+    assert d009.fingerprint(ctx) is None
