@@ -22,9 +22,11 @@ from typing import Any
 
 import numpy as np
 import pytest
+from tests.diagnose._fits import adam_mlp, resumed_sgd
 
 import nanscope
 from nanscope.diagnose.context import Context
+from nanscope.diagnose.rules import D001_step_size_too_large as d001
 from nanscope.diagnose.rules import D002_nonfinite_input as d002
 from nanscope.diagnose.rules import D004_extreme_batch as d004
 from nanscope.diagnose.rules import D005_log_of_zero as d005
@@ -73,6 +75,64 @@ def test_fingerprints_are_frozen() -> None:
     assert dataclasses.is_dataclass(found)
     with pytest.raises(dataclasses.FrozenInstanceError):
         found.batch = 0  # type: ignore[misc, union-attr]
+
+
+# --------------------------------------------------------------------------- D001
+
+
+def test_d001_measures_a_geometric_climb_that_oscillates_downhill() -> None:
+    ctx = recorded("D001_step_size_too_large")  # an unscaled salary column at lr 1e-8
+    found = d001.growth(ctx)
+    assert found is not None and found.at == ctx.stop
+    assert found.rise.length >= 2 and found.rise.growth > 1e6  # the loss multiplied
+    assert found.gradients >= 1 and found.reversed == found.gradients and found.reversal == 1.0
+    assert found.median_grad_cos < -0.99  # each gradient points against the one before
+    assert found.max_flip is not None and found.max_flip >= 0.2  # the weights flip sign
+    assert found.min_update_cos is not None and found.min_update_cos < 0  # still downhill
+    assert not found.extreme_jump
+
+
+def test_d001_the_same_climb_is_an_explosion_of_one_step_that_moved_the_weights() -> None:
+    ctx = recorded("D001_step_size_too_large")
+    found = d001.explosion(ctx)
+    assert found is not None
+    assert found.factor == found.after / found.before >= d001.EXPLOSION_JUMP
+    assert found.before == found.start == ctx.loss[0]  # the very first step threw it
+    assert found.moved is not None and found.moved >= 1 and not found.extreme
+
+
+def test_d001_an_explosion_into_an_extreme_row_says_so() -> None:
+    found = d001.explosion(recorded("D004_extreme_batch"))
+    assert found is not None and found.extreme  # the row threw it, not the step size
+    assert found.moved is not None and found.moved < 0.1  # the step before it was ordinary
+
+
+def test_d001_measures_adam_jumping_to_a_plateau() -> None:
+    ctx = watched(adam_mlp, 3.0)  # each update moves every weight by about lr
+    found = d001.departure(ctx)
+    assert found is not None and found.at == ctx.stop and not found.ended
+    jump = found.jump
+    assert jump["jump_updates"] <= 3 and jump["factor"] >= 3 and not jump["climb"]
+    assert jump["plateau"] >= 3 * jump["best"]
+    assert found.update_ratio is not None and found.update_ratio[0] >= d001.LARGE_UPDATE
+    assert not (found.steady or found.extreme or found.uphill)
+
+
+def test_d001_a_steady_climb_whose_updates_point_downhill_is_no_sign_error() -> None:
+    ctx = watched(resumed_sgd, 1.003)  # just past the stability limit, under minibatch noise
+    found = d001.departure(ctx)
+    assert found is not None and found.jump["climb"]
+    assert found.steady and found.downhill and not found.uphill
+    assert found.directions >= 3 and found.downhill_share > 0.8 and found.median_update_cos < 0
+    assert found.update_ratio is not None and found.update_ratio[1] is not None
+    assert found.update_ratio[0] > found.update_ratio[1]  # the steps grew as it left
+
+
+def test_d001_finds_nothing_in_healthy_fits() -> None:
+    for ctx in (recorded("D001_step_size_too_large", fixed=True), watched(adam_mlp, 1e-2)):
+        assert d001.growth(ctx) is None
+        assert d001.departure(ctx) is None
+        assert d001.explosion(ctx) is None
 
 
 # --------------------------------------------------------------------------- D002
