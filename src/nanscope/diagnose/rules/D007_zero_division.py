@@ -42,8 +42,7 @@ from typing import Any
 
 from nanscope.diagnose.context import Context
 from nanscope.diagnose.diagnosis import Evidence, Finding
-from nanscope.diagnose.rules._producer import Producer, producer_of, producer_step
-from nanscope.numerics import HALF_TINY
+from nanscope.diagnose.rules._producer import Producer, flushed_eps, producer_of, producer_step
 
 CODE = "D007"
 CAUSE = "zero_division"
@@ -90,7 +89,7 @@ class Fingerprint:
     computed: bool  # it made the batch's NaN in the training loop's preparation
     fail: int | None  # index of the failing update
     nan_loss: bool  # the failing loss is NaN, not inf (0/0 rather than x/0)
-    half_eps: bool  # it ran in float16, where the optimizer's eps (set above 0) is 0
+    flushed_eps: float | None  # the optimizer's eps (above 0) that float16 made 0, if it did
 
 
 def fingerprint(ctx: Context) -> Fingerprint | None:
@@ -116,7 +115,6 @@ def fingerprint(ctx: Context) -> Fingerprint | None:
     inferred = bool(located.get("guessed")) or not prod.inputs or not prod.observed
     if not (zero or inferred):
         return None  # its inputs were seen, and they were not 0
-    eps = ctx.trace.meta.get("optimizer_eps")
     return Fingerprint(
         located=located,
         producer=prod,
@@ -126,9 +124,8 @@ def fingerprint(ctx: Context) -> Fingerprint | None:
         computed=computed,
         fail=i,
         nan_loss=i is not None and math.isnan(ctx.loss[i]),
-        half_eps=(str(located.get("dtype")) == "float16" and isinstance(eps, (int, float))
-                  and 0 < eps < HALF_TINY),
-    )  # fmt: skip
+        flushed_eps=flushed_eps(ctx, located),
+    )
 
 
 def check(ctx: Context) -> Finding | None:
@@ -166,7 +163,7 @@ def check(ctx: Context) -> Finding | None:
                 {"phase": "optimizer"},
             )
         )
-        if found.half_eps:
+        if found.flushed_eps is not None:
             # the script's eps is not 0: float16 made it 0 (D008's story)
             confidence = min(confidence, 0.5)
             alternatives.append(("fp16_overflow", 0.85))

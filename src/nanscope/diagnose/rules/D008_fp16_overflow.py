@@ -42,7 +42,7 @@ from typing import Any
 from nanscope.diagnose.context import Context
 from nanscope.diagnose.diagnosis import Evidence, Finding
 from nanscope.diagnose.rules._common import num
-from nanscope.diagnose.rules._producer import Producer, producer_of, producer_step
+from nanscope.diagnose.rules._producer import Producer, flushed_eps, producer_of, producer_step
 from nanscope.numerics import HALF_MAX, HALF_TINY
 
 CODE = "D008"
@@ -97,7 +97,7 @@ class Fingerprint:
     kind: str | None
     dtype: str  # the dtype the producer ran in ("" when not recorded)
     near: bool  # its inputs reached within 256x of the half range
-    half_eps: bool  # the optimizer's eps (set above 0) is 0 in its float16 step
+    flushed_eps: float | None  # the optimizer's eps (above 0) that its float16 step made 0
     zero_input: bool  # the producer's input was exactly zero
     nan_filtered: bool  # the log shows 0.0 where a logging filter hid a NaN loss
     scale: ScaleStory
@@ -123,15 +123,13 @@ def fingerprint(ctx: Context) -> Fingerprint | None:
     scale = scale_story(ctx)
     if kind is None and not scale.telling:
         return None
-    eps = ctx.trace.meta.get("optimizer_eps")
     return Fingerprint(
         located=located,
         producer=prod,
         kind=kind,
         dtype=dtype,
         near=near,
-        half_eps=(located.get("phase") == "optimizer" and dtype == "float16"
-                  and isinstance(eps, (int, float)) and 0 < eps < HALF_TINY),
+        flushed_eps=flushed_eps(ctx, located) if located.get("phase") == "optimizer" else None,
         zero_input=inputs.startswith("exactly zero"),
         nan_filtered=bool(ctx.filtered_nan.any()),
         scale=scale,
@@ -190,7 +188,7 @@ def check(ctx: Context) -> Finding | None:
     found = fingerprint(ctx)
     if found is None:
         return None
-    confidence, evidence = _producer_evidence(ctx, found)
+    confidence, evidence = _producer_evidence(found)
     if found.scale.telling:
         scale_conf, scale_ev = _scale_evidence(found.scale)
         confidence = max(confidence, scale_conf) + (0.05 if confidence else 0.0)
@@ -216,7 +214,7 @@ def check(ctx: Context) -> Finding | None:
                    alternatives=[("zero_division", 0.3)] if found.zero_input else [])
 
 
-def _producer_evidence(ctx: Context, found: Fingerprint) -> tuple[float, list[Evidence]]:
+def _producer_evidence(found: Fingerprint) -> tuple[float, list[Evidence]]:
     """The confidence and evidence the located op gives (0 and none without one)."""
     located, prod = found.located, found.producer
     if found.kind == "recomputed" and prod is not None and prod.precision:
@@ -265,11 +263,11 @@ def _producer_evidence(ctx: Context, found: Fingerprint) -> tuple[float, list[Ev
                 {"op": located.get("op"), "dtype": "float16"},
             )
         ]
-        if not found.half_eps:
+        eps = found.flushed_eps
+        if eps is None:
             return 0.4, evidence
         # the optimizer's epsilon itself is 0 in half precision: its denominator
         # sqrt(v) + eps is exactly 0 wherever the second moment underflowed
-        eps = ctx.trace.meta.get("optimizer_eps")
         evidence.append(Evidence(
             CODE, f"the optimizer's eps ({num(eps)}) is 0 in float16 (below its smallest "
             f"value, {num(HALF_TINY)}): the step's denominator sqrt(v) + eps is exactly 0 "
