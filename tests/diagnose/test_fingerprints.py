@@ -411,3 +411,16 @@ def test_d009_a_log_of_zero_on_the_second_update_is_not_the_initialisers() -> No
     assert ctx.fail is not None and ctx.fail < d009.EARLY
     assert d009.fingerprint(ctx) is None
 
+
+# --------------------------------------------------------------------------- shared measures
+
+
+def test_the_update_a_finding_names_is_the_failure_the_stop_or_the_last() -> None:
+    broke = recorded("D002_nonfinite_input")
+    stopped = recorded("D003_update_sign_error")  # the ascent detector stopped it
+    finished = recorded("D006_exploding_gradients")
+    assert broke.fail is not None and broke.break_index == broke.fail
+    assert stopped.fail is None and stopped.stop is not None
+    assert stopped.break_index == stopped.stop
+    assert finished.fail is None and finished.stop is None
+    assert finished.break_index == finished.n - 1

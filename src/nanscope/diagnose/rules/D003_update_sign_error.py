@@ -85,7 +85,8 @@ def check(ctx: Context) -> Finding | None:
                 {"rising_fraction": rising, "first": float(finite[0]), "last": float(finite[-1])},
             ),
         ]
-        return Finding(CODE, CAUSE, confidence, evidence, list(ACTIONS), step=_step(ctx))
+        step = ctx.step_at(ctx.break_index)
+        return Finding(CODE, CAUSE, confidence, evidence, list(ACTIONS), step=step)
     # only the loss: a smooth, steady rise from step one that does not accelerate
     if rising < 0.9 or deltas.size < 5 or ctx.trace.has("grad_cos"):
         return None
@@ -108,14 +109,6 @@ def check(ctx: Context) -> Finding | None:
             )
         ],
         list(ACTIONS),
-        step=_step(ctx),
+        step=ctx.step_at(ctx.break_index),
         alternatives=[("step_size_too_large", 0.3)],
     )
-
-
-def _step(ctx: Context) -> int | None:
-    if ctx.fail is not None:
-        return ctx.step_at(ctx.fail)
-    if ctx.stop is not None:
-        return ctx.step_at(ctx.stop)
-    return ctx.step_at(ctx.n - 1)
