@@ -34,6 +34,7 @@ from nanscope.diagnose.rules import D006_exploding_gradients as d006
 from nanscope.diagnose.rules import D007_zero_division as d007
 from nanscope.diagnose.rules import D008_fp16_overflow as d008
 from nanscope.diagnose.rules import D009_bad_initialization as d009
+from nanscope.diagnose.rules import D010_bad_initialization as d010
 from nanscope.logs import load_trace
 from nanscope.trace import read_trace
 
@@ -411,6 +412,41 @@ def test_d009_a_log_of_zero_on_the_second_update_is_not_the_initialisers() -> No
     assert ctx.fail is not None and ctx.fail < d009.EARLY
     assert d009.fingerprint(ctx) is None
 
+
+
+# --------------------------------------------------------------------------- D010
+
+
+def test_d010_measures_a_start_orders_of_magnitude_off_that_never_recovered() -> None:
+    ctx = recorded("D010_bad_initialization")  # a ReLU MLP whose initial weights are x30
+    found = d010.fingerprint(ctx)
+    assert found is not None
+    assert found.first_loss == ctx.loss[0] >= d010.ABSURD
+    assert found.first_grad >= d010.ABSURD
+    assert found.later == ctx.n - 1 and found.best is not None
+    assert found.best > found.first_loss / d010.FELL  # it did not come down
+
+
+def _large_targets_that_learn(monitor: Any) -> None:
+    """Least squares on targets in the tens of thousands (not given to the Monitor): the first
+    loss is ~4e9, and the fit learns it down to below 1."""
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((256, 4))
+    y = 1e4 * (X @ np.array([1.0, -2.0, 0.5, 3.0])) + 5e4
+    w, b = np.zeros(4), np.zeros(1)
+    for _ in range(60):
+        r = X @ w + b - y
+        gw, gb = 2 * X.T @ r / 256, 2 * r.mean(keepdims=True)
+        monitor.update(float(np.mean(r * r)), params={"w": w, "b": b}, grads={"w": gw, "b": gb},
+                       lr=0.1)  # fmt: skip
+        w, b = w - 0.1 * gw, b - 0.1 * gb
+
+
+def test_d010_a_large_start_that_came_down_is_no_bad_start() -> None:
+    ctx = watched(_large_targets_that_learn)
+    assert ctx.loss[0] >= d010.ABSURD and ctx.loss[-1] < 1
+    assert d010.fingerprint(ctx) is None
+    assert d010.fingerprint(recorded("D010_bad_initialization", fixed=True)) is None
 
 # --------------------------------------------------------------------------- shared measures
 
