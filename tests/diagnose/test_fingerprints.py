@@ -22,12 +22,13 @@ from typing import Any
 
 import numpy as np
 import pytest
-from tests.diagnose._fits import adam_mlp, resumed_sgd
+from tests.diagnose._fits import adam_mlp, logreg_ascent, resumed_sgd
 
 import nanscope
 from nanscope.diagnose.context import Context
 from nanscope.diagnose.rules import D001_step_size_too_large as d001
 from nanscope.diagnose.rules import D002_nonfinite_input as d002
+from nanscope.diagnose.rules import D003_update_sign_error as d003
 from nanscope.diagnose.rules import D004_extreme_batch as d004
 from nanscope.diagnose.rules import D005_log_of_zero as d005
 from nanscope.diagnose.rules import D006_exploding_gradients as d006
@@ -35,6 +36,7 @@ from nanscope.diagnose.rules import D007_zero_division as d007
 from nanscope.diagnose.rules import D008_fp16_overflow as d008
 from nanscope.diagnose.rules import D009_bad_initialization as d009
 from nanscope.diagnose.rules import D010_bad_initialization as d010
+from nanscope.diagnose.rules import D011_step_size_too_large as d011
 from nanscope.logs import load_trace
 from nanscope.trace import read_trace
 
@@ -172,6 +174,29 @@ def test_d002_suspects_the_data_of_a_first_update_that_broke_unchecked() -> None
     found = d002.fingerprint(ctx)
     assert isinstance(found, d002.UncheckedStart)
     assert found.loss_nonfinite and math.isnan(found.loss)
+
+
+# --------------------------------------------------------------------------- D003
+
+
+def test_d003_measures_updates_that_point_along_the_gradient() -> None:
+    ctx = recorded("D003_update_sign_error")  # linear regression updated with w + lr * g
+    found = d003.fingerprint(ctx)
+    assert found is not None and found.directed
+    assert found.along == 1.0 and found.median_update_cos > d003.EXACTLY_ALONG
+    assert found.rises == found.compared >= 4 and found.rising == 1.0
+    assert found.last > found.first
+
+
+def test_d003_a_noisy_minibatch_ascent_is_read_from_its_directions() -> None:
+    found = d003.fingerprint(watched(logreg_ascent))  # log loss climbs roughly linearly
+    assert found is not None and found.directed and found.along >= 0.8
+    assert found.median_update_cos > 0.3 and found.last > found.first
+
+
+def test_d003_is_silent_on_descent() -> None:
+    assert d003.fingerprint(watched(logreg_ascent, sign=-1.0)) is None
+    assert d003.fingerprint(recorded("D003_update_sign_error", fixed=True)) is None
 
 
 # --------------------------------------------------------------------------- D004
@@ -447,6 +472,21 @@ def test_d010_a_large_start_that_came_down_is_no_bad_start() -> None:
     assert ctx.loss[0] >= d010.ABSURD and ctx.loss[-1] < 1
     assert d010.fingerprint(ctx) is None
     assert d010.fingerprint(recorded("D010_bad_initialization", fixed=True)) is None
+
+
+# --------------------------------------------------------------------------- D011
+
+
+def test_d011_measures_a_short_run_that_ended_at_its_highest() -> None:
+    ctx = recorded("D011_step_size_too_large")  # least squares at lr 2.5, three updates
+    found = d011.fingerprint(ctx)
+    assert found is not None and found.records == ctx.n == 3
+    assert (found.first, found.last) == (ctx.loss[0], ctx.loss[-1]) and found.last == ctx.loss.max()
+    assert found.ratio >= d011.RISE
+
+
+def test_d011_is_silent_at_a_step_the_loss_can_take() -> None:
+    assert d011.fingerprint(recorded("D011_step_size_too_large", fixed=True)) is None
 
 # --------------------------------------------------------------------------- shared measures
 
