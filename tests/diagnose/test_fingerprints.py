@@ -38,7 +38,7 @@ from nanscope.diagnose.rules import D009_bad_initialization as d009
 from nanscope.diagnose.rules import D010_bad_initialization as d010
 from nanscope.diagnose.rules import D011_step_size_too_large as d011
 from nanscope.logs import load_trace
-from nanscope.trace import read_trace
+from nanscope.trace import Trace, read_trace
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
@@ -52,13 +52,14 @@ def recorded(stem: str, fixed: bool = False) -> Context:
 
 
 def watched(fit: Callable[..., Any], *args: Any, **kwargs: Any) -> Context:
-    """The context the engine got when a Monitor diagnosed ``fit`` as it ran (stopped or closed)."""
+    """The context the engine got when a Monitor first diagnosed ``fit`` (where it stopped the
+    fit, or at its close)."""
     engine = importlib.import_module("nanscope.diagnose")  # the Monitor looks it up here
     real = engine.diagnose
     seen: list[Context] = []
 
     def spy(trace: Any, evidence: Any = None) -> Any:
-        seen.append(Context(trace, evidence))
+        seen.append(Context(Trace(trace.records, trace.meta), evidence))  # as it was then
         return real(trace, evidence)
 
     monitor = nanscope.Monitor(write=False)

@@ -238,8 +238,8 @@ class Departure:
     jump: dict[str, Any]  # the departure detector's data: best, jump, plateau, factor, climb
     at: int  # index of the update the finding names: the stop, or the last one
     ended: bool  # the trace ended on the plateau (nothing stopped the run)
-    update_ratio: tuple[float, float | None] | None  # median ||update|| / ||weights|| after the
-    # jump and before it, where both were recorded
+    #: the median ||update|| / ||weights|| after the jump and before it, where both were recorded
+    update_ratio: tuple[float, float | None] | None
     optimizer: str  # the optimizer's class name, where it was recorded
     extreme: bool  # an extreme row was in the jump's batches
     directions: int  # updates whose cosine(update, gradient) was recorded

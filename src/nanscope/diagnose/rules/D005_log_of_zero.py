@@ -65,8 +65,9 @@ class Fingerprint:
     located."""
 
     fail: int  # index of the failing update
-    located: dict[str, Any]  # the producer as the probes located it (a log of the same update
-    # that got 0 stands in for an earlier producer)
+    #: the producer as the probes located it (a log of the same update that got 0 stands in
+    #: for an earlier producer that was not a log)
+    located: dict[str, Any]
     producer: Producer | None  # a view of ``located``
     log: bool  # the producer is a log
     other_op: bool  # the producer is an op other than a log, inferred (not seen)
