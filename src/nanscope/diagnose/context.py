@@ -166,6 +166,16 @@ class Context:
             return self.stop + 1
         return self.n
 
+    @cached_property
+    def break_index(self) -> int:
+        """Index of the update a finding about the whole run names: the failure, else where a
+        detector stopped the run, else the last update."""
+        if self.fail is not None:
+            return self.fail
+        if self.stop is not None:
+            return self.stop
+        return self.n - 1
+
     def step_at(self, index: int | None) -> int | None:
         if index is None or not 0 <= index < self.n:
             return None

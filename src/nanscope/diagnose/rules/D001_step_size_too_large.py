@@ -43,14 +43,16 @@ Example
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from nanscope.detectors import NOISE_FLOOR, Departure
-from nanscope.diagnose.context import Context
+from nanscope.detectors import NOISE_FLOOR
+from nanscope.detectors import Departure as DepartureDetector
+from nanscope.diagnose.context import Context, Rise
 from nanscope.diagnose.diagnosis import Evidence, Finding
-from nanscope.diagnose.rules._common import num, row_text, tenfold_action
+from nanscope.diagnose.rules._common import num, row_text, tenfold_action, unit
 from nanscope.diagnose.rules._logs import from_log
 from nanscope.outcome import FAR, UNSCALED_RATIO
 
@@ -60,29 +62,400 @@ TITLE = "Step size too large"
 
 #: a row this far out is worth naming next to a too-large step (heavy tails reach ~20 routinely)
 OUTLIER_Z = 50.0
-
-
 #: an update that moves the weights by more than this fraction of their norm is a large step
 #: (healthy training moves them by ~1e-3 per update, ~1e-2 early with Adam: the tiny GPT of the
 #: zoo at lr 1e-2 moves them by 0.9%; at lr 3, by 137%)
 LARGE_UPDATE = 0.1
-
-
-def check(ctx: Context) -> Finding | None:
-    finding = _growth(ctx)
-    if finding is None:
-        finding = _departure(ctx)
-    if finding is None:
-        finding = _explosion(ctx)
-    return finding
-
-
 #: a loss that multiplies by this much in one update was thrown, not grown
 EXPLOSION_JUMP = 100.0
 
 
-def explosion(ctx: Context) -> tuple[int, float] | None:
-    """``(index, factor)`` of the one-update jump the run never came back from, or None.
+def check(ctx: Context) -> Finding | None:
+    climb = growth(ctx)
+    if climb is not None:
+        return _growth_finding(ctx, climb)
+    left = departure(ctx)
+    if left is not None:
+        return _departure_finding(ctx, left)
+    thrown = explosion(ctx)
+    if thrown is not None:
+        return _explosion_finding(ctx, thrown)
+    return None
+
+
+# --------------------------------------------------------------------------- the growth phase
+
+
+@dataclass(frozen=True)
+class Growth:
+    """A geometric climb of the loss before the failure (or the stop), and how the gradient and
+    the weights moved during it."""
+
+    rise: Rise  # the run of rising losses
+    at: int  # index of the update the finding names: the failure, the stop or the rise's end
+    gradients: int  # updates of the climb whose gradient direction was recorded
+    reversed: int  # of them, those whose gradient pointed against the one before
+    reversal: float  # ``reversed / gradients`` (NaN when none was recorded)
+    median_grad_cos: float  # the median cosine between successive gradients (NaN: none)
+    max_flip: float | None  # the largest share of weights that flipped sign in one update
+    mean_flip: float | None  # the mean share (None when sign flips were not recorded)
+    min_update_cos: float | None  # the least cosine(update, gradient) (None: not recorded)
+    extreme_jump: bool  # the climb's largest rise came with an extreme row in its batch
+
+
+def growth(ctx: Context) -> Growth | None:
+    """The geometric climb before the failure, or None (a spike on noise, rounding at the float
+    noise floor, an update that ascends the gradient)."""
+    rise = ctx.rise
+    broke = ctx.fail is not None or ctx.stop is not None
+    if rise is None:
+        return None
+    if not rise.sustained:
+        return None  # one jump on top of noise is a spike, not a geometric climb
+    first = ctx.finite_loss[0] if ctx.finite_loss.size else math.nan
+    if first > 0 and abs(ctx.loss[rise.end]) < NOISE_FLOOR * first:
+        return None  # rounding at the float noise floor of the starting loss, not growth
+    strong_growth = rise.length >= 3 and (rise.growth >= 10 or rise.geometric)
+    explosive = rise.length >= 2 and rise.growth >= 1e3
+    if broke:
+        if not (strong_growth or explosive):
+            return None
+    elif not (rise.length >= 4 and rise.growth >= 10 and rise.geometric):
+        return None
+    lo, hi = rise.start + 1, rise.end + 1
+    grad_cos = ctx.trace.column("grad_cos")[lo:hi]
+    flips = ctx.trace.column("flip_frac")[lo:hi]
+    cos = ctx.update_cos[lo:hi]
+    same = ctx.trace.column("update_cos_same")[lo:hi]
+    gc = grad_cos[np.isfinite(grad_cos)]
+    fl = flips[np.isfinite(flips)]
+    uc = np.concatenate([cos[np.isfinite(cos)], same[np.isfinite(same)]])
+    # the update ascends in both conventions: a sign error, not a step size
+    both = np.isfinite(cos) & np.isfinite(same)
+    if both.any() and float(np.mean((cos[both] > 0) & (same[both] > 0))) > 0.5:
+        return None
+    biggest = _largest_jump(ctx, rise)
+    return Growth(
+        rise=rise,
+        at=ctx.fail if ctx.fail is not None else (ctx.stop if ctx.stop is not None else rise.end),
+        gradients=int(gc.size),
+        reversed=int(np.sum(gc < 0)),
+        reversal=float(np.mean(gc < 0)) if gc.size else math.nan,
+        median_grad_cos=float(np.median(gc)) if gc.size else math.nan,
+        max_flip=float(np.max(fl)) if fl.size else None,
+        mean_flip=float(np.mean(fl)) if fl.size else None,
+        min_update_cos=float(np.min(uc)) if uc.size else None,
+        extreme_jump=biggest is not None and bool(ctx.rows_near(biggest, ("extreme",), back=1)),
+    )
+
+
+def _growth_finding(ctx: Context, found: Growth) -> Finding:
+    rise = found.rise
+    evidence = [
+        Evidence(
+            CODE,
+            f"loss grew {num(rise.growth)}x over {rise.length} consecutive updates "
+            f"({num(ctx.loss[rise.start])} -> {num(ctx.loss[rise.end])}), "
+            f"{rise.accelerating} of {max(rise.length - 1, 0)} rises larger than the one before",
+            {"growth": rise.growth, "rises": rise.length, "accelerating": rise.accelerating,
+             "from_step": ctx.step_at(rise.start), "to_step": ctx.step_at(rise.end)},
+        )
+    ]  # fmt: skip
+    confidence = 0.55
+    oscillating = False
+    if found.gradients and found.reversal >= 0.5:
+        oscillating = True
+        evidence.append(
+            Evidence(
+                CODE,
+                f"the gradient reversed direction in {found.reversed} of {found.gradients} "
+                f"updates (median cosine between successive gradients "
+                f"{num(found.median_grad_cos)})",
+                {"reversal_fraction": found.reversal, "median_grad_cos": found.median_grad_cos},
+            )
+        )
+    if found.max_flip is not None and found.max_flip >= 0.2:
+        oscillating = True
+        evidence.append(
+            Evidence(
+                CODE,
+                f"up to {num(100 * found.max_flip)}% of the weights flipped sign in one update",
+                {"max_flip_fraction": found.max_flip, "mean_flip_fraction": found.mean_flip},
+            )
+        )
+    if oscillating:
+        confidence += 0.3
+    if found.min_update_cos is not None:
+        if found.min_update_cos < 0:
+            confidence += 0.1
+            evidence.append(
+                Evidence(
+                    CODE,
+                    f"the updates still point downhill (cosine(update, gradient) down to "
+                    f"{num(found.min_update_cos)}): the direction is right, the step too long",
+                    {"min_update_cos": found.min_update_cos},
+                )
+            )
+    elif not found.gradients and found.max_flip is None:
+        if rise.length >= 5 and rise.growth >= 1e3:
+            confidence += 0.15  # a long, explosive geometric climb: rarely anything else
+        evidence.append(
+            Evidence(
+                CODE,
+                "only the loss was recorded: "
+                + ("log the gradient norm per update next time (or rerun under `nanscope run`) "
+                   "to see the gradient reverse and confirm it" if from_log(ctx)
+                   else "pass params and grads to Monitor.update to see the weights oscillate "
+                   "and confirm it"),
+                {},
+            )
+        )  # fmt: skip
+    alternatives: list[tuple[str, float]] = [] if oscillating else [("update_sign_error", 0.25)]
+    if found.extreme_jump:
+        # the climb's largest rise came with an extreme row in its batch: that row may have
+        # thrown the weights, not the step size (the replay without it decides)
+        confidence = min(confidence, 0.5)
+        alternatives.append(("extreme_batch", 0.6))
+    return _step_finding(ctx, confidence, evidence, found.at, alternatives)
+
+
+def _largest_jump(ctx: Context, rise: Rise) -> int | None:
+    """Index of the rise's largest single rise by ratio (positive losses), or None."""
+    lo, hi = rise.start, rise.end
+    window = ctx.loss[lo : hi + 1]
+    if window.size < 2 or not np.all(np.isfinite(window)) or window.min() <= 0:
+        return None
+    return lo + 1 + int(np.argmax(window[1:] / window[:-1]))
+
+
+# --------------------------------------------------------------------------- the departure
+
+
+@dataclass(frozen=True)
+class Departure:
+    """The loss left its range and stayed out (as Adam and AdamW diverge), or climbed out."""
+
+    jump: dict[str, Any]  # the departure detector's data: best, jump, plateau, factor, climb
+    at: int  # index of the update the finding names: the stop, or the last one
+    ended: bool  # the trace ended on the plateau (nothing stopped the run)
+    #: the median ||update|| / ||weights|| after the jump and before it, where both were recorded
+    update_ratio: tuple[float, float | None] | None
+    optimizer: str  # the optimizer's class name, where it was recorded
+    extreme: bool  # an extreme row was in the jump's batches
+    directions: int  # updates whose cosine(update, gradient) was recorded
+    downhill_share: float  # the share of them pointing downhill (NaN when none)
+    uphill_share: float  # the share pointing uphill (NaN when none)
+    median_update_cos: float  # their median cosine (NaN when none)
+
+    @property
+    def downhill(self) -> bool:
+        return self.directions >= 3 and self.downhill_share > 0.8
+
+    @property
+    def uphill(self) -> bool:
+        """The updates climb the gradient: a sign error's direction."""
+        return self.directions >= 3 and self.uphill_share > 0.8
+
+    @property
+    def steady(self) -> bool:
+        """Never below where it started, then a climb over many updates rather than a jump."""
+        return self.jump["jump_updates"] > 3 and int(
+            self.jump["best_step"] or 0) <= DepartureDetector.SMOOTH
+
+
+def departure(ctx: Context) -> Departure | None:
+    """The departure that stopped the run, or the one under way where the trace ends (replayed
+    with the detector over the updates before the failure), or None."""
+    dep = _departed(ctx)
+    if dep is None:
+        return None
+    cos = ctx.update_cos[: ctx.end]
+    cos = cos[np.isfinite(cos)]
+    jump_index = _index_of(ctx, dep["jump_to_step"])
+    return Departure(
+        jump=dep,
+        at=ctx.stop if ctx.stop is not None else (ctx.end - 1),
+        ended=ctx.stop is None and ctx.fail is None,
+        update_ratio=_update_ratio(ctx, dep),
+        optimizer=str(ctx.trace.meta.get("optimizer") or ""),
+        extreme=bool(ctx.rows_near(jump_index, ("extreme",), back=dep["jump_updates"] + 1)),
+        directions=int(cos.size),
+        downhill_share=float(np.mean(cos < 0)) if cos.size else math.nan,
+        uphill_share=float(np.mean(cos > 0)) if cos.size else math.nan,
+        median_update_cos=float(np.median(cos)) if cos.size else math.nan,
+    )
+
+
+def _departed(ctx: Context) -> dict[str, Any] | None:
+    """The departure detector's data: from the alarm that stopped the run, or replayed."""
+    alarm = ctx.alarm
+    if alarm and alarm.get("shape") == "departure":
+        return dict(alarm)
+    if ctx.stop is not None:
+        return None  # stopped by another detector
+    held = [e.get("step") for e in ctx.trace.meta.get("events") or []
+            if isinstance(e, dict) and e.get("event") == "held"]  # fmt: skip
+    detector = DepartureDetector()
+    found: dict[str, Any] | None = None
+    for record in ctx.records[: ctx.end]:
+        fired = detector.step(record)
+        if fired is not None:
+            found = dict(fired.data)
+            break
+    if found is None:
+        found = detector.state()
+        if found is None or found["window"] < detector.WINDOW:
+            return None
+        # still out of its range where the trace ends, however long the jump took
+    if any(isinstance(h, int) and found["jump_to_step"] <= h for h in held):
+        return None  # the run showed that step-up was its data's, not the weights'
+    return found
+
+
+def _departure_finding(ctx: Context, found: Departure) -> Finding:
+    dep = found.jump
+    evidence = [
+        Evidence(
+            CODE,
+            _departure_text(ctx, found),
+            {"best_loss": dep["best"], "best_step": dep["best_step"],
+             "jump_from": dep["jump_from"], "jump_from_step": dep["jump_from_step"],
+             "jump_to": dep["jump_to"], "jump_to_step": dep["jump_to_step"],
+             "jump_updates": dep["jump_updates"], "plateau": dep["plateau"],
+             "plateau_updates": dep["window"], "factor": dep["factor"], "k": dep["k"],
+             "level": dep.get("level", dep["plateau"]), "climb": bool(dep.get("climb"))},
+        )
+    ]  # fmt: skip
+    confidence = 0.6
+    if dep["jump_updates"] <= 3:
+        confidence += 0.1  # a jump, not a drift
+    if found.update_ratio is not None:
+        during, before = found.update_ratio
+        if during >= LARGE_UPDATE:
+            confidence += 0.1
+        evidence.append(
+            Evidence(
+                CODE,
+                f"each update moved the weights by a median {num(100 * during)}% of their norm "
+                f"after the jump (norm as last measured)"
+                + (f" ({num(100 * before)}% before it)" if before is not None else "")
+                + (": steps that large throw the fit out of its valley" if during >= LARGE_UPDATE
+                   else ""),
+                {"update_to_weight": during, "update_to_weight_before": before},
+            )
+        )  # fmt: skip
+    optimizer = found.optimizer
+    if "adam" in optimizer.lower():
+        evidence.append(
+            Evidence(
+                CODE,
+                f"{optimizer} normalises the step, so a learning rate too large shows as a jump "
+                "to a plateau rather than as geometric growth to inf",
+                {"optimizer": optimizer},
+            )
+        )
+    alternatives: list[tuple[str, float]] = []
+    if found.extreme:
+        # one extreme row in the jump's batch threw the weights out: that row, not the lr
+        confidence = 0.35
+        alternatives.append(("extreme_batch", 0.6))
+    if found.steady and not found.downhill:
+        # never below where it started, then a climb over many updates rather than a jump: the
+        # update sign error's fingerprint as much as a step size's (only the loss can't tell)
+        confidence = min(confidence, 0.45)
+        alternatives.append(("update_sign_error", 0.45))
+        if not found.directions:
+            evidence.append(
+                Evidence(
+                    CODE,
+                    "only the loss was recorded: a flipped update sign (w + lr * g) climbs the "
+                    "same way; the cosine between update and gradient would tell them apart",
+                    {"direction_recorded": False},
+                )
+            )
+    if found.downhill and (found.steady or dep.get("climb")):
+        evidence.append(
+            Evidence(
+                CODE,
+                f"the updates point downhill (cosine(update, gradient) < 0 in "
+                f"{num(100 * found.downhill_share)}% of them, median "
+                f"{num(found.median_update_cos)}) while the loss climbs: the direction is right, "
+                "the step too long (a flipped sign would point them uphill)",
+                {"downhill_fraction": found.downhill_share,
+                 "median_update_cos": found.median_update_cos},
+            )
+        )  # fmt: skip
+    if found.uphill:
+        confidence = min(confidence, 0.35)  # the updates climb the gradient: a sign error
+        alternatives.append(("update_sign_error", 0.6))
+    return Finding(CODE, CAUSE, confidence, evidence, _departure_actions(ctx, found),
+                   step=ctx.step_at(found.at), alternatives=alternatives)
+
+
+def _departure_text(ctx: Context, found: Departure) -> str:
+    dep, each = found.jump, unit(ctx)
+    if dep.get("climb"):
+        return (
+            f"the loss climbed out of its range and kept climbing: best {num(dep['best'])} "
+            f"(median of up to {DepartureDetector.SMOOTH} updates) at {each} {dep['best_step']}, "
+            f"out of its range (above {num(math.sqrt(dep['k']) * dep['best'])}) from {each} "
+            f"{dep['jump_from_step'] + 1}, and after {dep['window']} {each}s out it is at "
+            f"{num(dep['level'])}, {num(dep['factor'])}x its best and above where it started "
+            f"({num(dep['start'])}), rising steadily (a line through the log of those "
+            f"{each}s climbs beyond its noise; their median {num(dep['plateau'])})"
+        )
+    return (
+        f"the loss left its range and did not come back: best {num(dep['best'])} (median "
+        f"of up to {DepartureDetector.SMOOTH} updates) at {each} {dep['best_step']}, then "
+        f"{num(dep['jump_from'])} -> {num(dep['jump_to'])} in "
+        f"{dep['jump_updates']} {each}(s) ({each} {dep['jump_from_step']} -> "
+        f"{dep['jump_to_step']}), and {'it ended' if found.ended else 'it stayed'} "
+        f"{dep['window']} {each}s at a median {num(dep['plateau'])}, {num(dep['factor'])}x its "
+        f"best (its range: below {num(math.sqrt(dep['k']) * dep['best'])})"
+    )
+
+
+def _departure_actions(ctx: Context, found: Departure) -> list[str]:
+    actions = [_cut_action(ctx)]
+    if "adam" in found.optimizer.lower():
+        actions.append(
+            "With warm-up and a schedule, the peak learning rate is the one to cut; clipping the "
+            "gradient norm does not bound an adaptive optimizer's step (about lr per weight)."
+        )
+    elif _clips(ctx):
+        actions.append(
+            "The script already clips the gradient norm: each step is still up to lr x max_norm "
+            "long, so it is the learning rate to cut, not the clipping to add."
+        )
+    elif _scheduled(ctx):
+        actions.append("With warm-up and a schedule, the peak learning rate is the one to cut.")
+    if found.steady and not found.downhill:
+        actions.append(
+            "If the loss still climbs at a tenth of the learning rate, check the sign of the "
+            "update: w = w - lr * grad."
+        )
+    actions.append("Record the learning rate that worked so the next run starts from it.")
+    return actions
+
+
+# --------------------------------------------------------------------------- the explosion
+
+
+@dataclass(frozen=True)
+class Explosion:
+    """A one-update jump of the loss the run never came back from."""
+
+    index: int  # index of the update the loss jumped to
+    factor: float  # how many times the loss multiplied in that update (inf: to non-finite)
+    before: float  # the loss before the jump
+    after: float  # the loss it jumped to
+    start: float  # the first loss
+    moved: float | None  # ||update|| / ||weights|| of the step into it, where recorded
+    extreme: bool  # an extreme row was in its batch (or the one before)
+
+
+def explosion(ctx: Context) -> Explosion | None:
+    """The one-update jump the run never came back from, or None.
 
     The jump: the loss multiplied by ``EXPLOSION_JUMP`` or more in one update after update 1 (or
     went from finite to non-finite right after a step that moved the weights by more than their
@@ -114,29 +487,26 @@ def explosion(ctx: Context) -> tuple[int, float] | None:
         finite_after = after[np.isfinite(after)]
         stayed = not finite_after.size or float(np.min(finite_after)) > FAR * start
         if stayed:
-            return i, (b / a if math.isfinite(b) else math.inf)
+            return Explosion(i, (b / a if math.isfinite(b) else math.inf), a, b, start,
+                             _step_size_at(ctx, i),
+                             bool(ctx.rows_near(i, ("extreme",), back=1)))  # fmt: skip
     return None
 
 
-def _explosion(ctx: Context) -> Finding | None:
-    found = explosion(ctx)
-    if found is None:
-        return None
-    i, factor = found
-    unit = "epoch" if ctx.granularity == "epoch" else "update"
-    before, after = float(ctx.loss[i - 1]), float(ctx.loss[i])
+def _explosion_finding(ctx: Context, found: Explosion) -> Finding:
+    each, i = unit(ctx), found.index
     evidence = [
         Evidence(
             CODE,
-            f"the loss jumped {num(factor)}x in one {unit} ({num(before)} -> {num(after)} at "
-            f"{unit} {ctx.step_at(i)}) and never came back near where it started "
-            f"({num(float(ctx.loss[0]))})",
-            {"shape": "explosion", "jump": factor, "jump_from": before, "jump_to": after,
-             "jump_step": ctx.step_at(i)},
+            f"the loss jumped {num(found.factor)}x in one {each} ({num(found.before)} -> "
+            f"{num(found.after)} at {each} {ctx.step_at(i)}) and never came back near where it "
+            f"started ({num(found.start)})",
+            {"shape": "explosion", "jump": found.factor, "jump_from": found.before,
+             "jump_to": found.after, "jump_step": ctx.step_at(i)},
         )
     ]  # fmt: skip
     confidence = 0.5
-    moved = _step_size_at(ctx, i)
+    moved = found.moved
     if moved is not None:
         evidence.append(
             Evidence(
@@ -149,21 +519,22 @@ def _explosion(ctx: Context) -> Finding | None:
         if moved >= 1:
             confidence += 0.2
     alternatives: list[tuple[str, float]] = []
-    if ctx.rows_near(i, ("extreme",), back=1):
+    if found.extreme:
         confidence = min(confidence, 0.4)  # an extreme row in that batch: the row may be it
         alternatives.append(("extreme_batch", 0.55))
+    return _step_finding(ctx, confidence, evidence, i, alternatives)
+
+
+# --------------------------------------------------------------------------- shared
+
+
+def _step_finding(ctx: Context, confidence: float, evidence: list[Evidence], at: int,
+                  alternatives: list[tuple[str, float]]) -> Finding:
+    """The Finding of a growth or an explosion: the step to cut, with what contributed to it
+    (an unscaled column, an outlier row) named and acted on first."""
     contributing = _contributing(ctx)
-    actions = _step_actions(ctx, contributing)
-    return Finding(
-        rule=CODE,
-        cause=CAUSE,
-        confidence=confidence,
-        evidence=evidence,
-        actions=actions,
-        step=ctx.step_at(i),
-        contributing=contributing,
-        alternatives=alternatives,
-    )
+    return Finding(CODE, CAUSE, confidence, evidence, _step_actions(ctx, contributing),
+                   step=ctx.step_at(at), contributing=contributing, alternatives=alternatives)
 
 
 def _step_size_at(ctx: Context, index: int) -> float | None:
@@ -200,294 +571,6 @@ def _step_actions(ctx: Context, contributing: list[Evidence]) -> list[str]:
         actions.append("If the loss is still fragile after the cut, clip the gradient norm.")
     actions.append("Record the learning rate that worked so the next run starts from it.")
     return actions
-
-
-def _growth(ctx: Context) -> Finding | None:
-    rise = ctx.rise
-    broke = ctx.fail is not None or ctx.stop is not None
-    if rise is None:
-        return None
-    if not rise.sustained:
-        return None  # one jump on top of noise is a spike, not a geometric climb
-    first = ctx.finite_loss[0] if ctx.finite_loss.size else math.nan
-    if first > 0 and abs(ctx.loss[rise.end]) < NOISE_FLOOR * first:
-        return None  # rounding at the float noise floor of the starting loss, not growth
-    strong_growth = rise.length >= 3 and (rise.growth >= 10 or rise.geometric)
-    explosive = rise.length >= 2 and rise.growth >= 1e3
-    if broke:
-        if not (strong_growth or explosive):
-            return None
-    elif not (rise.length >= 4 and rise.growth >= 10 and rise.geometric):
-        return None
-    lo, hi = rise.start + 1, rise.end + 1
-    grad_cos = ctx.trace.column("grad_cos")[lo:hi]
-    flips = ctx.trace.column("flip_frac")[lo:hi]
-    cos = ctx.update_cos[lo:hi]
-    same = ctx.trace.column("update_cos_same")[lo:hi]
-    gc = grad_cos[np.isfinite(grad_cos)]
-    fl = flips[np.isfinite(flips)]
-    uc = np.concatenate([cos[np.isfinite(cos)], same[np.isfinite(same)]])
-    # the update ascends in both conventions: a sign error, not a step size
-    both = np.isfinite(cos) & np.isfinite(same)
-    if both.any() and float(np.mean((cos[both] > 0) & (same[both] > 0))) > 0.5:
-        return None
-    evidence = [
-        Evidence(
-            CODE,
-            f"loss grew {num(rise.growth)}x over {rise.length} consecutive updates "
-            f"({num(ctx.loss[rise.start])} -> {num(ctx.loss[rise.end])}), "
-            f"{rise.accelerating} of {max(rise.length - 1, 0)} rises larger than the one before",
-            {"growth": rise.growth, "rises": rise.length, "accelerating": rise.accelerating,
-             "from_step": ctx.step_at(rise.start), "to_step": ctx.step_at(rise.end)},
-        )
-    ]  # fmt: skip
-    confidence = 0.55
-    oscillating = False
-    if gc.size:
-        reversal = float(np.mean(gc < 0))
-        if reversal >= 0.5:
-            oscillating = True
-            evidence.append(
-                Evidence(
-                    CODE,
-                    f"the gradient reversed direction in {int(np.sum(gc < 0))} of {gc.size} "
-                    f"updates (median cosine between successive gradients {num(np.median(gc))})",
-                    {"reversal_fraction": reversal, "median_grad_cos": float(np.median(gc))},
-                )
-            )
-    if fl.size and float(np.max(fl)) >= 0.2:
-        oscillating = True
-        evidence.append(
-            Evidence(
-                CODE,
-                f"up to {num(100 * float(np.max(fl)))}% of the weights flipped sign in one update",
-                {"max_flip_fraction": float(np.max(fl)), "mean_flip_fraction": float(np.mean(fl))},
-            )
-        )
-    if oscillating:
-        confidence += 0.3
-    if uc.size:
-        downhill = float(np.min(uc)) < 0
-        if downhill:
-            confidence += 0.1
-            evidence.append(
-                Evidence(
-                    CODE,
-                    f"the updates still point downhill (cosine(update, gradient) down to "
-                    f"{num(float(np.min(uc)))}): the direction is right, the step too long",
-                    {"min_update_cos": float(np.min(uc))},
-                )
-            )
-    elif not gc.size and not fl.size:
-        if rise.length >= 5 and rise.growth >= 1e3:
-            confidence += 0.15  # a long, explosive geometric climb: rarely anything else
-        evidence.append(
-            Evidence(
-                CODE,
-                "only the loss was recorded: "
-                + ("log the gradient norm per update next time (or rerun under `nanscope run`) "
-                   "to see the gradient reverse and confirm it" if from_log(ctx)
-                   else "pass params and grads to Monitor.update to see the weights oscillate "
-                   "and confirm it"),
-                {},
-            )
-        )
-    alternatives: list[tuple[str, float]] = [] if oscillating else [("update_sign_error", 0.25)]
-    biggest = _largest_jump(ctx, rise)
-    if biggest is not None and ctx.rows_near(biggest, ("extreme",), back=1):
-        # the climb's largest rise came with an extreme row in its batch: that row may have
-        # thrown the weights, not the step size (the replay without it decides)
-        confidence = min(confidence, 0.5)
-        alternatives.append(("extreme_batch", 0.6))
-    contributing = _contributing(ctx)
-    actions = _step_actions(ctx, contributing)
-    step_index = (
-        ctx.fail if ctx.fail is not None else (ctx.stop if ctx.stop is not None else rise.end)
-    )
-    return Finding(
-        rule=CODE,
-        cause=CAUSE,
-        confidence=confidence,
-        evidence=evidence,
-        actions=actions,
-        step=ctx.step_at(step_index),
-        contributing=contributing,
-        alternatives=alternatives,
-    )
-
-
-def _largest_jump(ctx: Context, rise: Any) -> int | None:
-    """Index of the rise's largest single rise by ratio (positive losses), or None."""
-    lo, hi = rise.start, rise.end
-    window = ctx.loss[lo : hi + 1]
-    if window.size < 2 or not np.all(np.isfinite(window)) or window.min() <= 0:
-        return None
-    return lo + 1 + int(np.argmax(window[1:] / window[:-1]))
-
-
-def departure(ctx: Context) -> dict[str, Any] | None:
-    """The departure that stopped the run, or the one under way where the trace ends (replayed
-    with the detector over the updates before the failure), or None."""
-    alarm = ctx.alarm
-    if alarm and alarm.get("shape") == "departure":
-        return dict(alarm)
-    if ctx.stop is not None:
-        return None  # stopped by another detector
-    held = [e.get("step") for e in ctx.trace.meta.get("events") or []
-            if isinstance(e, dict) and e.get("event") == "held"]  # fmt: skip
-    detector = Departure()
-    found: dict[str, Any] | None = None
-    for record in ctx.records[: ctx.end]:
-        fired = detector.step(record)
-        if fired is not None:
-            found = dict(fired.data)
-            break
-    if found is None:
-        found = detector.state()
-        if found is None or found["window"] < detector.WINDOW:
-            return None
-        # still out of its range where the trace ends, however long the jump took
-    if any(isinstance(h, int) and found["jump_to_step"] <= h for h in held):
-        return None  # the run showed that step-up was its data's, not the weights'
-    return found
-
-
-def _departure(ctx: Context) -> Finding | None:
-    dep = departure(ctx)
-    if dep is None:
-        return None
-    unit = "epoch" if ctx.granularity == "epoch" else "update"
-    ended = ctx.stop is None and ctx.fail is None
-    if dep.get("climb"):
-        text = (
-            f"the loss climbed out of its range and kept climbing: best {num(dep['best'])} "
-            f"(median of up to {Departure.SMOOTH} updates) at {unit} {dep['best_step']}, out of "
-            f"its range (above {num(math.sqrt(dep['k']) * dep['best'])}) from {unit} "
-            f"{dep['jump_from_step'] + 1}, and after {dep['window']} {unit}s out it is at "
-            f"{num(dep['level'])}, {num(dep['factor'])}x its best and above where it started "
-            f"({num(dep['start'])}), rising steadily (a line through the log of those "
-            f"{unit}s climbs beyond its noise; their median {num(dep['plateau'])})"
-        )
-    else:
-        text = (
-            f"the loss left its range and did not come back: best {num(dep['best'])} (median "
-            f"of up to {Departure.SMOOTH} updates) at {unit} {dep['best_step']}, then "
-            f"{num(dep['jump_from'])} -> {num(dep['jump_to'])} in "
-            f"{dep['jump_updates']} {unit}(s) ({unit} {dep['jump_from_step']} -> "
-            f"{dep['jump_to_step']}), and {'it ended' if ended else 'it stayed'} "
-            f"{dep['window']} {unit}s at a median {num(dep['plateau'])}, {num(dep['factor'])}x its "
-            f"best (its range: below {num(math.sqrt(dep['k']) * dep['best'])})"
-        )
-    evidence = [
-        Evidence(
-            CODE,
-            text,
-            {"best_loss": dep["best"], "best_step": dep["best_step"],
-             "jump_from": dep["jump_from"], "jump_from_step": dep["jump_from_step"],
-             "jump_to": dep["jump_to"], "jump_to_step": dep["jump_to_step"],
-             "jump_updates": dep["jump_updates"], "plateau": dep["plateau"],
-             "plateau_updates": dep["window"], "factor": dep["factor"], "k": dep["k"],
-             "level": dep.get("level", dep["plateau"]), "climb": bool(dep.get("climb"))},
-        )
-    ]  # fmt: skip
-    confidence = 0.6
-    if dep["jump_updates"] <= 3:
-        confidence += 0.1  # a jump, not a drift
-    ratio = _update_ratio(ctx, dep)
-    if ratio is not None:
-        during, before = ratio
-        if during >= LARGE_UPDATE:
-            confidence += 0.1
-        evidence.append(
-            Evidence(
-                CODE,
-                f"each update moved the weights by a median {num(100 * during)}% of their norm "
-                f"after the jump (norm as last measured)"
-                + (f" ({num(100 * before)}% before it)" if before is not None else "")
-                + (": steps that large throw the fit out of its valley" if during >= LARGE_UPDATE
-                   else ""),
-                {"update_to_weight": during, "update_to_weight_before": before},
-            )
-        )  # fmt: skip
-    optimizer = str(ctx.trace.meta.get("optimizer") or "")
-    if "adam" in optimizer.lower():
-        evidence.append(
-            Evidence(
-                CODE,
-                f"{optimizer} normalises the step, so a learning rate too large shows as a jump "
-                "to a plateau rather than as geometric growth to inf",
-                {"optimizer": optimizer},
-            )
-        )
-    jump_index = _index_of(ctx, dep["jump_to_step"])
-    extreme = ctx.rows_near(jump_index, ("extreme",), back=dep["jump_updates"] + 1)
-    alternatives: list[tuple[str, float]] = []
-    if extreme:
-        # one extreme row in the jump's batch threw the weights out: that row, not the lr
-        confidence = 0.35
-        alternatives.append(("extreme_batch", 0.6))
-    cos = ctx.update_cos[: ctx.end]
-    cos = cos[np.isfinite(cos)]
-    downhill = cos.size >= 3 and float(np.mean(cos < 0)) > 0.8
-    steady = dep["jump_updates"] > 3 and int(dep["best_step"] or 0) <= Departure.SMOOTH
-    if steady and not downhill:
-        # never below where it started, then a climb over many updates rather than a jump: the
-        # update sign error's fingerprint as much as a step size's (only the loss can't tell)
-        confidence = min(confidence, 0.45)
-        alternatives.append(("update_sign_error", 0.45))
-        if not cos.size:
-            evidence.append(
-                Evidence(
-                    CODE,
-                    "only the loss was recorded: a flipped update sign (w + lr * g) climbs the "
-                    "same way; the cosine between update and gradient would tell them apart",
-                    {"direction_recorded": False},
-                )
-            )
-    if downhill and (steady or dep.get("climb")):
-        evidence.append(
-            Evidence(
-                CODE,
-                f"the updates point downhill (cosine(update, gradient) < 0 in "
-                f"{num(100 * float(np.mean(cos < 0)))}% of them, median "
-                f"{num(float(np.median(cos)))}) while the loss climbs: the direction is right, "
-                "the step too long (a flipped sign would point them uphill)",
-                {"downhill_fraction": float(np.mean(cos < 0)),
-                 "median_update_cos": float(np.median(cos))},
-            )
-        )  # fmt: skip
-    if cos.size >= 3 and float(np.mean(cos > 0)) > 0.8:
-        confidence = min(confidence, 0.35)  # the updates climb the gradient: a sign error
-        alternatives.append(("update_sign_error", 0.6))
-    actions = [_cut_action(ctx)]
-    if "adam" in optimizer.lower():
-        actions.append(
-            "With warm-up and a schedule, the peak learning rate is the one to cut; clipping the "
-            "gradient norm does not bound an adaptive optimizer's step (about lr per weight)."
-        )
-    elif _clips(ctx):
-        actions.append(
-            "The script already clips the gradient norm: each step is still up to lr x max_norm "
-            "long, so it is the learning rate to cut, not the clipping to add."
-        )
-    elif _scheduled(ctx):
-        actions.append("With warm-up and a schedule, the peak learning rate is the one to cut.")
-    if steady and not downhill:
-        actions.append(
-            "If the loss still climbs at a tenth of the learning rate, check the sign of the "
-            "update: w = w - lr * grad."
-        )
-    actions.append("Record the learning rate that worked so the next run starts from it.")
-    step_index = ctx.stop if ctx.stop is not None else (ctx.end - 1)
-    return Finding(
-        rule=CODE,
-        cause=CAUSE,
-        confidence=confidence,
-        evidence=evidence,
-        actions=actions,
-        step=ctx.step_at(step_index),
-        alternatives=alternatives,
-    )
 
 
 def _clips(ctx: Context) -> bool:

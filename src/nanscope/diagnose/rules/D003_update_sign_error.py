@@ -27,6 +27,9 @@ Example
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
 import numpy as np
 
 from nanscope.diagnose.context import Context
@@ -48,7 +51,23 @@ ACTIONS = [
 ]
 
 
-def check(ctx: Context) -> Finding | None:
+@dataclass(frozen=True)
+class Fingerprint:
+    """A loss that rose before the failure (or the stop), and which way the updates pointed."""
+
+    first: float  # the first finite loss
+    last: float  # the last finite loss before the failure
+    rises: int  # how many of the compared updates raised the loss
+    compared: int  # how many successive finite losses were compared
+    rising: float  # ``rises / compared``
+    directed: bool  # cosine(update, gradient) was recorded on enough updates to go by
+    along: float  # the share of those updates pointing along the gradient (NaN: not directed)
+    median_update_cos: float  # their median cosine (NaN: not directed)
+
+
+def fingerprint(ctx: Context) -> Fingerprint | None:
+    """The rise and the updates' direction, or None: a descent, an update that points downhill,
+    or (only the loss recorded) a climb that accelerates like a step too large."""
     end = ctx.end if ctx.fail is None else ctx.fail
     loss = ctx.loss[:end]
     finite = loss[np.isfinite(loss)]
@@ -60,7 +79,9 @@ def check(ctx: Context) -> Finding | None:
     cos = cos[np.isfinite(cos)]
     # an update exactly along the gradient (cosine ~ +1: plain SGD turned round) is conclusive
     # from any number of measured updates; a noisier direction (momentum, Adam) needs several
-    if cos.size >= 3 or (cos.size and bool(np.all(cos > EXACTLY_ALONG))):
+    directed = cos.size >= 3 or (cos.size and bool(np.all(cos > EXACTLY_ALONG)))
+    along = median = math.nan
+    if directed:
         along = float(np.mean(cos > 0))
         median = float(np.median(cos))
         # a loss that left its range and stayed out (the departure detector) rose however noisy
@@ -70,6 +91,25 @@ def check(ctx: Context) -> Finding | None:
             return None
         if finite[-1] <= finite[0]:
             return None
+    else:
+        # only the loss: a smooth, steady rise from step one that does not accelerate
+        if rising < 0.9 or deltas.size < 5 or ctx.trace.has("grad_cos"):
+            return None
+        positive = deltas[deltas > 0]
+        ratios = positive[1:] / positive[:-1]
+        if ratios.size and float(np.median(ratios)) > 1.15:
+            return None  # geometric growth: the step-size rule's case
+    return Fingerprint(finite[0], finite[-1], int(np.sum(deltas > 0)), int(deltas.size), rising,
+                       bool(directed), along, median)  # fmt: skip
+
+
+def check(ctx: Context) -> Finding | None:
+    found = fingerprint(ctx)
+    if found is None:
+        return None
+    step = ctx.step_at(ctx.break_index)
+    if found.directed:
+        along, median = found.along, found.median_update_cos
         confidence = 0.95 if along >= 0.95 else 0.85
         evidence = [
             Evidence(
@@ -80,42 +120,22 @@ def check(ctx: Context) -> Finding | None:
             ),
             Evidence(
                 CODE,
-                f"the loss rose in {int(np.sum(deltas > 0))} of {deltas.size} updates, "
-                f"{num(finite[0])} -> {num(finite[-1])}",
-                {"rising_fraction": rising, "first": float(finite[0]), "last": float(finite[-1])},
+                f"the loss rose in {found.rises} of {found.compared} updates, "
+                f"{num(found.first)} -> {num(found.last)}",
+                {"rising_fraction": found.rising, "first": float(found.first),
+                 "last": float(found.last)},
             ),
-        ]
-        return Finding(CODE, CAUSE, confidence, evidence, list(ACTIONS), step=_step(ctx))
-    # only the loss: a smooth, steady rise from step one that does not accelerate
-    if rising < 0.9 or deltas.size < 5 or ctx.trace.has("grad_cos"):
-        return None
-    positive = deltas[deltas > 0]
-    ratios = positive[1:] / positive[:-1]
-    if ratios.size and float(np.median(ratios)) > 1.15:
-        return None  # geometric growth: the step-size rule's case
-    return Finding(
-        CODE,
-        CAUSE,
-        0.5,
-        [
-            Evidence(
-                CODE,
-                f"the loss rose smoothly from the first update in {int(np.sum(deltas > 0))} of "
-                f"{deltas.size} updates without accelerating ({num(finite[0])} -> "
-                f"{num(finite[-1])}); only the loss was recorded, so the update's direction "
-                "could not be checked",
-                {"rising_fraction": rising},
-            )
-        ],
-        list(ACTIONS),
-        step=_step(ctx),
-        alternatives=[("step_size_too_large", 0.3)],
-    )
-
-
-def _step(ctx: Context) -> int | None:
-    if ctx.fail is not None:
-        return ctx.step_at(ctx.fail)
-    if ctx.stop is not None:
-        return ctx.step_at(ctx.stop)
-    return ctx.step_at(ctx.n - 1)
+        ]  # fmt: skip
+        return Finding(CODE, CAUSE, confidence, evidence, list(ACTIONS), step=step)
+    evidence = [
+        Evidence(
+            CODE,
+            f"the loss rose smoothly from the first update in {found.rises} of "
+            f"{found.compared} updates without accelerating ({num(found.first)} -> "
+            f"{num(found.last)}); only the loss was recorded, so the update's direction "
+            "could not be checked",
+            {"rising_fraction": found.rising},
+        )
+    ]
+    return Finding(CODE, CAUSE, 0.5, evidence, list(ACTIONS), step=step,
+                   alternatives=[("step_size_too_large", 0.3)])

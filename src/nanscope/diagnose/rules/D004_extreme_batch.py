@@ -34,14 +34,15 @@ Example
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from nanscope.diagnose.context import Context
 from nanscope.diagnose.diagnosis import Evidence, Finding
-from nanscope.diagnose.rules._common import num, row_text
-from nanscope.diagnose.rules._producer import producer_of
+from nanscope.diagnose.rules._common import num, row_text, unit
+from nanscope.diagnose.rules._producer import Producer, producer_of
 
 CODE = "D004"
 CAUSE = "extreme_batch"
@@ -77,21 +78,29 @@ def _spike_index(ctx: Context) -> int | None:
     return best
 
 
-def _made_at(prod: Any, rows: list[dict[str, Any]]) -> bool:
-    """The producer's non-finite output was in the extreme rows' batch rows and no other."""
-    made = prod.d.get("producer_rows")
-    extreme = {r.get("batch_row") for r in rows if r.get("why") == "extreme"}
-    return bool(made) and isinstance(made, list) and set(made) <= extreme
+@dataclass(frozen=True)
+class Fingerprint:
+    """A jump after a long descent (or a long steady stretch), and what its batch held."""
+
+    spike: int  # index of the update that broke, of the jump that stopped the run, or the spike
+    onset: int  # index of the update where the jump began
+    at: int  # index of the update the finding names (the stop, when a detector stopped the run)
+    descended: bool  # the loss descended before the jump (else it held steady)
+    first: float  # the first finite loss
+    last: float  # the last finite loss before the jump
+    jumped_to: float  # the loss at the onset
+    filtered: bool  # that loss is a NaN a logging filter wrote as 0.0
+    ratio: float  # the onset's loss against the recent loss
+    broke: bool  # the loss went non-finite (not only stopped)
+    departed: bool  # a detector stopped the run on a jump to a plateau or an explosion
+    rows: tuple[dict[str, Any], ...]  # the extreme rows of the jump's batches, largest z first
+    inputs_measured: bool  # the inputs' magnitudes were recorded
+    overflow: Producer | None  # the op where an extreme row's value went non-finite
+    at_row: bool  # that op's non-finite output was in the extreme rows' batch rows alone
 
 
-def _value(ctx: Context, index: int) -> str:
-    """The loss at ``index`` as it was: a 0.0 a logging filter wrote for a NaN is a NaN."""
-    if ctx.filtered_nan[index]:
-        return "NaN (logged as 0.0 by a NaN filter)"
-    return num(ctx.loss[index])
-
-
-def check(ctx: Context) -> Finding | None:
+def fingerprint(ctx: Context) -> Fingerprint | None:
+    """The jump and its batch, or None when the loss grew into it or broke early."""
     k = _spike_index(ctx)
     if k is None:
         return None
@@ -106,36 +115,75 @@ def check(ctx: Context) -> Finding | None:
         return None  # neither a long descent nor a long stretch before the jump
     if ctx.fail is None and ctx.stop is not None and not _departed(ctx):
         return None  # stopped on a sustained climb
-    ratio = ctx.spike_ratio(onset)
     rows = ctx.rows_near(k, ("extreme",), back=k - onset + 2)
     finite_loss = ctx.loss[:onset][np.isfinite(ctx.loss[:onset])]
     if not finite_loss.size:
         return None
-    unit = "epoch" if ctx.granularity == "epoch" else "update"
-    trend = "descended" if ctx.descended_before(onset) else "held steady"
+    overflow, at_row = _overflow(ctx, rows) if rows else (None, False)
+    return Fingerprint(
+        spike=k,
+        onset=onset,
+        at=ctx.stop if ctx.fail is None and ctx.stop is not None else k,
+        descended=ctx.descended_before(onset),
+        first=finite_loss[0],
+        last=finite_loss[-1],
+        jumped_to=ctx.loss[onset],
+        filtered=bool(ctx.filtered_nan[onset]),
+        ratio=ctx.spike_ratio(onset),
+        broke=ctx.fail is not None,
+        departed=_departed(ctx),
+        rows=tuple(rows),
+        inputs_measured=ctx.trace.has("input_absmax"),
+        overflow=overflow,
+        at_row=at_row,
+    )
+
+
+def _overflow(ctx: Context, rows: list[dict[str, Any]]) -> tuple[Producer | None, bool]:
+    """Where the extreme row's value overflowed: an op that got finite (huge) inputs, or one
+    whose non-finite output was in the extreme row's own batch row."""
+    prod = producer_of(ctx.located)
+    at_row = prod is not None and _made_at(prod, rows)
+    if prod is not None and prod.known and (prod.past_range() or at_row) and (
+        not prod.inputs_nonfinite()
+    ):
+        return prod, at_row
+    return None, False
+
+
+def _made_at(prod: Producer, rows: list[dict[str, Any]]) -> bool:
+    """The producer's non-finite output was in the extreme rows' batch rows and no other."""
+    made = prod.d.get("producer_rows")
+    extreme = {r.get("batch_row") for r in rows if r.get("why") == "extreme"}
+    return bool(made) and isinstance(made, list) and set(made) <= extreme
+
+
+def check(ctx: Context) -> Finding | None:
+    found = fingerprint(ctx)
+    if found is None:
+        return None
+    rows = list(found.rows)
+    each = unit(ctx)
+    trend = "descended" if found.descended else "held steady"
+    jumped_to = "NaN (logged as 0.0 by a NaN filter)" if found.filtered else num(found.jumped_to)
     evidence = [
         Evidence(
             CODE,
-            f"the loss {trend} for {onset} {unit}s ({num(finite_loss[0])} -> "
-            f"{num(finite_loss[-1])}), then jumped to {_value(ctx, onset)} at {unit} "
-            f"{ctx.step_at(onset)}"
-            + (f" ({num(ratio)}x the recent loss)"
-               if math.isfinite(ratio) and not ctx.filtered_nan[onset] else ""),
-            {"descent_updates": onset, "spike_step": ctx.step_at(onset), "spike_ratio": ratio},
+            f"the loss {trend} for {found.onset} {each}s ({num(found.first)} -> "
+            f"{num(found.last)}), then jumped to {jumped_to} at {each} "
+            f"{ctx.step_at(found.onset)}"
+            + (f" ({num(found.ratio)}x the recent loss)"
+               if math.isfinite(found.ratio) and not found.filtered else ""),
+            {"descent_updates": found.onset, "spike_step": ctx.step_at(found.onset),
+             "spike_ratio": found.ratio},
         )
-    ]
+    ]  # fmt: skip
     actions: list[str] = []
     alternatives: list[tuple[str, float]] = []
     if rows:
+        confidence = 0.85 if found.broke else 0.7
+        evidence.extend(_row_evidence(found))
         top = rows[0]
-        confidence = 0.85 if ctx.fail is not None else 0.7
-        evidence.append(
-            Evidence(
-                CODE,
-                f"the batch of update {top.get('step')} holds an extreme row: {row_text(top)}",
-                {"rows": rows[:5]},
-            )
-        )
         where = f"batch row {top.get('batch_row')}"
         if top.get("dataset_row") is not None:
             where = f"dataset row {top['dataset_row']}"
@@ -143,26 +191,8 @@ def check(ctx: Context) -> Finding | None:
             f"Inspect or drop {where} (column {top.get('column')} = {num(top.get('value'))}, "
             f"{num(top.get('z'))} robust standard deviations out)."
         )
-        prod = producer_of(ctx.located)
-        at_row = prod is not None and _made_at(prod, rows)
-        if prod is not None and prod.known and (prod.past_range() or at_row) and (
-            not prod.inputs_nonfinite()
-        ):
-            # where that row's value overflowed: an op that got finite (huge) inputs, or one
-            # whose non-finite output was in the extreme row's own batch row
-            text = f"the first non-finite value came from {prod.where()}"
-            if at_row:
-                made = ", ".join(str(r) for r in prod.d.get("producer_rows") or [])
-                text += f", non-finite in the extreme row's batch row ({made}) alone"
-            values = prod.values_text()
-            if values:
-                text += f" ({values})"
-            text += f" [{prod.how()}, {prod.phase or '?'}]"
-            evidence.append(Evidence(CODE, text, {"op": prod.op, "phase": prod.phase,
-                                                  "observed": prod.observed}))  # fmt: skip
     else:
-        measured = ctx.trace.has("input_absmax")
-        confidence = 0.3 if measured or _departed(ctx) else 0.5
+        confidence = 0.3 if found.inputs_measured or found.departed else 0.5
         if ctx.granularity == "epoch":
             evidence.append(
                 Evidence(
@@ -189,13 +219,30 @@ def check(ctx: Context) -> Finding | None:
     )
     if not rows:
         actions.append("Regularise the weights (L2 / weight decay) if they grow over the run.")
-    return Finding(
-        rule=CODE,
-        cause=CAUSE,
-        confidence=confidence,
-        evidence=evidence,
-        actions=actions,
-        step=ctx.step_at(ctx.stop if ctx.fail is None and ctx.stop is not None else k),
-        rows=rows,
-        alternatives=alternatives,
-    )
+    return Finding(CODE, CAUSE, confidence, evidence, actions, step=ctx.step_at(found.at),
+                   rows=rows, alternatives=alternatives)  # fmt: skip
+
+
+def _row_evidence(found: Fingerprint) -> list[Evidence]:
+    """The extreme row, and the op where its value overflowed when one was located."""
+    top = found.rows[0]
+    evidence = [
+        Evidence(
+            CODE,
+            f"the batch of update {top.get('step')} holds an extreme row: {row_text(top)}",
+            {"rows": list(found.rows[:5])},
+        )
+    ]
+    prod = found.overflow
+    if prod is not None:
+        text = f"the first non-finite value came from {prod.where()}"
+        if found.at_row:
+            made = ", ".join(str(r) for r in prod.d.get("producer_rows") or [])
+            text += f", non-finite in the extreme row's batch row ({made}) alone"
+        values = prod.values_text()
+        if values:
+            text += f" ({values})"
+        text += f" [{prod.how()}, {prod.phase or '?'}]"
+        evidence.append(Evidence(CODE, text, {"op": prod.op, "phase": prod.phase,
+                                              "observed": prod.observed}))  # fmt: skip
+    return evidence

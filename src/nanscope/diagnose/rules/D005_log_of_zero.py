@@ -36,13 +36,15 @@ Example
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
-from nanscope.diagnose.context import Context
+from nanscope.diagnose.context import Context, Rise
 from nanscope.diagnose.diagnosis import Evidence, Finding
-from nanscope.diagnose.rules._common import num
-from nanscope.diagnose.rules._producer import producer_of
+from nanscope.diagnose.rules._common import num, unit
+from nanscope.diagnose.rules._producer import Producer, producer_of
 
 CODE = "D005"
 CAUSE = "log_of_zero"
@@ -56,45 +58,38 @@ ACTIONS = [
     "are what saturate the sigmoid or softmax.",
 ]
 
-def _unit(ctx: Context) -> str:
-    return "epoch" if ctx.granularity == "epoch" else "update"
+
+@dataclass(frozen=True)
+class Fingerprint:
+    """A non-finite loss with finite weights and data, and the log that made it where one was
+    located."""
+
+    fail: int  # index of the failing update
+    #: the producer as the probes located it (a log of the same update that got 0 stands in
+    #: for an earlier producer that was not a log)
+    located: dict[str, Any]
+    producer: Producer | None  # a view of ``located``
+    log: bool  # the producer is a log
+    other_op: bool  # the producer is an op other than a log, inferred (not seen)
+    input_zero: bool  # the log's argument was seen at exactly 0 or out of its domain
+    computed: bool  # the log made the batch's -inf/NaN in the training loop's preparation
+    loss: float  # the failing loss
+    filtered: bool  # that loss is a NaN a logging filter wrote as 0.0
+    grad_norm: float  # the gradient norm at the failure (NaN when not recorded)
+    grad_measured: bool  # the gradient norm was recorded at the failure
+    weights_seen: bool  # the weights were recorded (finite) at the failure
+    inputs_seen: bool  # the inputs were recorded (finite) at the failure
+    rise: Rise | None  # the run of rising losses before the failure
+    weights: tuple[float, float] | None  # the first and last finite weight norms up to it
 
 
-def _loss_text(ctx: Context, i: int) -> str:
-    """The failing loss as logged: ``nan``, ``inf``, or a 0.0 a logging filter put for a NaN."""
-    if ctx.filtered_nan[i]:
-        return "NaN (logged as 0.0 by the logger's NaN filter)"
-    return num(ctx.loss[i])
-
-
-def _seen_finite(ctx: Context, i: int) -> list[str]:
-    """What was recorded finite at update ``i`` besides the loss: only what a record holds."""
-    present = ctx.trace.present
-    seen = []
-    if present("weight_norm")[i] or present("nf_params")[i]:
-        seen.append("the weights")
-    if present("nf_inputs")[i] or present("input_absmax")[i]:
-        seen.append("the inputs")
-    return seen
-
-
-def check(ctx: Context) -> Finding | None:
+def fingerprint(ctx: Context) -> Fingerprint | None:
+    """The failure with finite weights and data, or None when another op or bad data made it."""
     i = ctx.fail
     if i is None:
         return None
     nf = ctx.nonfinite
-    located = ctx.located or {}
-    prod = producer_of(located)
-    op_is_log = prod is not None and prod.is_log()
-    also = prod.also_log() if prod is not None and not op_is_log else None
-    if also is not None and prod is not None:
-        # another producer of the update was a log that got 0: it is the log's story
-        first = prod.where()
-        picked = {k: also.get(k) for k in ("op", "source", "message", "why")}
-        located = {**located, **picked, "inputs": "exactly zero", "input_zero": True,
-                   "note": f"an earlier op of the same update also overflowed: {first}"}
-        prod = producer_of(located)
-        op_is_log = True
+    located, prod, op_is_log = _log_producer(ctx.located or {})
     other_op = prod is not None and prod.known and not op_is_log
     if other_op and prod is not None and prod.observed:
         return None  # another op produced it: log_of_zero only follows a log
@@ -107,65 +102,57 @@ def check(ctx: Context) -> Finding | None:
         return None
     if not (nf["loss"][i] > 0 or ctx.filtered_nan[i]) and not op_is_log:
         return None
-    evidence: list[Evidence] = []
-    loss_value = ctx.loss[i]
-    grad = ctx.trace.column("grad_norm")[i]
-    grad_measured = ctx.trace.present("grad_norm")[i]
-    if prod is not None and op_is_log:
-        if prod.inputs_nonfinite():
-            return None  # the log only propagated a value made earlier
-        if prod.observed and input_zero:
-            confidence = 0.95
-        elif prod.observed:
-            confidence = 0.8  # a log made it, but its argument was not seen at 0
-        else:
-            confidence = 0.55  # inferred: the log is the likeliest op, its input unseen
-        text = f"the first non-finite value came from {prod.where()}"
-        values = prod.values_text()
-        if values:
-            text += f", {values}" if values.startswith("its") else f" ({values})"
-        text += f" [{prod.how()}]"
-        data = {"op": prod.op, "module": located.get("module"), "observed": prod.observed,
-                "why": prod.why}
-        evidence.append(Evidence(CODE, text, data))
-        chain = prod.chain_text()
-        if chain:
-            evidence.append(Evidence(CODE, chain, {"chain": located.get("chain")}))
-    elif grad_measured and math.isfinite(grad):
-        # no producer was located: the loss formula is suspected, not seen
-        confidence = 0.6 if loss_value == math.inf else 0.55
-        if other_op:
-            confidence = 0.4  # an inferred producer that is not a log
-        finite = ", ".join([f"the gradient (norm {num(grad)})", *_seen_finite(ctx, i)])
-        evidence.append(
-            Evidence(
-                CODE,
-                f"the loss is {_loss_text(ctx, i)} at {_unit(ctx)} {ctx.step_at(i)} while "
-                f"{finite} {'are all' if ',' in finite else 'is'} finite: the loss formula made "
-                "it; no op was located, so a log of a probability rounded to 0 or 1 is inferred, "
-                "not seen",
-                {"loss": loss_value, "grad_norm": float(grad), "observed": False},
-            )
-        )
+    if prod is not None and op_is_log and prod.inputs_nonfinite():
+        return None  # the log only propagated a value made earlier
+    present = ctx.trace.present
+    weights = ctx.trace.column("weight_norm")[: i + 1]
+    weights = weights[np.isfinite(weights)]
+    return Fingerprint(
+        fail=i,
+        located=located,
+        producer=prod,
+        log=op_is_log,
+        other_op=other_op,
+        input_zero=input_zero,
+        computed=computed,
+        loss=ctx.loss[i],
+        filtered=bool(ctx.filtered_nan[i]),
+        grad_norm=ctx.trace.column("grad_norm")[i],
+        grad_measured=bool(present("grad_norm")[i]),
+        weights_seen=bool(present("weight_norm")[i] or present("nf_params")[i]),
+        inputs_seen=bool(present("nf_inputs")[i] or present("input_absmax")[i]),
+        rise=ctx.rise_before(i),
+        weights=(weights[0], weights[-1]) if weights.size >= 2 else None,
+    )
+
+
+def _log_producer(located: dict[str, Any]) -> tuple[dict[str, Any], Producer | None, bool]:
+    """The located producer, its view and whether it is a log; when it is not, another
+    producer of the same update that was a log at 0 takes its place (it is the log's story)."""
+    prod = producer_of(located)
+    op_is_log = prod is not None and prod.is_log()
+    also = prod.also_log() if prod is not None and not op_is_log else None
+    if also is not None and prod is not None:
+        first = prod.where()
+        picked = {k: also.get(k) for k in ("op", "source", "message", "why")}
+        located = {**located, **picked, "inputs": "exactly zero", "input_zero": True,
+                   "note": f"an earlier op of the same update also overflowed: {first}"}
+        prod = producer_of(located)
+        op_is_log = True
+    return located, prod, op_is_log
+
+
+def check(ctx: Context) -> Finding | None:
+    found = fingerprint(ctx)
+    if found is None:
+        return None
+    prod = found.producer
+    if prod is not None and found.log:
+        confidence, evidence = _producer_evidence(found, prod)
     else:
-        confidence = 0.3
-        seen = _seen_finite(ctx, i)
-        missing = ([] if grad_measured else ["the gradient"]) + (
-            [] if seen else ["the weights", "the inputs"]
-        )
-        text = f"the loss is {_loss_text(ctx, i)} at {_unit(ctx)} {ctx.step_at(i)}"
-        if seen:
-            text += f" with {' and '.join(seen)} finite"
-        if grad_measured:
-            text += f", the gradient norm {num(grad)} too"
-        if missing:
-            text += f"; {', '.join(missing[:-1])} and {missing[-1]}" if len(missing) > 1 else (
-                f"; {missing[0]}")
-            text += " were not recorded" if len(missing) > 1 else " was not recorded"
-        text += ": the loss formula is one suspect among several"
-        evidence.append(Evidence(CODE, text, {"loss": loss_value}))
-    rise = ctx.rise_before(i)
-    if not op_is_log and rise is not None and rise.length >= 3 and rise.growth >= 10:
+        confidence, evidence = _loss_evidence(ctx, found)
+    rise = found.rise
+    if not found.log and rise is not None and rise.length >= 3 and rise.growth >= 10:
         # the loss was already climbing geometrically: the inf is that climb overflowing
         confidence = min(confidence, 0.3)
         evidence.append(
@@ -176,20 +163,20 @@ def check(ctx: Context) -> Finding | None:
                 {"growth": rise.growth},
             )
         )
-    weights = ctx.trace.column("weight_norm")[: i + 1]
-    weights = weights[np.isfinite(weights)]
-    if weights.size >= 2 and weights[0] > 0 and weights[-1] / weights[0] >= 3:
-        evidence.append(
-            Evidence(
-                CODE,
-                f"the weights grew {num(weights[-1] / weights[0])}x over the run "
-                f"(norm {num(weights[0])} -> {num(weights[-1])}): large scores saturate the "
-                "sigmoid/softmax to exactly 0 or 1",
-                {"weight_growth": float(weights[-1] / weights[0])},
+    if found.weights is not None:
+        first, last = found.weights
+        if first > 0 and last / first >= 3:
+            evidence.append(
+                Evidence(
+                    CODE,
+                    f"the weights grew {num(last / first)}x over the run "
+                    f"(norm {num(first)} -> {num(last)}): large scores saturate the "
+                    "sigmoid/softmax to exactly 0 or 1",
+                    {"weight_growth": float(last / first)},
+                )
             )
-        )
     actions = list(ACTIONS)
-    if prod is not None and op_is_log and prod.phase == "backward" and prod.observed:
+    if prod is not None and found.log and prod.phase == "backward" and prod.observed:
         # the forward was finite (xlogy / entr are 0 at 0): the log is in the op's gradient
         evidence.append(Evidence(
             CODE, f"the forward of {prod.forward_op or prod.op} was finite; its gradient is not: "
@@ -198,7 +185,8 @@ def check(ctx: Context) -> Finding | None:
         actions.insert(0, "Compute the entropy (or x log x) from log-probabilities: "
                           "-(p * log_p).sum(-1) with log_p = log_softmax(logits), whose gradient "
                           "is finite at p = 0; or clamp p to [eps, 1] before xlogy / entr.")
-    if computed:
+    located = found.located
+    if found.computed:
         where_made = ("in the data preparation before training" if "data preparation" in
                       str(located.get("how")) else "in the training loop")  # fmt: skip
         evidence.append(Evidence(
@@ -208,13 +196,65 @@ def check(ctx: Context) -> Finding | None:
         where = f"{src.get('file')}:{src.get('line')}" if src.get("file") else "the log"
         actions = [f"Fix {where}: a log transform of counts or amounts that can be 0 needs "
                    "log1p (log(1 + x)) or a clamp (x.clamp_min(eps)); do not drop the rows."]
-    return Finding(
-        rule=CODE,
-        cause=CAUSE,
-        confidence=confidence,
-        evidence=evidence,
-        actions=actions,
-        step=ctx.step_at(i),
-        located=located or None,
-        alternatives=[] if op_is_log else [("zero_division", 0.15)],
+    return Finding(CODE, CAUSE, confidence, evidence, actions, step=ctx.step_at(found.fail),
+                   located=located or None,
+                   alternatives=[] if found.log else [("zero_division", 0.15)])  # fmt: skip
+
+
+def _producer_evidence(found: Fingerprint, prod: Producer) -> tuple[float, list[Evidence]]:
+    """The log that made the first non-finite value, seen or inferred."""
+    if prod.observed and found.input_zero:
+        confidence = 0.95
+    elif prod.observed:
+        confidence = 0.8  # a log made it, but its argument was not seen at 0
+    else:
+        confidence = 0.55  # inferred: the log is the likeliest op, its input unseen
+    text = f"the first non-finite value came from {prod.where()}"
+    values = prod.values_text()
+    if values:
+        text += f", {values}" if values.startswith("its") else f" ({values})"
+    text += f" [{prod.how()}]"
+    data = {"op": prod.op, "module": found.located.get("module"), "observed": prod.observed,
+            "why": prod.why}
+    evidence = [Evidence(CODE, text, data)]
+    chain = prod.chain_text()
+    if chain:
+        evidence.append(Evidence(CODE, chain, {"chain": found.located.get("chain")}))
+    return confidence, evidence
+
+
+def _loss_evidence(ctx: Context, found: Fingerprint) -> tuple[float, list[Evidence]]:
+    """No log was located: the loss next to what was recorded finite, suspected, not seen."""
+    grad = found.grad_norm
+    at = f"{unit(ctx)} {ctx.step_at(found.fail)}"
+    loss_text = "NaN (logged as 0.0 by the logger's NaN filter)" if found.filtered else num(
+        found.loss)
+    seen = [what for what, yes in (("the weights", found.weights_seen),
+                                   ("the inputs", found.inputs_seen)) if yes]  # fmt: skip
+    if found.grad_measured and math.isfinite(grad):
+        # no producer was located: the loss formula is suspected, not seen
+        confidence = 0.6 if found.loss == math.inf else 0.55
+        if found.other_op:
+            confidence = 0.4  # an inferred producer that is not a log
+        finite = ", ".join([f"the gradient (norm {num(grad)})", *seen])
+        text = (
+            f"the loss is {loss_text} at {at} while {finite} "
+            f"{'are all' if ',' in finite else 'is'} finite: the loss formula made it; no op was "
+            "located, so a log of a probability rounded to 0 or 1 is inferred, not seen"
+        )
+        return confidence, [Evidence(CODE, text, {"loss": found.loss, "grad_norm": float(grad),
+                                                  "observed": False})]  # fmt: skip
+    missing = ([] if found.grad_measured else ["the gradient"]) + (
+        [] if seen else ["the weights", "the inputs"]
     )
+    text = f"the loss is {loss_text} at {at}"
+    if seen:
+        text += f" with {' and '.join(seen)} finite"
+    if found.grad_measured:
+        text += f", the gradient norm {num(grad)} too"
+    if missing:
+        text += f"; {', '.join(missing[:-1])} and {missing[-1]}" if len(missing) > 1 else (
+            f"; {missing[0]}")
+        text += " were not recorded" if len(missing) > 1 else " was not recorded"
+    text += ": the loss formula is one suspect among several"
+    return 0.3, [Evidence(CODE, text, {"loss": found.loss})]

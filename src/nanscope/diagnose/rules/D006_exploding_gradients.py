@@ -33,6 +33,7 @@ Example
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -47,6 +48,49 @@ CAUSE = "exploding_gradients"
 TITLE = "Exploding gradients"
 
 JUMP = 100.0
+
+
+@dataclass(frozen=True)
+class Layer:
+    """The parameter that carries the gradient norm, from the nearest per-layer norms."""
+
+    update: int  # index of the record the per-layer norms were taken from
+    name: str  # the parameter with the largest gradient norm
+    share: float  # its share of the squared gradient norm
+    growth: float  # its gradient norm against its first recorded one (NaN when not recorded)
+    nonfinite: tuple[str, ...]  # the parameters with a non-finite gradient, when none is finite
+
+
+@dataclass(frozen=True)
+class Fingerprint:
+    """The gradient norm's jump against its history, and the loss's over the same span."""
+
+    peak: int  # index of the update where the gradient norm peaked (or went non-finite)
+    at: int  # index of the update the finding names: the failure, the stop or the peak
+    norm: float  # the gradient norm there (NaN or inf when it went non-finite at once)
+    reference: float  # the norm it is compared with
+    from_start: bool  # the reference is the climb's start (too few updates before it)
+    ratio: float  # ``norm / reference`` (inf when it went non-finite at once)
+    loss_ratio: float  # the loss there against the median loss before (NaN when unknown)
+    fail: int | None  # index of the failing update
+    fail_loss: float  # the loss at the failure (NaN without one)
+    grad_first: bool  # the gradient went non-finite while the loss was still finite
+    sudden: bool  # ordinary, then non-finite in one update: no finite climb was seen
+    overflow: int | None  # the update whose norm overflowed float32 with every element finite
+    extreme_rows: bool  # the batch of the peak (or the one before) held an extreme row
+    scaler_collapsed: bool  # the loss scaler collapsed at the failure
+    layer: Layer | None  # the parameter that dominates the gradient, where it was recorded
+    clip: float | None  # the norm the script clips to (NaN: it clips, to an unknown norm)
+
+    @property
+    def elastic(self) -> bool:
+        """The loss climbed along with the gradient (on a bowl, loss ~ gradient^2): an
+        oversized step; an explosion is the gradient running ahead while the loss barely moved."""
+        return (
+            math.isfinite(self.loss_ratio)
+            and self.loss_ratio > 1
+            and math.log(self.loss_ratio) >= 0.5 * math.log(max(self.ratio, 1.0 + 1e-9))
+        )
 
 
 def _lasting(g: np.ndarray, k: int, ref: float) -> bool:
@@ -69,7 +113,8 @@ def _lasting(g: np.ndarray, k: int, ref: float) -> bool:
     return level >= 10 * ref or level <= ref / 10
 
 
-def check(ctx: Context) -> Finding | None:
+def fingerprint(ctx: Context) -> Fingerprint | None:
+    """The gradient norm's jump, or None when it did not outrun its history."""
     if not ctx.trace.has("grad_norm"):
         return None
     g = ctx.trace.column("grad_norm")
@@ -80,7 +125,7 @@ def check(ctx: Context) -> Finding | None:
     window = list(range(max(0, upto - 4), upto)) if broke else list(range(upto))
     finite_idx = [j for j in window if math.isfinite(g[j]) and g[j] > 0]
     nf = ctx.nonfinite
-    grad_first = (
+    grad_first = bool(
         ctx.fail is not None
         and nf["grads"][ctx.fail] > 0
         and math.isfinite(ctx.loss[ctx.fail])
@@ -96,19 +141,10 @@ def check(ctx: Context) -> Finding | None:
         if climb:
             k = max(climb, key=lambda j: g[j])
     assert k is not None
-    history = g[: max(0, k - 2)]
-    history = history[np.isfinite(history) & (history > 0)]
-    ref_text = "the median of the updates before"
-    if history.size >= 3:
-        ref = float(np.median(history))
-    else:
-        # a climb from the first updates: its reference is where it started
-        early = g[:k]
-        early = early[np.isfinite(early) & (early > 0)]
-        if broke or early.size < 2:
-            return None
-        ref = float(early.min())
-        ref_text = "its value at the start of the climb"
+    reference = _reference(g, k, broke)
+    if reference is None:
+        return None
+    ref, from_start = reference
     peak = float(g[k]) if math.isfinite(g[k]) else math.inf
     ratio = peak / ref if ref > 0 else math.inf
     loss_hist = ctx.loss[: max(0, k - 2)]
@@ -131,66 +167,63 @@ def check(ctx: Context) -> Finding | None:
         return None
     if not broke and not _lasting(g, k, ref):
         return None  # one batch's spike the run absorbed: the next update was ordinary again
-    # a loss that climbs along with the gradient (on a bowl, loss ~ gradient^2) is an oversized
-    # step; an explosion is the gradient running ahead while the loss has barely moved
-    elastic = (
-        math.isfinite(loss_ratio)
-        and loss_ratio > 1
-        and math.log(loss_ratio) >= 0.5 * math.log(max(ratio, 1.0 + 1e-9))
-    )
-    rows = ctx.rows_near(k, ("extreme",), back=1)
-    confidence = 0.85 if grad_first else 0.75
-    scaler = ctx.fail is not None and "loss_scale_collapse" in (
-        ctx.records[ctx.fail].get("events") or ()
-    )
-    if sudden:
+    if ctx.fail is not None:
+        at = ctx.fail
+    elif ctx.stop is not None:
+        at = ctx.stop
+    else:
+        at = k
+    return Fingerprint(
+        peak=k,
+        at=at,
+        norm=peak,
+        reference=ref,
+        from_start=from_start,
+        ratio=ratio,
+        loss_ratio=loss_ratio,
+        fail=ctx.fail,
+        fail_loss=ctx.loss[ctx.fail] if ctx.fail is not None else math.nan,
+        grad_first=grad_first,
+        sudden=sudden,
+        overflow=overflow,
+        extreme_rows=bool(ctx.rows_near(k, ("extreme",), back=1)),
+        scaler_collapsed=ctx.fail is not None and "loss_scale_collapse" in (
+            ctx.records[ctx.fail].get("events") or ()),
+        layer=_dominant_layer(ctx, k),
+        clip=_clipping(ctx, upto),
+    )  # fmt: skip
+
+
+def _reference(g: np.ndarray, k: int, broke: bool) -> tuple[float, bool] | None:
+    """The norm the peak at ``k`` is compared with, and whether it is the climb's start: the
+    median of the updates before, or (a climb from the first updates) where it started."""
+    history = g[: max(0, k - 2)]
+    history = history[np.isfinite(history) & (history > 0)]
+    if history.size >= 3:
+        return float(np.median(history)), False
+    early = g[:k]
+    early = early[np.isfinite(early) & (early > 0)]
+    if broke or early.size < 2:
+        return None
+    return float(early.min()), True
+
+
+def check(ctx: Context) -> Finding | None:
+    found = fingerprint(ctx)
+    if found is None:
+        return None
+    confidence = 0.85 if found.grad_first else 0.75
+    if found.sudden:
         confidence = 0.55  # no finite climb seen: a 0/0 in the gradient looks the same
-    if elastic:
+    if found.elastic:
         confidence = 0.3
-    if rows:
+    if found.extreme_rows:
         confidence -= 0.35
-    if scaler:
+    if found.scaler_collapsed:
         confidence = min(confidence, 0.5)  # the loss scaler overflowed there: D008's story
-    reached = (
-        f"the gradient norm reached {num(peak)} at update {ctx.step_at(k)}, {num(ratio)}x "
-        f"{ref_text} ({num(ref)})"
-        if math.isfinite(peak)
-        else f"the gradient norm went from {ref_text} ({num(ref)}) to {num(peak)} at update "
-        f"{ctx.step_at(k)}"
-    )
-    evidence = [
-        Evidence(
-            CODE,
-            reached
-            + (f", while the loss moved only {num(loss_ratio)}x" if math.isfinite(loss_ratio)
-               else ""),
-            {"grad_norm": peak, "median_grad_norm": ref, "ratio": ratio, "loss_ratio": loss_ratio},
-        )
-    ]  # fmt: skip
-    if grad_first:
-        evidence.append(
-            Evidence(
-                CODE,
-                f"the gradient went non-finite at update {ctx.step_at(ctx.fail)} while the loss "
-                f"was still finite ({num(ctx.loss[ctx.fail])})",
-                {"step": ctx.step_at(ctx.fail)},
-            )
-        )
-    if overflow is not None:
-        evidence.append(
-            Evidence(
-                CODE,
-                f"the gradient norm overflowed float32 at update {ctx.step_at(overflow)} (inf) "
-                "while every gradient element was still finite: the sum of squares passed 3.4e38, "
-                "no element was NaN or inf",
-                {"norm_overflow_step": ctx.step_at(overflow)},
-            )
-        )
-    layer = _dominant_layer(ctx, k)
-    if layer is not None:
-        evidence.append(layer)
-    clip = _clipping(ctx, upto)
-    if clip is not None:
+    evidence = _evidence(ctx, found)
+    if found.clip is not None:
+        clip = found.clip
         evidence.append(
             Evidence(
                 CODE,
@@ -217,21 +250,68 @@ def check(ctx: Context) -> Finding | None:
             "In recurrent layers use tanh rather than relu and check the scale of the recurrent "
             "weights; lower the learning rate if the gradient stays large after clipping.",
         ]
-    if ctx.fail is not None:
-        at = ctx.fail
-    elif ctx.stop is not None:
-        at = ctx.stop
-    else:
-        at = k
-    return Finding(
-        rule=CODE,
-        cause=CAUSE,
-        confidence=confidence,
-        evidence=evidence,
-        actions=actions,
-        step=ctx.step_at(at),
-        alternatives=[("step_size_too_large", 0.3)] if not elastic else [],
+    return Finding(CODE, CAUSE, confidence, evidence, actions, step=ctx.step_at(found.at),
+                   alternatives=[("step_size_too_large", 0.3)] if not found.elastic else [])
+
+
+def _evidence(ctx: Context, found: Fingerprint) -> list[Evidence]:
+    """The jump, the non-finite gradient, the norm's overflow and the dominant layer."""
+    peak, ref, step = found.norm, found.reference, ctx.step_at(found.peak)
+    ref_text = ("its value at the start of the climb" if found.from_start
+                else "the median of the updates before")  # fmt: skip
+    reached = (
+        f"the gradient norm reached {num(peak)} at update {step}, {num(found.ratio)}x "
+        f"{ref_text} ({num(ref)})"
+        if math.isfinite(peak)
+        else f"the gradient norm went from {ref_text} ({num(ref)}) to {num(peak)} at update "
+        f"{step}"
     )
+    evidence = [
+        Evidence(
+            CODE,
+            reached
+            + (f", while the loss moved only {num(found.loss_ratio)}x"
+               if math.isfinite(found.loss_ratio) else ""),
+            {"grad_norm": peak, "median_grad_norm": ref, "ratio": found.ratio,
+             "loss_ratio": found.loss_ratio},
+        )
+    ]  # fmt: skip
+    if found.grad_first:
+        evidence.append(
+            Evidence(
+                CODE,
+                f"the gradient went non-finite at update {ctx.step_at(found.fail)} while the "
+                f"loss was still finite ({num(found.fail_loss)})",
+                {"step": ctx.step_at(found.fail)},
+            )
+        )
+    if found.overflow is not None:
+        evidence.append(
+            Evidence(
+                CODE,
+                f"the gradient norm overflowed float32 at update {ctx.step_at(found.overflow)} "
+                "(inf) while every gradient element was still finite: the sum of squares passed "
+                "3.4e38, no element was NaN or inf",
+                {"norm_overflow_step": ctx.step_at(found.overflow)},
+            )
+        )
+    layer = found.layer
+    if layer is not None and layer.nonfinite:
+        bad = list(layer.nonfinite)
+        evidence.append(
+            Evidence(CODE, f"non-finite gradient in {', '.join(bad[:3])}", {"layers": bad})
+        )
+    elif layer is not None:
+        when = f" at update {ctx.step_at(layer.update)}" if layer.update != found.peak else ""
+        evidence.append(Evidence(
+            CODE,
+            f"'{layer.name}' carries {num(100 * layer.share)}% of the squared gradient norm{when}"
+            + (f" and its gradient grew {num(layer.growth)}x since the start"
+               if math.isfinite(layer.growth) else ""),
+            {"layer": layer.name, "share": layer.share, "growth": layer.growth,
+             "step": ctx.step_at(layer.update)},
+        ))  # fmt: skip
+    return evidence
 
 
 def _clipping(ctx: Context, upto: int) -> float | None:
@@ -258,7 +338,7 @@ def _norm_overflow(ctx: Context, upto: int) -> int | None:
     return int(hits[0]) if hits.size else None
 
 
-def _dominant_layer(ctx: Context, k: int) -> Evidence | None:
+def _dominant_layer(ctx: Context, k: int) -> Layer | None:
     # the per-layer norms are recorded on sampled updates and at a failure, not on every one:
     # the nearest record at or before k that has them, a few updates back at most
     at = next((j for j in range(k, max(-1, k - LAYER_LOOKBACK), -1)
@@ -269,7 +349,7 @@ def _dominant_layer(ctx: Context, k: int) -> Evidence | None:
     finite = {n: v for n, v in norms.items() if v is not None and math.isfinite(v)}
     if not finite:
         bad = [n for n, v in norms.items() if v is None or not math.isfinite(v)]
-        return Evidence(CODE, f"non-finite gradient in {', '.join(bad[:3])}", {"layers": bad})
+        return Layer(at, "", math.nan, math.nan, tuple(bad))
     total = sum(v * v for v in finite.values())
     name = max(finite, key=lambda n: finite[n])
     share = finite[name] ** 2 / total if total > 0 else math.nan
@@ -280,11 +360,4 @@ def _dominant_layer(ctx: Context, k: int) -> Evidence | None:
             first = gn[name]
             break
     growth = finite[name] / first if first else math.nan
-    when = f" at update {ctx.step_at(at)}" if at != k else ""
-    return Evidence(
-        CODE,
-        f"'{name}' carries {num(100 * share)}% of the squared gradient norm{when}"
-        + (f" and its gradient grew {num(growth)}x since the start" if math.isfinite(growth)
-           else ""),
-        {"layer": name, "share": share, "growth": growth, "step": ctx.step_at(at)},
-    )  # fmt: skip
+    return Layer(at, name, share, growth, ())

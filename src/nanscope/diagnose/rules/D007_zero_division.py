@@ -37,11 +37,12 @@ Example
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Any
 
 from nanscope.diagnose.context import Context
 from nanscope.diagnose.diagnosis import Evidence, Finding
-from nanscope.diagnose.rules._producer import producer_of
-from nanscope.numerics import HALF_TINY
+from nanscope.diagnose.rules._producer import Producer, flushed_eps, producer_of, producer_step
 
 CODE = "D007"
 CAUSE = "zero_division"
@@ -76,19 +77,33 @@ def _where(located: dict) -> str:
     return text
 
 
-def check(ctx: Context) -> Finding | None:
+@dataclass(frozen=True)
+class Fingerprint:
+    """The division or root that produced the first non-finite value, and what it got."""
+
+    located: dict[str, Any]  # the producer as the probes located it
+    producer: Producer  # a view of ``located``
+    family: str  # "division" or "root" (a square root, a norm, a fractional power)
+    phase: str  # where it ran: forward, backward, loss, optimizer or preprocess
+    zero: bool  # its input was seen at exactly 0
+    computed: bool  # it made the batch's NaN in the training loop's preparation
+    fail: int | None  # index of the failing update
+    nan_loss: bool  # the failing loss is NaN, not inf (0/0 rather than x/0)
+    flushed_eps: float | None  # the optimizer's eps (above 0) that float16 made 0, if it did
+
+
+def fingerprint(ctx: Context) -> Fingerprint | None:
+    """The producer when it is a division or a root that met 0 (or was inferred to), or None."""
     located = ctx.located
     if not located:
         return None
     prod = producer_of(located)
     assert prod is not None
-    op = prod.op
-    family = _family(op) or _family(prod.forward_op)
+    family = _family(prod.op) or _family(prod.forward_op)
     if family is None:
         return None
-    inputs = prod.inputs
     zero = prod.zero and prod.kind not in ("past_range", "log_domain")
-    if prod.inputs_nonfinite() or prod.kind == "past_range" or inputs == "past the half range":
+    if prod.inputs_nonfinite() or prod.kind == "past_range" or prod.inputs == "past the half range":
         return None  # the value was already broken, or it is an overflow story
     phase = prod.phase or "forward"
     i = ctx.fail
@@ -97,47 +112,38 @@ def check(ctx: Context) -> Finding | None:
         ctx.nonfinite["inputs"][i] > 0 or ctx.nonfinite["targets"][i] > 0
     ):
         return None
-    evidence: list[Evidence] = []
-    if zero:
-        confidence = 0.92 if prod.observed else 0.7
+    inferred = bool(located.get("guessed")) or not prod.inputs or not prod.observed
+    if not (zero or inferred):
+        return None  # its inputs were seen, and they were not 0
+    return Fingerprint(
+        located=located,
+        producer=prod,
+        family=family,
+        phase=phase,
+        zero=zero,
+        computed=computed,
+        fail=i,
+        nan_loss=i is not None and math.isnan(ctx.loss[i]),
+        flushed_eps=flushed_eps(ctx, located),
+    )
+
+
+def check(ctx: Context) -> Finding | None:
+    found = fingerprint(ctx)
+    if found is None:
+        return None
+    located, phase, computed = found.located, found.phase, found.computed
+    op = found.producer.op
+    if found.zero:
+        confidence = 0.92 if found.producer.observed else 0.7
         if computed:
             confidence = 0.97  # seen making the batch's NaN: not a bad row of the data
-        if family == "root" and phase == "backward":
-            what = (
-                f"the gradient of {located.get('forward_op') or op} is infinite at 0: "
-                f"{_where(located)} received exactly 0 in the backward"
-            )
-        elif family == "root":
-            what = f"{_where(located)} took the root/norm of exactly 0"
-        else:
-            what = f"{_where(located)} divided by exactly 0 (0/0 is NaN, x/0 is inf)"
-        values = prod.values_text()
-        if values and "exactly 0" in values and values not in what:
-            what += f"; {values}"
-        what += f" [{prod.how()}, {phase}]"
-        evidence.append(Evidence(CODE, what, {"op": op, "module": located.get("module"),
-                                              "phase": phase, "inputs": inputs,
-                                              "observed": prod.observed}))  # fmt: skip
-        if computed:
-            evidence.append(
-                Evidence(
-                    CODE,
-                    "the NaN/inf in the batch is computed by this division "
-                    + ("in the data preparation before training" if "data preparation" in
-                       str(located.get("how")) else "in the training loop")
-                    + ", not read from the data: the division is what to fix, not the rows",
-                    {"phase": "preprocess"},
-                )
-            )
-        chain = prod.chain_text()
-        if chain:
-            evidence.append(Evidence(CODE, chain, {"chain": located.get("chain")}))
-    elif located.get("guessed") or not inputs or not prod.observed:
+        evidence = _zero_evidence(found)
+    else:
         confidence = 0.5
-        if (family == "division" and phase == "forward" and i is not None
-                and math.isnan(ctx.loss[i])):  # fmt: skip
+        if found.family == "division" and phase == "forward" and found.nan_loss:
             confidence = 0.6  # a NaN (not inf) loss from a division: 0/0
-        evidence.append(
+        evidence = [
             Evidence(
                 CODE,
                 f"the first non-finite value is in the {phase} and the only op in the loss that "
@@ -145,9 +151,7 @@ def check(ctx: Context) -> Finding | None:
                 "longer kept, so whether they were exactly 0 is inferred",
                 {"op": op, "phase": phase, "guessed": True, "observed": False},
             )
-        )
-    else:
-        return None
+        ]
     alternatives: list[tuple[str, float]] = []
     if phase == "optimizer":
         evidence.append(
@@ -159,13 +163,11 @@ def check(ctx: Context) -> Finding | None:
                 {"phase": "optimizer"},
             )
         )
-        eps = ctx.trace.meta.get("optimizer_eps")
-        if (str(located.get("dtype")) == "float16" and isinstance(eps, (int, float))
-                and 0 < eps < HALF_TINY):  # fmt: skip
+        if found.flushed_eps is not None:
             # the script's eps is not 0: float16 made it 0 (D008's story)
             confidence = min(confidence, 0.5)
             alternatives.append(("fp16_overflow", 0.85))
-    elif not computed and ("div" in op.lower() or family == "root"):
+    elif not computed and ("div" in op.lower() or found.family == "root"):
         evidence.append(
             Evidence(
                 CODE,
@@ -174,6 +176,48 @@ def check(ctx: Context) -> Finding | None:
                 {},
             )
         )
+    return Finding(CODE, CAUSE, confidence, evidence, _actions(found),
+                   step=producer_step(ctx, located), located=located,
+                   alternatives=alternatives + ([("log_of_zero", 0.1)] if not found.zero else []))
+
+
+def _zero_evidence(found: Fingerprint) -> list[Evidence]:
+    """What the op got (exactly 0), where it made the batch's NaN, and the ops after it."""
+    located, prod, phase = found.located, found.producer, found.phase
+    op = prod.op
+    if found.family == "root" and phase == "backward":
+        what = (
+            f"the gradient of {located.get('forward_op') or op} is infinite at 0: "
+            f"{_where(located)} received exactly 0 in the backward"
+        )
+    elif found.family == "root":
+        what = f"{_where(located)} took the root/norm of exactly 0"
+    else:
+        what = f"{_where(located)} divided by exactly 0 (0/0 is NaN, x/0 is inf)"
+    values = prod.values_text()
+    if values and "exactly 0" in values and values not in what:
+        what += f"; {values}"
+    what += f" [{prod.how()}, {phase}]"
+    evidence = [Evidence(CODE, what, {"op": op, "module": located.get("module"), "phase": phase,
+                                      "inputs": prod.inputs, "observed": prod.observed})]
+    if found.computed:
+        evidence.append(
+            Evidence(
+                CODE,
+                "the NaN/inf in the batch is computed by this division "
+                + ("in the data preparation before training" if "data preparation" in
+                   str(located.get("how")) else "in the training loop")
+                + ", not read from the data: the division is what to fix, not the rows",
+                {"phase": "preprocess"},
+            )
+        )  # fmt: skip
+    chain = prod.chain_text()
+    if chain:
+        evidence.append(Evidence(CODE, chain, {"chain": located.get("chain")}))
+    return evidence
+
+
+def _actions(found: Fingerprint) -> list[str]:
     actions = [
         "Add an epsilon where it divides or takes the root: x / (norm + 1e-8), "
         "torch.sqrt(s + 1e-12), or clamp the divisor with .clamp_min(eps).",
@@ -182,24 +226,15 @@ def check(ctx: Context) -> Finding | None:
         "F.cosine_similarity(a, b, dim=-1, eps=1e-8), torch.linalg.vector_norm instead of "
         "sqrt(sum(x**2)).",
     ]
-    if phase == "optimizer":
+    if found.phase == "optimizer":
         actions.insert(0, "Keep the optimizer's eps above 0 (Adam, AdamW, RMSprop, Adagrad: the "
                           "default 1e-8); a parameter with an exactly-zero gradient then stays "
                           "finite.")  # fmt: skip
-    if computed:
+    if found.computed:
         actions.insert(0, "Guard the standardisation against constant columns: divide by "
                           "(std + 1e-8), or drop the columns whose std is 0 before training "
                           "(they carry no information); do not drop rows.")
-    source = located.get("source") or {}
+    source = found.located.get("source") or {}
     if source.get("file"):
         actions.insert(0, f"Fix {source['file']}:{source.get('line')}: {actions.pop(0)}")
-    return Finding(
-        rule=CODE,
-        cause=CAUSE,
-        confidence=confidence,
-        evidence=evidence,
-        actions=actions,
-        step=ctx.step_at(i) if i is not None else located.get("step"),
-        located=located,
-        alternatives=alternatives + ([("log_of_zero", 0.1)] if not zero else []),
-    )
+    return actions

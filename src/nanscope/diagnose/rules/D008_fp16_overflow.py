@@ -36,12 +36,13 @@ Example
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 from nanscope.diagnose.context import Context
 from nanscope.diagnose.diagnosis import Evidence, Finding
 from nanscope.diagnose.rules._common import num
-from nanscope.diagnose.rules._producer import producer_of
+from nanscope.diagnose.rules._producer import Producer, flushed_eps, producer_of, producer_step
 from nanscope.numerics import HALF_MAX, HALF_TINY
 
 CODE = "D008"
@@ -61,8 +62,82 @@ ACTIONS = [
 ]
 
 
-def _scale_story(ctx: Context) -> tuple[float, list[Evidence]]:
-    """Confidence and evidence from the loss-scale history and scaler log lines."""
+@dataclass(frozen=True)
+class ScaleStory:
+    """What the loss scaler did up to the failure, from the records and the log's lines."""
+
+    scales: tuple[float, ...]  # the loss scale of each record that carries one
+    skipped: int  # steps skipped for inf/NaN gradients
+    collapse: bool  # the recorder saw the scale collapse
+    story: str  # what the recorder (or the log reader) saw, in its own words
+    halvings: float  # how many times the scale was halved from its peak to its last value
+    minimum: tuple[dict[str, Any], ...]  # log lines saying the scale is at its minimum
+    overflows: int  # log lines reporting a loss-scale overflow (a skipped step)
+    settled: bool  # it skipped steps and then trained on: it was finding its scale
+
+    @property
+    def collapsed(self) -> bool:
+        return self.collapse or self.halvings >= HALVINGS or bool(self.minimum)
+
+    @property
+    def telling(self) -> bool:
+        """The story says float16 overflowed: a collapse, or overflows again and again."""
+        return not self.settled and (self.collapsed or self.overflows >= HALVINGS)
+
+
+@dataclass(frozen=True)
+class Fingerprint:
+    """The op that passed float16's range, where one was located, and the loss scaler's story."""
+
+    located: dict[str, Any]  # the producer as the probes located it ({} when none was)
+    producer: Producer | None  # a view of ``located``
+    #: what the producer shows: "recomputed" (finite and past the narrow dtype's limit when run
+    #: wider), "past_range" (its result passed the half range), "underflow" (its input was
+    #: exactly 0 in half precision), or None
+    kind: str | None
+    dtype: str  # the dtype the producer ran in ("" when not recorded)
+    near: bool  # its inputs reached within 256x of the half range
+    flushed_eps: float | None  # the optimizer's eps (above 0) that its float16 step made 0
+    zero_input: bool  # the producer's input was exactly zero
+    nan_filtered: bool  # the log shows 0.0 where a logging filter hid a NaN loss
+    scale: ScaleStory
+
+
+def fingerprint(ctx: Context) -> Fingerprint | None:
+    """The overflow in half precision, or None when neither a producer nor the scaler shows it."""
+    located: dict[str, Any] = ctx.located or {}
+    dtype = str(located.get("dtype") or "")
+    inputs = str(located.get("inputs") or "")
+    absmax = located.get("input_absmax")
+    half = dtype in ("float16", "bfloat16") or str(located.get("autocast") or "") == "float16"
+    prod = producer_of(located)
+    near = isinstance(absmax, (int, float)) and absmax >= HALF_MAX / 256
+    kind = None
+    if prod is not None and half and prod.precision and not prod.inputs_nonfinite():
+        kind = "recomputed"
+    elif located and half and not inputs.startswith("non-finite"):
+        if inputs == "past the half range" or near:
+            kind = "past_range"
+        elif inputs.startswith("exactly zero"):
+            kind = "underflow"
+    scale = scale_story(ctx)
+    if kind is None and not scale.telling:
+        return None
+    return Fingerprint(
+        located=located,
+        producer=prod,
+        kind=kind,
+        dtype=dtype,
+        near=near,
+        flushed_eps=flushed_eps(ctx, located) if located.get("phase") == "optimizer" else None,
+        zero_input=inputs.startswith("exactly zero"),
+        nan_filtered=bool(ctx.filtered_nan.any()),
+        scale=scale,
+    )  # fmt: skip
+
+
+def scale_story(ctx: Context) -> ScaleStory:
+    """The loss-scale history and the scaler's log lines, up to the failure."""
     scales: list[float] = []
     skipped = 0
     collapse = False
@@ -84,40 +159,11 @@ def _scale_story(ctx: Context) -> tuple[float, list[Evidence]]:
         halvings = math.log2(peak / scales[-1]) if scales[-1] < peak else 0.0
     minimum = ctx.messages_of("loss_scale_min")
     overflow = ctx.messages_of("loss_scale_overflow")
-    evidence: list[Evidence] = []
-    confidence = 0.0
-    if not (collapse or minimum) and ctx.fail is None and _recovered(ctx, overflow):
-        # a scaler that skipped steps and then trained on: it was finding its scale (from 2^32
-        # at DeepSpeed's start) or probing upwards, which it does in every healthy fp16 run
-        return confidence, evidence
-    if collapse or halvings >= HALVINGS or minimum:
-        confidence = 0.85 if (collapse or minimum) else 0.75
-        if story and not scales and not minimum:
-            confidence = 0.7  # the skipped steps were inferred (a frozen schedule), not seen
-        text = "the loss scale collapsed"
-        if story:
-            text = story  # what the recorder (or the log reader) saw, in its own words
-            if halvings >= 1:
-                text += f"; the scale went {num(max(scales))} -> {num(scales[-1])}"
-        elif scales:
-            text += f": {num(max(scales))} -> {num(scales[-1])} ({num(halvings)} halvings)"
-        if skipped:
-            text += f", {skipped} steps skipped for inf/NaN gradients"
-        if minimum and str(minimum[0].get("line")) not in text:
-            text += f"; the log says the scale is at its minimum (line {minimum[0].get('line')})"
-        evidence.append(Evidence(CODE, text, {"scales": scales[-16:], "skipped": skipped,
-                                              "halvings": halvings}))  # fmt: skip
-    elif len(overflow) >= HALVINGS:
-        confidence = 0.6
-        evidence.append(
-            Evidence(
-                CODE,
-                f"the log reports {len(overflow)} loss-scale overflows (skipped steps): the "
-                "float16 gradients overflow again and again",
-                {"overflows": len(overflow)},
-            )
-        )
-    return confidence, evidence
+    # a scaler that skipped steps and then trained on was finding its scale (from 2^32 at
+    # DeepSpeed's start) or probing upwards, which it does in every healthy fp16 run
+    settled = not (collapse or minimum) and ctx.fail is None and _recovered(ctx, overflow)
+    return ScaleStory(tuple(scales), skipped, collapse, story, halvings, tuple(minimum),
+                      len(overflow), settled)  # fmt: skip
 
 
 def _recovered(ctx: Context, overflow: list[dict[str, Any]]) -> bool:
@@ -139,88 +185,22 @@ def _recovered(ctx: Context, overflow: list[dict[str, Any]]) -> bool:
 
 
 def check(ctx: Context) -> Finding | None:
-    located: dict[str, Any] = ctx.located or {}
-    dtype = str(located.get("dtype") or "")
-    autocast = str(located.get("autocast") or "")
-    inputs = str(located.get("inputs") or "")
-    absmax = located.get("input_absmax")
-    evidence: list[Evidence] = []
-    confidence = 0.0
-    half = dtype in ("float16", "bfloat16") or autocast == "float16"
-    prod = producer_of(located)
-    precision = prod.precision if prod is not None else None
-    if prod is not None and half and precision and not prod.inputs_nonfinite():
-        # measured: the op recomputed in a wider dtype is finite and past the narrow one's limit
-        confidence = 0.95 if prod.observed else 0.7
-        text = (f"the producer is {prod.where()} in {precision.get('dtype', dtype)}: "
-                f"{precision.get('text')}")  # fmt: skip
-        text += f" [{prod.how()}, {prod.phase or '?'}]"
-        evidence.append(Evidence(CODE, text, {"op": prod.op, "module": located.get("module"),
-                                              "dtype": precision.get("dtype"),
-                                              "value": precision.get("value"),
-                                              "limit": precision.get("limit"),
-                                              "observed": prod.observed}))  # fmt: skip
-        if prod.loss_scale is not None:
-            evidence.append(Evidence(CODE, prod.scale_text() + (
-                f"; unscaled, the largest value would be "
-                f"{num(float(precision.get('value') or 0.0) / prod.loss_scale)}"),
-                {"loss_scale": prod.loss_scale}))  # fmt: skip
-        chain = prod.chain_text()
-        if chain:
-            evidence.append(Evidence(CODE, chain, {"chain": located.get("chain")}))
-    elif located and half and not inputs.startswith("non-finite"):
-        near = isinstance(absmax, (int, float)) and absmax >= HALF_MAX / 256
-        where = f"{located.get('op')}" + (f" in {located['module']}" if located.get("module")
-                                          else "")  # fmt: skip
-        if inputs == "past the half range" or near:
-            confidence = 0.92 if (prod is None or prod.observed) else 0.65
-            evidence.append(
-                Evidence(
-                    CODE,
-                    f"the first non-finite value appeared in float16, at {where}"
-                    + (f", whose inputs reached {num(absmax)}" if near else "")
-                    + f": its result passed the half range ({num(HALF_MAX)})",
-                    {"op": located.get("op"), "module": located.get("module"),
-                     "dtype": "float16", "input_absmax": absmax},
-                )
-            )
-            if prod is not None and prod.loss_scale is not None:
-                evidence.append(Evidence(CODE, prod.scale_text(),
-                                         {"loss_scale": prod.loss_scale}))  # fmt: skip
-        elif inputs.startswith("exactly zero"):
-            confidence = 0.4  # an underflow to 0 in half precision, then a log/division of it
-            evidence.append(
-                Evidence(
-                    CODE,
-                    f"{where} ran in float16 and its input was exactly 0: small values "
-                    "underflow to 0 in half precision (below 6e-8)",
-                    {"op": located.get("op"), "dtype": "float16"},
-                )
-            )
-            eps = ctx.trace.meta.get("optimizer_eps")
-            if (located.get("phase") == "optimizer" and dtype == "float16"
-                    and isinstance(eps, (int, float)) and 0 < eps < HALF_TINY):  # fmt: skip
-                # the optimizer's epsilon itself is 0 in half precision: its denominator
-                # sqrt(v) + eps is exactly 0 wherever the second moment underflowed
-                confidence = 0.85
-                evidence.append(Evidence(
-                    CODE, f"the optimizer's eps ({num(eps)}) is 0 in float16 (below its smallest "
-                    f"value, {num(HALF_TINY)}): the step's denominator sqrt(v) + eps is exactly 0 "
-                    "wherever the second moment underflowed, so the weights' dtype, not the "
-                    "eps the script set, made the 0/0", {"eps": eps}))  # fmt: skip
-    scale_conf, scale_ev = _scale_story(ctx)
-    if scale_conf:
+    found = fingerprint(ctx)
+    if found is None:
+        return None
+    confidence, evidence = _producer_evidence(found)
+    if found.scale.telling:
+        scale_conf, scale_ev = _scale_evidence(found.scale)
         confidence = max(confidence, scale_conf) + (0.05 if confidence else 0.0)
         evidence.extend(scale_ev)
-    if not evidence:
-        return None
     actions = list(ACTIONS)
-    if ctx.filtered_nan.any():
+    if found.nan_filtered:
         actions.append(
             "The log shows 0.0 where the loss was NaN (the Trainer's logging_nan_inf_filter, on "
             "by default): turn it off next run so the log shows the NaN; with the Trainer, "
             "bf16=True instead of fp16=True avoids the overflow where the GPU supports it."
         )
+    located, prod = found.located, found.producer
     source = (located.get("source") or {}) if located else {}
     if source.get("file"):
         actions.insert(0, f"The overflow is at {source['file']}:{source.get('line')}.")
@@ -229,14 +209,99 @@ def check(ctx: Context) -> Finding | None:
                           "torch.amp.GradScaler, which lowers the scale when the gradients "
                           "overflow, or a scale small enough that the largest gradient stays "
                           "below 65504.")  # fmt: skip
-    i = ctx.fail
-    return Finding(
-        rule=CODE,
-        cause=CAUSE,
-        confidence=confidence,
-        evidence=evidence,
-        actions=actions,
-        step=ctx.step_at(i) if i is not None else located.get("step"),
-        located=located or None,
-        alternatives=[("zero_division", 0.3)] if inputs.startswith("exactly zero") else [],
-    )
+    return Finding(CODE, CAUSE, confidence, evidence, actions, step=producer_step(ctx, located),
+                   located=located or None,
+                   alternatives=[("zero_division", 0.3)] if found.zero_input else [])
+
+
+def _producer_evidence(found: Fingerprint) -> tuple[float, list[Evidence]]:
+    """The confidence and evidence the located op gives (0 and none without one)."""
+    located, prod = found.located, found.producer
+    if found.kind == "recomputed" and prod is not None and prod.precision:
+        # measured: the op recomputed in a wider dtype is finite and past the narrow one's limit
+        precision = prod.precision
+        text = (f"the producer is {prod.where()} in {precision.get('dtype', found.dtype)}: "
+                f"{precision.get('text')} [{prod.how()}, {prod.phase or '?'}]")  # fmt: skip
+        evidence = [Evidence(CODE, text, {"op": prod.op, "module": located.get("module"),
+                                          "dtype": precision.get("dtype"),
+                                          "value": precision.get("value"),
+                                          "limit": precision.get("limit"),
+                                          "observed": prod.observed})]  # fmt: skip
+        if prod.loss_scale is not None:
+            evidence.append(Evidence(CODE, prod.scale_text() + (
+                f"; unscaled, the largest value would be "
+                f"{num(float(precision.get('value') or 0.0) / prod.loss_scale)}"),
+                {"loss_scale": prod.loss_scale}))  # fmt: skip
+        chain = prod.chain_text()
+        if chain:
+            evidence.append(Evidence(CODE, chain, {"chain": located.get("chain")}))
+        return (0.95 if prod.observed else 0.7), evidence
+    where = f"{located.get('op')}" + (f" in {located['module']}" if located.get("module")
+                                      else "")  # fmt: skip
+    absmax = located.get("input_absmax")
+    if found.kind == "past_range":
+        evidence = [
+            Evidence(
+                CODE,
+                f"the first non-finite value appeared in float16, at {where}"
+                + (f", whose inputs reached {num(absmax)}" if found.near else "")
+                + f": its result passed the half range ({num(HALF_MAX)})",
+                {"op": located.get("op"), "module": located.get("module"),
+                 "dtype": "float16", "input_absmax": absmax},
+            )
+        ]  # fmt: skip
+        if prod is not None and prod.loss_scale is not None:
+            evidence.append(Evidence(CODE, prod.scale_text(), {"loss_scale": prod.loss_scale}))
+        return (0.92 if (prod is None or prod.observed) else 0.65), evidence
+    if found.kind == "underflow":
+        # an underflow to 0 in half precision, then a log/division of it
+        evidence = [
+            Evidence(
+                CODE,
+                f"{where} ran in float16 and its input was exactly 0: small values "
+                "underflow to 0 in half precision (below 6e-8)",
+                {"op": located.get("op"), "dtype": "float16"},
+            )
+        ]
+        eps = found.flushed_eps
+        if eps is None:
+            return 0.4, evidence
+        # the optimizer's epsilon itself is 0 in half precision: its denominator
+        # sqrt(v) + eps is exactly 0 wherever the second moment underflowed
+        evidence.append(Evidence(
+            CODE, f"the optimizer's eps ({num(eps)}) is 0 in float16 (below its smallest "
+            f"value, {num(HALF_TINY)}): the step's denominator sqrt(v) + eps is exactly 0 "
+            "wherever the second moment underflowed, so the weights' dtype, not the "
+            "eps the script set, made the 0/0", {"eps": eps}))  # fmt: skip
+        return 0.85, evidence
+    return 0.0, []
+
+
+def _scale_evidence(scale: ScaleStory) -> tuple[float, list[Evidence]]:
+    """The confidence and evidence of the scaler's story (a collapse, or repeated overflows)."""
+    scales, story, minimum, halvings = scale.scales, scale.story, scale.minimum, scale.halvings
+    if not scale.collapsed:
+        return 0.6, [
+            Evidence(
+                CODE,
+                f"the log reports {scale.overflows} loss-scale overflows (skipped steps): the "
+                "float16 gradients overflow again and again",
+                {"overflows": scale.overflows},
+            )
+        ]
+    confidence = 0.85 if (scale.collapse or minimum) else 0.75
+    if story and not scales and not minimum:
+        confidence = 0.7  # the skipped steps were inferred (a frozen schedule), not seen
+    text = "the loss scale collapsed"
+    if story:
+        text = story  # what the recorder (or the log reader) saw, in its own words
+        if halvings >= 1:
+            text += f"; the scale went {num(max(scales))} -> {num(scales[-1])}"
+    elif scales:
+        text += f": {num(max(scales))} -> {num(scales[-1])} ({num(halvings)} halvings)"
+    if scale.skipped:
+        text += f", {scale.skipped} steps skipped for inf/NaN gradients"
+    if minimum and str(minimum[0].get("line")) not in text:
+        text += f"; the log says the scale is at its minimum (line {minimum[0].get('line')})"
+    return confidence, [Evidence(CODE, text, {"scales": list(scales[-16:]),
+                                              "skipped": scale.skipped, "halvings": halvings})]

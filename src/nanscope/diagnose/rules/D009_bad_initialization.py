@@ -40,6 +40,7 @@ Example
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -47,7 +48,7 @@ import numpy as np
 from nanscope.diagnose.context import Context
 from nanscope.diagnose.diagnosis import Evidence, Finding
 from nanscope.diagnose.rules._common import num
-from nanscope.diagnose.rules._producer import producer_of
+from nanscope.diagnose.rules._producer import Producer, producer_of
 from nanscope.outcome import UNSCALED_RATIO
 
 CODE = "D009"
@@ -85,12 +86,42 @@ def _unscaled(ctx: Context) -> bool:
     return False
 
 
-def check(ctx: Context) -> Finding | None:
+@dataclass(frozen=True)
+class Activations:
+    """The layer outputs of the first batch, growing layer by layer (the probes' measure)."""
+
+    growth: float  # from the first layer's output to the last finite one's
+    median_ratio: Any  # the median growth per layer (None when not measured)
+    nonfinite_at: Any  # the layer whose output overflowed (None when none did)
+    layers: int  # how many layers were measured
+
+
+@dataclass(frozen=True)
+class WeightScale:
+    """The layer whose std(W) * sqrt(fan_in) is furthest from a standard initialiser's."""
+
+    ratio: float  # std(W) * sqrt(fan_in): about 0.5-1.5 for the standard initialisers
+    layer: dict[str, Any]  # the probes' entry for it (param, fan_in), {} when not named
+
+
+@dataclass(frozen=True)
+class Fingerprint:
+    """A fit that broke on its first updates with clean inputs, and what the weights showed."""
+
+    fail: int  # index of the failing update (within EARLY of the start)
+    first_loss: float
+    located: dict[str, Any]  # the producer as the probes located it ({} when none was)
+    first_forward: bool  # it broke on update one, on inputs in a sane scale
+    half_only: bool  # the value passed float16's range (D008 names the dtype)
+    overflow: Producer | None  # an op of the model that overflowed from finite inputs then
+    activations: Activations | None  # the first batch's outputs growing layer by layer
+    weight_scale: WeightScale | None  # a layer's weights far from the standard scale
+
+
+def fingerprint(ctx: Context) -> Fingerprint | None:
+    """The early break and what the initial weights showed, or None when nothing points at
+    them (bad data, a log or a division of 0, a failure after the first updates)."""
     i = _early_break(ctx)
-    acts: dict[str, Any] = ctx.evidence.get("activations") or {}
-    scale: dict[str, Any] = ctx.evidence.get("initial_weight_scale") or (
-        ctx.evidence.get("weight_scale") or {}
-    )
     if i is None:
         return None
     nf = ctx.nonfinite
@@ -101,21 +132,69 @@ def check(ctx: Context) -> Finding | None:
     inputs = str(located.get("inputs") or "")
     if inputs.startswith(("exactly zero", "non-finite")):
         return None  # a division or log of zero, or bad data: other rules
-    if str(located.get("dtype")) == "float16" and inputs == "past the half range":
-        half_only = True
-    else:
-        half_only = False
-    evidence: list[Evidence] = []
-    confidence = 0.0
+    half_only = str(located.get("dtype")) == "float16" and inputs == "past the half range"
     # the first forward says something of the initial weights only on inputs in a sane scale:
     # a raw-unit column overflows any initialiser (that is the column's story, D001's)
     first_forward = i == 0 and not _unscaled(ctx)
     prod = producer_of(located)
+    overflow = None
     if (first_forward and prod is not None and prod.observed
             and prod.phase in ("forward", "loss", "backward")
             and prod.past_range() and not half_only and not prod.inputs_nonfinite()):  # fmt: skip
         # the producer overflowed from finite values, in the model, at the first updates: the
         # weights it multiplied were still (close to) the initial ones
+        overflow = prod
+    activations = _activations(ctx) if first_forward else None
+    weight_scale = _weight_scale(ctx)
+    if overflow is None and activations is None and weight_scale is None:
+        op = str(located.get("op") or "").lower()
+        if not first_forward or not ctx.trace.has("input_absmax") or any(
+            k in op for k in ("log", "div", "sqrt", "norm", "entropy")
+        ):
+            return None  # nothing about the weights, and clean inputs not measured
+    return Fingerprint(i, ctx.loss[0], located, first_forward, half_only, overflow, activations,
+                       weight_scale)  # fmt: skip
+
+
+def _activations(ctx: Context) -> Activations | None:
+    """The first batch's layer outputs when they grow layer by layer (or overflow)."""
+    acts: dict[str, Any] = ctx.evidence.get("activations") or {}
+    growth = acts.get("growth")
+    median_ratio = acts.get("median_ratio")
+    nonfinite_at = acts.get("nonfinite_at")
+    if isinstance(growth, (int, float)) and (growth >= GROWTH or (
+        nonfinite_at and isinstance(median_ratio, (int, float)) and median_ratio >= 2
+    )):  # fmt: skip
+        return Activations(growth, median_ratio, nonfinite_at, len(acts.get("layers") or []))
+    return None
+
+
+def _weight_scale(ctx: Context) -> WeightScale | None:
+    """The layer whose weights are furthest from the standard scale, when far from it."""
+    scale: dict[str, Any] = ctx.evidence.get("initial_weight_scale") or (
+        ctx.evidence.get("weight_scale") or {}
+    )
+    worst = scale.get("max_ratio")
+    least = scale.get("min_ratio")
+    if isinstance(worst, (int, float)) and worst >= SCALE_FAR:
+        value = worst  # scaled up: activations grow layer by layer
+    elif isinstance(least, (int, float)) and 0 < least <= 1 / SCALE_FAR:
+        value = least  # scaled down: they vanish
+    else:
+        return None
+    candidates = scale.get("layers") or []
+    return WeightScale(value, next((x for x in candidates if x.get("ratio") == value), {}))
+
+
+def check(ctx: Context) -> Finding | None:
+    found = fingerprint(ctx)
+    if found is None:
+        return None
+    i = found.fail
+    evidence: list[Evidence] = []
+    confidence = 0.0
+    prod = found.overflow
+    if prod is not None:
         confidence = 0.6
         text = (f"the producer is {prod.where()}: it overflowed from finite inputs at update "
                 f"{ctx.step_at(i)}, from the initial weights")  # fmt: skip
@@ -125,32 +204,23 @@ def check(ctx: Context) -> Finding | None:
         text += f" [{prod.how()}]"
         evidence.append(Evidence(CODE, text, {"op": prod.op, "phase": prod.phase,
                                               "observed": True}))  # fmt: skip
-    growth = acts.get("growth")
-    median_ratio = acts.get("median_ratio")
-    nonfinite_at = acts.get("nonfinite_at")
-    layers = acts.get("layers") or []
-    if first_forward and isinstance(growth, (int, float)) and (growth >= GROWTH or (
-        nonfinite_at and isinstance(median_ratio, (int, float)) and median_ratio >= 2
-    )):  # fmt: skip
+    acts = found.activations
+    if acts is not None:
         confidence = max(confidence, 0.6) + 0.15
         text = (
             f"on the batch of update {ctx.step_at(i)} the layer outputs grow layer by layer: "
-            f"{num(growth)}x from the first layer to the last finite one"
+            f"{num(acts.growth)}x from the first layer to the last finite one"
         )
-        if isinstance(median_ratio, (int, float)):
-            text += f" (median {num(median_ratio)}x per layer over {len(layers)} layers)"
-        if nonfinite_at:
-            text += f", until {nonfinite_at} overflows"
-        evidence.append(Evidence(CODE, text, {"growth": growth, "median_ratio": median_ratio,
-                                              "nonfinite_at": nonfinite_at}))  # fmt: skip
-    worst = scale.get("max_ratio")
-    least = scale.get("min_ratio")
-    far_up = isinstance(worst, (int, float)) and worst >= SCALE_FAR
-    far_down = isinstance(least, (int, float)) and 0 < least <= 1 / SCALE_FAR and not far_up
-    if far_up or far_down:
-        value = worst if far_up else least
-        candidates = scale.get("layers") or []
-        layer: dict[str, Any] = next((x for x in candidates if x.get("ratio") == value), {})
+        if isinstance(acts.median_ratio, (int, float)):
+            text += f" (median {num(acts.median_ratio)}x per layer over {acts.layers} layers)"
+        if acts.nonfinite_at:
+            text += f", until {acts.nonfinite_at} overflows"
+        evidence.append(Evidence(CODE, text, {"growth": acts.growth,
+                                              "median_ratio": acts.median_ratio,
+                                              "nonfinite_at": acts.nonfinite_at}))  # fmt: skip
+    scale = found.weight_scale
+    if scale is not None:
+        value, layer = scale.ratio, scale.layer
         confidence = max(confidence, 0.6) + (0.15 if confidence else 0.0)
         evidence.append(
             Evidence(
@@ -162,31 +232,20 @@ def check(ctx: Context) -> Finding | None:
             )
         )
     if not evidence:
-        op = str(located.get("op") or "").lower()
-        if not first_forward or not ctx.trace.has("input_absmax") or any(
-            k in op for k in ("log", "div", "sqrt", "norm", "entropy")
-        ):
-            return None
         confidence = 0.4  # broke on update one with clean inputs; no layer measures to confirm
-    if half_only:
+    if found.half_only:
         confidence -= 0.25  # D008 names the dtype; the init may still be what grew the values
     evidence.insert(
         0,
         Evidence(
             CODE,
             f"the fit broke at update {ctx.step_at(i)}, {i} update(s) from the start, with "
-            f"clean inputs (first loss {num(ctx.loss[0])})",
-            {"step": ctx.step_at(i), "first_loss": float(ctx.loss[0])},
+            f"clean inputs (first loss {num(found.first_loss)})",
+            {"step": ctx.step_at(i), "first_loss": float(found.first_loss)},
         ),
     )
-    return Finding(
-        rule=CODE,
-        cause=CAUSE,
-        confidence=confidence,
-        evidence=evidence,
-        actions=list(ACTIONS),
-        step=ctx.step_at(i),
-        located=located or None,
-        alternatives=[("step_size_too_large", 0.2)] + ([("fp16_overflow", 0.5)] if half_only
-                                                        else []),
-    )
+    alternatives = [("step_size_too_large", 0.2)]
+    if found.half_only:
+        alternatives.append(("fp16_overflow", 0.5))
+    return Finding(CODE, CAUSE, confidence, evidence, list(ACTIONS), step=ctx.step_at(i),
+                   located=found.located or None, alternatives=alternatives)

@@ -37,12 +37,13 @@ Example
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
 from nanscope.diagnose.context import Context
 from nanscope.diagnose.diagnosis import Evidence, Finding
-from nanscope.diagnose.rules._common import num
+from nanscope.diagnose.rules._common import num, unit
 from nanscope.diagnose.rules._logs import from_log
 from nanscope.numerics import RAW_UNITS
 
@@ -64,7 +65,19 @@ ACTIONS = [
 ]
 
 
-def check(ctx: Context) -> Finding | None:
+@dataclass(frozen=True)
+class Fingerprint:
+    """A first loss or gradient norm orders of magnitude beyond a standard start, that the run
+    never came down from."""
+
+    first_loss: float  # the first loss (non-finite: not recorded or broken)
+    first_grad: float  # the first gradient norm (NaN when not recorded)
+    later: int  # finite losses recorded after the first, up to the failure
+    best: float | None  # the least |loss| among them (None when there are none)
+
+
+def fingerprint(ctx: Context) -> Fingerprint | None:
+    """The absurd start, or None: a sane start, or a fit on large numbers that came down."""
     if ctx.n == 0:
         return None
     if ctx.live and ctx.fail is None and ctx.stop is None and ctx.outcome.good and _raw_data(ctx):
@@ -89,16 +102,24 @@ def check(ctx: Context) -> Finding | None:
         grads = grad[1:end]
         if _came_down(grads[np.isfinite(grads)], first_grad):
             return None
+    best = float(np.min(np.abs(later))) if later.size else None
+    return Fingerprint(first_loss, first_grad, int(later.size), best)
+
+
+def check(ctx: Context) -> Finding | None:
+    found = fingerprint(ctx)
+    if found is None:
+        return None
+    first_loss, first_grad, each = found.first_loss, found.first_grad, unit(ctx)
     parts = []
     if math.isfinite(first_loss):
         parts.append(f"loss {num(first_loss)}")
     if math.isfinite(first_grad):
         parts.append(f"gradient norm {num(first_grad)}")
-    unit = "epoch" if ctx.granularity == "epoch" else "update"
     evidence = [
         Evidence(
             CODE,
-            f"the first {unit} already has {' and '.join(parts)}: at a standard start on "
+            f"the first {each} already has {' and '.join(parts)}: at a standard start on "
             "standardised data a loss is of order one (cross-entropy about ln(classes)) and a "
             f"gradient norm at most a few hundred, so this is {_orders(first_loss, first_grad)} "
             "orders of magnitude off: weights scaled up at initialisation, inputs or targets in "
@@ -106,15 +127,15 @@ def check(ctx: Context) -> Finding | None:
             {"first_loss": first_loss, "first_grad_norm": first_grad, "absurd": ABSURD},
         )
     ]
-    if later.size:
-        best = float(np.min(np.abs(later)))
+    best = found.best
+    if best is not None:
         evidence.append(
             Evidence(
                 CODE,
-                f"over the next {later.size} {unit}s the loss came down only to {num(best)} "
+                f"over the next {found.later} {each}s the loss came down only to {num(best)} "
                 f"({num(abs(first_loss) / best) if best > 0 else 'inf'}x): the fit did not "
                 "recover from its start",
-                {"best_loss": best, "records": int(later.size)},
+                {"best_loss": best, "records": found.later},
             )
         )
         confidence = 0.65
@@ -136,15 +157,8 @@ def check(ctx: Context) -> Finding | None:
         )
     else:
         actions.append("Scan the data for columns in raw units (`nanscope scan DATA`).")
-    return Finding(
-        rule=CODE,
-        cause=CAUSE,
-        confidence=confidence,
-        evidence=evidence,
-        actions=actions,
-        step=ctx.step_at(0),
-        alternatives=[("step_size_too_large", 0.3)],
-    )
+    return Finding(CODE, CAUSE, confidence, evidence, actions, step=ctx.step_at(0),
+                   alternatives=[("step_size_too_large", 0.3)])
 
 
 def _raw_data(ctx: Context) -> bool:

@@ -32,12 +32,13 @@ Example
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
 from nanscope.diagnose.context import Context
 from nanscope.diagnose.diagnosis import Evidence, Finding
-from nanscope.diagnose.rules._common import num, tenfold_action
+from nanscope.diagnose.rules._common import num, tenfold_action, unit
 from nanscope.diagnose.rules._logs import from_log
 
 CODE = "D011"
@@ -51,7 +52,22 @@ SHORT = 8
 RISE = 3.0
 
 
-def check(ctx: Context) -> Finding | None:
+@dataclass(frozen=True)
+class Fingerprint:
+    """A short run that ended at its highest loss, far above where it started."""
+
+    first: float  # the first loss
+    last: float  # the last loss, the run's highest
+    records: int  # how many updates (or epochs) were recorded
+
+    @property
+    def ratio(self) -> float:
+        return self.last / self.first
+
+
+def fingerprint(ctx: Context) -> Fingerprint | None:
+    """The short run's rise, or None: a long run (the detectors judge it), a failure, or a loss
+    that did not end far above its start."""
     if ctx.fail is not None or ctx.n < 2 or ctx.n >= SHORT:
         return None
     loss = ctx.loss
@@ -60,21 +76,27 @@ def check(ctx: Context) -> Finding | None:
     first, last = float(loss[0]), float(loss[-1])
     if last < RISE * first or last < float(np.max(loss)):
         return None
-    ratio = last / first
-    unit = "epoch" if ctx.granularity == "epoch" else "update"
+    return Fingerprint(first, last, ctx.n)
+
+
+def check(ctx: Context) -> Finding | None:
+    found = fingerprint(ctx)
+    if found is None:
+        return None
+    ratio, n, each = found.ratio, found.records, unit(ctx)
     evidence = [
         Evidence(
             CODE,
-            f"the loss rose {num(ratio)}x in {ctx.n - 1} {unit}{'s' if ctx.n > 2 else ''} "
-            f"({num(first)} -> {num(last)}) and ended at its highest: descent with a step the "
-            "loss can take never ends a run above its start",
-            {"first_loss": first, "last_loss": last, "ratio": ratio, "records": ctx.n},
+            f"the loss rose {num(ratio)}x in {n - 1} {each}{'s' if n > 2 else ''} "
+            f"({num(found.first)} -> {num(found.last)}) and ended at its highest: descent with a "
+            "step the loss can take never ends a run above its start",
+            {"first_loss": found.first, "last_loss": found.last, "ratio": ratio, "records": n},
         ),
         Evidence(
             CODE,
-            f"only {ctx.n} {unit}s were recorded: too few for the divergence fingerprint, so "
+            f"only {n} {each}s were recorded: too few for the divergence fingerprint, so "
             "the step size is inferred from the rise alone",
-            {"records": ctx.n, "observed": False},
+            {"records": n, "observed": False},
         ),
     ]
     actions = [tenfold_action(ctx.lr_now)]
@@ -85,12 +107,6 @@ def check(ctx: Context) -> Finding | None:
         )
     else:
         actions.append("Let the run go on for a few more updates before judging it.")
-    return Finding(
-        rule=CODE,
-        cause=CAUSE,
-        confidence=0.6 if math.isfinite(ratio) else 0.5,
-        evidence=evidence,
-        actions=actions,
-        step=ctx.step_at(ctx.n - 1),
-        alternatives=[("extreme_batch", 0.3), ("exploding_gradients", 0.2)],
-    )
+    return Finding(CODE, CAUSE, 0.6 if math.isfinite(ratio) else 0.5, evidence, actions,
+                   step=ctx.step_at(n - 1),
+                   alternatives=[("extreme_batch", 0.3), ("exploding_gradients", 0.2)])

@@ -6,7 +6,8 @@ carries ``CODE``, ``CAUSE`` (a label of the fixed vocabulary ``nanscope.CAUSES``
 docstring with the sections *What it does*, *Why is this bad?*, *Fingerprint*, *Evidence*,
 *Action* and *Example* (the convention every D, L and S rule follows: :mod:`nanscope.rulebook`);
 ``docs/rules/`` is generated from them, and ``tests/diagnose/fixtures/`` holds one recorded trace
-per rule.
+per rule. A rule's ``fingerprint(ctx)`` measures (a frozen dataclass, or None when its shape is
+absent) and ``check`` scores and words it, so what was measured is tested apart from the text.
 """
 
 from __future__ import annotations

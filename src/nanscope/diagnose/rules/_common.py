@@ -1,13 +1,15 @@
-"""Small helpers shared by the rules: number formatting and the standard action texts."""
+"""Small helpers shared by the rules: number formatting, the unit of a record and the standard
+action texts."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from nanscope.diagnose.context import Context
 from nanscope.formatting import number
 from nanscope.formatting import row as row_words
 
-__all__ = ["num", "row_text", "tenfold_action"]
+__all__ = ["num", "row_text", "tenfold_action", "unit"]
 
 
 def num(value: Any) -> str:
@@ -18,6 +20,11 @@ def num(value: Any) -> str:
 def row_text(row: dict[str, Any]) -> str:
     """'batch row 7 (dataset row 1207), column 3 = nan' (see :func:`nanscope.formatting.row`)."""
     return row_words(row)
+
+
+def unit(ctx: Context) -> str:
+    """What one record of the trace is: an ``epoch`` for a per-epoch log, else an ``update``."""
+    return "epoch" if ctx.granularity == "epoch" else "update"
 
 
 def tenfold_action(lr: float | None) -> str:

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from nanscope.diagnose.context import Context
 from nanscope.diagnose.rules._common import num
 from nanscope.located import Located
-from nanscope.numerics import DIVISION_OPS, GROWTH_OPS, LOG_OPS
+from nanscope.numerics import DIVISION_OPS, GROWTH_OPS, HALF_TINY, LOG_OPS
 
-__all__ = ["Producer", "producer_of"]
+__all__ = ["Producer", "flushed_eps", "producer_of", "producer_step"]
 
 
 class Producer:
@@ -137,3 +138,19 @@ def producer_of(located: dict[str, Any] | None) -> Producer | None:
     if not located:
         return None
     return Producer(located)
+
+
+def flushed_eps(ctx: Context, located: dict[str, Any]) -> float | None:
+    """The optimizer's eps when float16 made it 0: the script set it above 0 but below
+    float16's smallest value, and the producer ran in float16; else None."""
+    eps = ctx.trace.meta.get("optimizer_eps")
+    if (str(located.get("dtype")) == "float16" and isinstance(eps, (int, float))
+            and 0 < eps < HALF_TINY):  # fmt: skip
+        return eps
+    return None
+
+
+def producer_step(ctx: Context, located: dict[str, Any]) -> int | None:
+    """The update a producer's finding names: the failing one, else the one the probes located
+    the producer at (a value made and caught before the loss went non-finite)."""
+    return ctx.step_at(ctx.fail) if ctx.fail is not None else located.get("step")
