@@ -37,6 +37,7 @@ from nanscope.diagnose.rules import D008_fp16_overflow as d008
 from nanscope.diagnose.rules import D009_bad_initialization as d009
 from nanscope.diagnose.rules import D010_bad_initialization as d010
 from nanscope.diagnose.rules import D011_step_size_too_large as d011
+from nanscope.diagnose.rules import D012_step_size_too_large as d012
 from nanscope.logs import load_trace
 from nanscope.trace import Trace, read_trace
 
@@ -488,6 +489,24 @@ def test_d011_measures_a_short_run_that_ended_at_its_highest() -> None:
 
 def test_d011_is_silent_at_a_step_the_loss_can_take() -> None:
     assert d011.fingerprint(recorded("D011_step_size_too_large", fixed=True)) is None
+
+
+# --------------------------------------------------------------------------- D012
+
+
+def test_d012_measures_a_fit_thrown_out_of_its_start_that_ended_above_it() -> None:
+    ctx = recorded("D012_step_size_too_large")  # a softmax classifier by hand at lr 30
+    found = d012.fingerprint(ctx)
+    assert found is not None and found.first == ctx.loss[0] and found.peak == ctx.loss.max()
+    assert found.peak_ratio >= 10 and found.end_ratio > 1
+    assert ctx.loss[ctx.steps.tolist().index(found.peak_step)] == found.peak
+
+
+def test_d012_is_silent_on_the_fit_at_a_tenth_of_the_step_and_on_its_log() -> None:
+    assert d012.fingerprint(recorded("D012_step_size_too_large", fixed=True)) is None
+    ctx = recorded("D012_step_size_too_large")
+    ctx.trace.meta["source"] = "a log read after the fact"  # (it may begin anywhere)
+    assert d012.fingerprint(Context(ctx.trace)) is None
 
 # --------------------------------------------------------------------------- shared measures
 

@@ -39,6 +39,7 @@ Example
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from nanscope.diagnose.context import Context
 from nanscope.diagnose.diagnosis import Evidence, Finding
@@ -53,7 +54,21 @@ TITLE = "A fit thrown far above its start that never came back"
 CONFIDENCE = 0.6
 
 
-def check(ctx: Context) -> Finding | None:
+@dataclass(frozen=True)
+class Fingerprint:
+    """A watched fit whose loss climbed FAR times its first value and ended above it."""
+
+    first: float  # the first update's loss: the model at initialisation
+    peak: float  # the highest loss
+    peak_step: int  # the update it was reached at
+    end: float  # where the fit ended (the median of its last updates)
+    peak_ratio: float  # peak against first
+    end_ratio: float  # end against first (above 1)
+
+
+def fingerprint(ctx: Context) -> Fingerprint | None:
+    """The climb, or None: a log (it may begin anywhere), a failure or a stop (the other rules
+    read those), a climb it came back below its start from, or no climb of ``FAR``."""
     if not ctx.live or ctx.fail is not None or ctx.stop is not None:
         return None
     outcome = ctx.outcome
@@ -62,19 +77,24 @@ def check(ctx: Context) -> Finding | None:
     if outcome.peak_ratio < FAR or outcome.end_ratio <= 1:
         return None  # (a spike it came back below, a 1000x excursion it survived)
     present = ctx.trace.present("loss")
-    loss = ctx.loss[present]
-    peak_at = int(loss.argmax())
-    peak_step = int(ctx.steps[present][peak_at])
+    peak_at = int(ctx.loss[present].argmax())
+    return Fingerprint(outcome.start, outcome.peak, int(ctx.steps[present][peak_at]),
+                       outcome.end, outcome.peak_ratio, outcome.end_ratio)  # fmt: skip
+
+
+def check(ctx: Context) -> Finding | None:
+    found = fingerprint(ctx)
+    if found is None:
+        return None
     evidence = [
         Evidence(
             CODE,
-            f"the loss climbed from {num(outcome.start)} at the first update to "
-            f"{num(outcome.peak)} at update {peak_step} ({num(outcome.peak_ratio)}x) and ended "
-            f"at {num(outcome.end)}, {num(outcome.end_ratio)}x above where it began: from an "
-            "untrained start, a step the loss can take does not raise it tenfold",
-            {"first_loss": outcome.start, "peak_loss": outcome.peak,
-             "peak_step": peak_step, "end_loss": outcome.end,
-             "end_ratio": outcome.end_ratio},
+            f"the loss climbed from {num(found.first)} at the first update to {num(found.peak)} "
+            f"at update {found.peak_step} ({num(found.peak_ratio)}x) and ended at "
+            f"{num(found.end)}, {num(found.end_ratio)}x above where it began: from an untrained "
+            "start, a step the loss can take does not raise it tenfold",
+            {"first_loss": found.first, "peak_loss": found.peak, "peak_step": found.peak_step,
+             "end_loss": found.end, "end_ratio": found.end_ratio},
         ),
         Evidence(
             CODE,
@@ -86,12 +106,6 @@ def check(ctx: Context) -> Finding | None:
     if any((r.get("input_scale_ratio") or 0) >= UNSCALED_RATIO for r in ctx.records[:1]):
         actions.append("Standardise the input columns in raw units: their scale sets the largest "
                        "step the fit survives.")  # fmt: skip
-    return Finding(
-        rule=CODE,
-        cause=CAUSE,
-        confidence=CONFIDENCE if math.isfinite(outcome.peak_ratio) else CONFIDENCE - 0.1,
-        evidence=evidence,
-        actions=actions,
-        step=peak_step,
-        alternatives=[("extreme_batch", 0.3), ("exploding_gradients", 0.2)],
-    )
+    confidence = CONFIDENCE if math.isfinite(found.peak_ratio) else CONFIDENCE - 0.1
+    return Finding(CODE, CAUSE, confidence, evidence, actions, step=found.peak_step,
+                   alternatives=[("extreme_batch", 0.3), ("exploding_gradients", 0.2)])
