@@ -94,7 +94,8 @@ def fingerprint(ctx: Context) -> Fingerprint | None:
     if other_op and prod is not None and prod.observed:
         return None  # another op produced it: log_of_zero only follows a log
     input_zero = prod is not None and (prod.zero or prod.kind == "log_domain")
-    computed = (prod is not None and op_is_log and prod.observed and prod.phase == "preprocess"
+    # (numpy saw the log of 0 itself; whether its value reached the batch may be inferred)
+    computed = (prod is not None and op_is_log and prod.phase == "preprocess"
                 and input_zero)  # fmt: skip
     if (nf["inputs"][i] > 0 or nf["targets"][i] > 0) and not computed:
         return None
@@ -189,9 +190,11 @@ def check(ctx: Context) -> Finding | None:
     if found.computed:
         where_made = ("in the data preparation before training" if "data preparation" in
                       str(located.get("how")) else "in the training loop")  # fmt: skip
+        seen = "the -inf/NaN in the batch is" if found.producer and found.producer.observed else (
+            "the -inf/NaN the loss met is most likely")  # fmt: skip
         evidence.append(Evidence(
-            CODE, f"the -inf/NaN in the batch is computed by this log {where_made}, not read "
-            "from the data", {"phase": "preprocess"}))  # fmt: skip
+            CODE, f"{seen} computed by this log {where_made}, not read from the data",
+            {"phase": "preprocess"}))  # fmt: skip
         src = located.get("source") or {}
         where = f"{src.get('file')}:{src.get('line')}" if src.get("file") else "the log"
         actions = [f"Fix {where}: a log transform of counts or amounts that can be 0 needs "
