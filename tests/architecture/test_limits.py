@@ -45,7 +45,6 @@ LARGE_CLASSES: dict[str, int] = {
 
 #: "module:qualified.name" -> its lines today, a ceiling; may only shrink
 LONG_FUNCTIONS: dict[str, int] = {
-    "nanscope.diagnose.engine:diagnose": 125,
     "nanscope.lint.inference:FileContext._kind_call": 131,
     "nanscope.probes.confirm:_rerun": 171,
     "nanscope.report.plots:build_panels": 150,

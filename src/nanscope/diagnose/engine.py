@@ -162,25 +162,7 @@ def diagnose(trace: Trace | Any, evidence: Mapping[str, Any] | None = None) -> D
     if crashed is not None:  # a failure found before the script's own exception: it stands
         notes.append(crash_note(crashed))
     if verdict == Verdict.HEALTHY:
-        confidence = 1.0 - (findings[0].confidence if findings else 0.0) / 2
-        if trace.meta.get("truncated"):
-            confidence = min(confidence, TRUNCATED_CONFIDENCE)
-        if ctx.n < FEW_RECORDS:
-            confidence = min(confidence, FEW_CONFIDENCE)
-        return Diagnosis(
-            verdict=Verdict.HEALTHY,
-            cause="healthy",
-            confidence=round(confidence, 3),
-            step=ctx.step_at(ctx.n - 1),
-            evidence=[Evidence("engine", _healthy_text(ctx), summary), *notes, *_few(ctx)],
-            actions=[],
-            alternatives=[
-                {"cause": f.cause, "confidence": round(f.confidence, 3)} for f in findings[:3]
-            ],
-            run=run,
-            granularity=ctx.granularity,
-            summary=summary,
-        )
+        return _healthy(ctx, findings, notes, summary, run)
     if outcome.kind == OutcomeKind.BLOWN and ctx.fail is None and ctx.stop is None:
         notes.insert(0, _outcome_evidence(outcome))
     findings, decided = _decided(ctx, findings)
@@ -190,6 +172,37 @@ def diagnose(trace: Trace | Any, evidence: Mapping[str, Any] | None = None) -> D
     top = findings[0] if findings and findings[0].confidence >= CONFIDENT else None
     if top is None:
         return _unknown(ctx, verdict, findings, summary, run, notes)
+    return _named(ctx, verdict, top, findings, notes, summary, run)
+
+
+def _healthy(ctx: Context, findings: list[Finding], notes: list[Evidence],
+             summary: dict[str, Any], run: dict[str, Any]) -> Diagnosis:  # fmt: skip
+    """A healthy run's diagnosis: it claims less where the trace was cut or short."""
+    confidence = 1.0 - (findings[0].confidence if findings else 0.0) / 2
+    if ctx.trace.meta.get("truncated"):
+        confidence = min(confidence, TRUNCATED_CONFIDENCE)
+    if ctx.n < FEW_RECORDS:
+        confidence = min(confidence, FEW_CONFIDENCE)
+    return Diagnosis(
+        verdict=Verdict.HEALTHY,
+        cause="healthy",
+        confidence=round(confidence, 3),
+        step=ctx.step_at(ctx.n - 1),
+        evidence=[Evidence("engine", _healthy_text(ctx), summary), *notes, *_few(ctx)],
+        actions=[],
+        alternatives=[
+            {"cause": f.cause, "confidence": round(f.confidence, 3)} for f in findings[:3]
+        ],
+        run=run,
+        granularity=ctx.granularity,
+        summary=summary,
+    )
+
+
+def _named(ctx: Context, verdict: Verdict, top: Finding, findings: list[Finding],
+           notes: list[Evidence], summary: dict[str, Any],
+           run: dict[str, Any]) -> Diagnosis:  # fmt: skip
+    """The diagnosis that names ``top``'s cause, the other findings as alternatives."""
     alternatives: dict[str, float] = {}
     for f in findings[1:]:
         if f.cause != top.cause:
@@ -213,7 +226,7 @@ def diagnose(trace: Trace | Any, evidence: Mapping[str, Any] | None = None) -> D
         verdict=verdict,
         cause=top.cause,
         confidence=round(top.confidence, 3),
-        step=top.step if top.step is not None else _break_step(ctx),
+        step=top.step if top.step is not None else ctx.step_at(ctx.break_index),
         first_nonfinite=ctx.first_nonfinite,
         evidence=[*top.evidence, *notes],
         actions=actions,
@@ -271,7 +284,7 @@ def _decided(ctx: Context, findings: list[Finding]) -> tuple[list[Finding], Deci
     else:
         top = Finding(rule="replay", cause=decision.cause, confidence=decision.confidence,
                       evidence=evidence, actions=first_actions(decision.cause, ctx),
-                      step=_break_step(ctx))  # fmt: skip
+                      step=ctx.step_at(ctx.break_index))  # fmt: skip
         rest = kept
     if decision.lead and not any(a.startswith("Standardise") for a in top.actions[:1]):
         top = replace(top, actions=[decision.lead, *[a for a in top.actions
@@ -300,14 +313,6 @@ def _outcome_evidence(outcome: Outcome) -> Evidence:
             "peak": outcome.peak, "end_ratio": outcome.end_ratio,
             "peak_ratio": outcome.peak_ratio}  # fmt: skip
     return Evidence("engine", outcome.text(), data)
-
-
-def _break_step(ctx: Context) -> int | None:
-    if ctx.fail is not None:
-        return ctx.step_at(ctx.fail)
-    if ctx.stop is not None:
-        return ctx.step_at(ctx.stop)
-    return ctx.step_at(ctx.n - 1)
 
 
 def _unknown(
@@ -368,7 +373,7 @@ def _unknown(
         verdict=verdict,
         cause="unknown",
         confidence=0.0,
-        step=_break_step(ctx),
+        step=ctx.step_at(ctx.break_index),
         first_nonfinite=ctx.first_nonfinite,
         evidence=[Evidence("engine", text, {}), *notes],
         actions=actions,
