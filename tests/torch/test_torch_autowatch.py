@@ -261,3 +261,35 @@ def test_the_first_updates_micro_batches_are_replayed_though_the_model_was_found
     assert control["reproduced"] is True
     rows = next(e for e in d["confirmation"] if e["change"] == "without_rows")
     assert rows["fixed"] and rows["rows_nonfinite"]
+
+
+MANUAL_EXTREME_ROW = """
+import torch
+
+torch.manual_seed(1)
+X = torch.randn(256, 4)
+y = (X[:, 0] > 0).float().unsqueeze(1)
+X[77, 2] = 3e8  # one extreme value, reached in the fifth batch
+w = (torch.randn(4, 1) / 2).requires_grad_()
+b = torch.zeros(1, requires_grad=True)
+loss_fn = torch.nn.BCEWithLogitsLoss()
+for epoch in range(2):
+    for start in range(0, 256, 16):
+        xb, yb = X[start:start + 16], y[start:start + 16]
+        loss = loss_fn(xb @ w + b, yb)
+        loss.backward()
+        with torch.no_grad():
+            for p in (w, b):
+                p -= 0.05 * p.grad
+                p.grad.zero_()
+print("done")
+"""
+
+
+def test_a_hand_written_loop_calls_no_model_and_its_batch_is_still_read(tmp_path):
+    # the data the weights were applied to (xb of xb @ w) is read off the loss's graph: the
+    # extreme row of the batch that threw the loss is named
+    proc, d = _run(tmp_path, MANUAL_EXTREME_ROW)
+    assert d is not None, proc.stderr
+    assert d["cause"] == "extreme_batch", d["evidence"]
+    assert d["rows"] and d["rows"][0]["batch_row"] == 77 - 64 and d["rows"][0]["column"] == 2

@@ -17,7 +17,8 @@ from typing import Any
 
 __all__ = ["all_finite", "custom_saved", "float_tensors", "graph_nodes", "has_forward",
            "inputs_in_order", "loss_before_scale", "nonfinite_scalar", "number_summary",
-           "op_watch", "saved_tensors", "static_scale", "summary", "tensors"]  # fmt: skip
+           "op_watch", "saved_tensors", "static_scale", "summary", "tensors",
+           "weighted_inputs"]  # fmt: skip
 
 #: how deep nested lists, tuples and dicts of an op's arguments are searched for tensors
 DEPTH = 3
@@ -262,3 +263,26 @@ def _scaled_operand(root: Any, frame: Any) -> Any:
                 return value
         frame = frame.f_back
     return None
+
+
+def weighted_inputs(root: Any, params: list[Any], limit: int = 2000) -> tuple[Any, ...]:
+    """The data a loss's graph applied the weights to: what an op that takes a parameter saved
+    beside it that needs no gradient (``xb`` of ``xb @ w``), read before the backward frees it.
+    A loop that updates by hand calls no model: this is its batch. Empty when none is found."""
+    ids = {id(p) for p in params}
+    found: list[Any] = []
+    for node in graph_nodes(root, limit):
+        takes_weight = any(getattr(child, "variable", None) is not None
+                           and id(child.variable) in ids
+                           for child, _ in getattr(node, "next_functions", ()))  # fmt: skip
+        if not takes_weight:
+            continue
+        try:
+            saved = saved_tensors(node)
+        except RuntimeError:
+            return ()  # (the graph is freed already)
+        for value in saved.values():
+            if (not value.requires_grad and id(value) not in ids and value.dim() >= 1
+                    and not any(value is f for f in found)):  # fmt: skip
+                found.append(value)
+    return tuple(found)

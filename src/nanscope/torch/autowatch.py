@@ -48,7 +48,7 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from nanscope.probes._tensors import loss_before_scale
+from nanscope.probes._tensors import loss_before_scale, weighted_inputs
 
 if TYPE_CHECKING:  # (torch is imported by the script, not by arming the hooks)
     from nanscope.torch.watcher import Watcher
@@ -516,6 +516,8 @@ class _ManualUpdates:
         self._grads: list[Any] | None = None
         self._loss: Any = None
         self._site: Any = None
+        #: the data the loss applied the weights to (no model is called: this is the batch)
+        self._inputs: tuple[Any, ...] = ()
         self._backwards = 0
         self._first: float | None = None
         self._lr: float | None = None
@@ -533,7 +535,8 @@ class _ManualUpdates:
         pass
 
     def on_loss_module(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        pass
+        if self.watcher is not None and not self.off and not _WATCHERS:
+            self.watcher.on_loss_module(module, args, kwargs)  # (its targets)
 
     def on_clip(self, total: Any) -> None:
         """The script clips: its update uses the clipped gradient, so the check waits for it."""
@@ -567,6 +570,8 @@ class _ManualUpdates:
             if [id(p) for p in leaves] != [id(p) for p in self._params]:
                 self._params, self._weights, self._grads = leaves, None, None
         self._loss, self._site = tensor, site
+        # read before the backward frees what the graph saved
+        self._inputs = weighted_inputs(grad_fn, self._params)
         grad_fn.register_prehook(self._queue)
 
     def _queue(self, grad_outputs: Any) -> None:
@@ -631,6 +636,8 @@ class _ManualUpdates:
         watcher, optimizer = self.watcher, self._optimizer
         assert watcher is not None and optimizer is not None
         optimizer.set_lr(self._lr)
+        if self._inputs:
+            watcher.on_forward(self._inputs, {})  # the batch of this update, for the measures
         watcher.check()
         if _MODULE_HANDLES:
             _guard().run("autowatch narrow", _narrow)

@@ -52,7 +52,7 @@ from nanscope.detectors import NOISE_FLOOR
 from nanscope.detectors import Departure as DepartureDetector
 from nanscope.diagnose.context import Context, Rise
 from nanscope.diagnose.diagnosis import Evidence, Finding
-from nanscope.diagnose.rules._common import num, row_text, tenfold_action, unit
+from nanscope.diagnose.rules._common import OUTLIER_Z, num, row_text, tenfold_action, unit
 from nanscope.diagnose.rules._logs import from_log
 from nanscope.outcome import FAR, UNSCALED_RATIO
 
@@ -60,8 +60,6 @@ CODE = "D001"
 CAUSE = "step_size_too_large"
 TITLE = "Step size too large"
 
-#: a row this far out is worth naming next to a too-large step (heavy tails reach ~20 routinely)
-OUTLIER_Z = 50.0
 #: an update that moves the weights by more than this fraction of their norm is a large step
 #: (healthy training moves them by ~1e-3 per update, ~1e-2 early with Adam: the tiny GPT of the
 #: zoo at lr 1e-2 moves them by 0.9%; at lr 3, by 137%)

@@ -41,7 +41,7 @@ import numpy as np
 
 from nanscope.diagnose.context import Context
 from nanscope.diagnose.diagnosis import Evidence, Finding
-from nanscope.diagnose.rules._common import num, row_text, unit
+from nanscope.diagnose.rules._common import OUTLIER_Z, num, row_text, unit
 from nanscope.diagnose.rules._producer import Producer, producer_of
 
 CODE = "D004"
@@ -104,14 +104,18 @@ def fingerprint(ctx: Context) -> Fingerprint | None:
     k = _spike_index(ctx)
     if k is None:
         return None
-    late = k >= 5 or (ctx.step_at(k) or 0) >= 10  # an epoch log may start late in the run
-    if not late:
-        return None
     onset = ctx.spike_onset(k)
+    # an outlier row in the jump's own batch was seen: the jump's timing need not tell it from
+    # an early oversized step
+    outlier = any((r.get("z") or 0) >= OUTLIER_Z
+                  for r in ctx.rows_near(onset, ("extreme",), back=0))  # fmt: skip
+    late = k >= 5 or (ctx.step_at(k) or 0) >= 10  # an epoch log may start late in the run
+    if not late and not outlier:
+        return None
     before = ctx.rise_before(onset)
     if before is not None and before.length >= 3 and before.growth >= 10 and before.sustained:
         return None  # a growth phase before the jump, not a sudden spike
-    if not ctx.descended_before(onset) and onset < 5:
+    if not ctx.descended_before(onset) and onset < 5 and not outlier:
         return None  # neither a long descent nor a long stretch before the jump
     if ctx.fail is None and ctx.stop is not None and not _departed(ctx):
         return None  # stopped on a sustained climb

@@ -9,7 +9,12 @@ from nanscope.diagnose.context import Context
 from nanscope.formatting import number
 from nanscope.formatting import row as row_words
 
-__all__ = ["num", "row_text", "tenfold_action", "unit"]
+__all__ = ["OUTLIER_Z", "num", "row_text", "tenfold_action", "unit"]
+
+
+#: a row this many robust standard deviations out is an outlier worth naming (heavy tails reach
+#: ~20 routinely); at the batch where the loss jumped, it is what threw it
+OUTLIER_Z = 50.0
 
 
 def num(value: Any) -> str:
