@@ -176,6 +176,22 @@ class Context:
             return self.stop
         return self.n - 1
 
+    def step_ratio_at(self, index: int) -> float | None:
+        """||update|| / ||weights before it|| of the step that led into update ``index`` (the
+        update norm is recorded on the update after the step, the weight norm the step started
+        from on an update before it), or None where they were not recorded or the weights were
+        all zero (every first step from zero moves them by all of their norm: that says
+        nothing of its size)."""
+        un = self.trace.column("update_norm")
+        wn = self.trace.column("weight_norm")
+        for j in (index, index - 1):
+            if 0 <= j < self.n and math.isfinite(un[j]):
+                before = wn[:j][np.isfinite(wn[:j])]
+                if before.size and before[-1] > 0:
+                    return float(un[j] / before[-1])
+                return None
+        return None
+
     def step_at(self, index: int | None) -> int | None:
         if index is None or not 0 <= index < self.n:
             return None

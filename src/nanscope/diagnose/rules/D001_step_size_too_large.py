@@ -478,7 +478,7 @@ def explosion(ctx: Context) -> Explosion | None:
         else:
             # a NaN after a long descent says nothing of the step; one after a step that moved
             # the weights by more than their own norm does
-            moved = _step_size_at(ctx, i)
+            moved = ctx.step_ratio_at(i)
             if moved is None or moved < 1:
                 continue
         after = loss[i:end]
@@ -486,7 +486,7 @@ def explosion(ctx: Context) -> Explosion | None:
         stayed = not finite_after.size or float(np.min(finite_after)) > FAR * start
         if stayed:
             return Explosion(i, (b / a if math.isfinite(b) else math.inf), a, b, start,
-                             _step_size_at(ctx, i),
+                             ctx.step_ratio_at(i),
                              bool(ctx.rows_near(i, ("extreme",), back=1)))  # fmt: skip
     return None
 
@@ -533,19 +533,6 @@ def _step_finding(ctx: Context, confidence: float, evidence: list[Evidence], at:
     contributing = _contributing(ctx)
     return Finding(CODE, CAUSE, confidence, evidence, _step_actions(ctx, contributing),
                    step=ctx.step_at(at), contributing=contributing, alternatives=alternatives)
-
-
-def _step_size_at(ctx: Context, index: int) -> float | None:
-    """||update|| / ||weights|| of the step that led into update ``index`` (the update norm is
-    recorded on the update after the step; the weight norm carried from its last measurement)."""
-    un = ctx.trace.column("update_norm")
-    wn = ctx.trace.column("weight_norm")
-    for j in (index, index - 1):
-        if 0 <= j < ctx.n and math.isfinite(un[j]):
-            known = wn[: j + 1][np.isfinite(wn[: j + 1])]
-            if known.size and known[-1] > 0:
-                return float(un[j] / known[-1])
-    return None
 
 
 def _step_actions(ctx: Context, contributing: list[Evidence]) -> list[str]:

@@ -81,6 +81,8 @@ class Fingerprint:
     inputs_seen: bool  # the inputs were recorded (finite) at the failure
     rise: Rise | None  # the run of rising losses before the failure
     weights: tuple[float, float] | None  # the first and last finite weight norms up to it
+    #: ||update|| / ||weights|| of the step into the failing update, where it was recorded
+    moved: float | None = None
 
 
 def fingerprint(ctx: Context) -> Fingerprint | None:
@@ -124,6 +126,7 @@ def fingerprint(ctx: Context) -> Fingerprint | None:
         inputs_seen=bool(present("nf_inputs")[i] or present("input_absmax")[i]),
         rise=ctx.rise_before(i),
         weights=(weights[0], weights[-1]) if weights.size >= 2 else None,
+        moved=ctx.step_ratio_at(i),
     )
 
 
@@ -176,6 +179,16 @@ def check(ctx: Context) -> Finding | None:
                     {"weight_growth": float(last / first)},
                 )
             )
+    alternatives = [] if found.log else [("zero_division", 0.15)]
+    if found.moved is not None and found.moved >= 1 and not found.computed:
+        # the step before replaced the model rather than nudged it: the 0 the log met is the
+        # saturation that step made (a smaller step is the cure, not an epsilon at the log)
+        confidence = min(confidence, 0.5)
+        alternatives.insert(0, ("step_size_too_large", 0.7))
+        evidence.append(Evidence(
+            CODE, f"but the step into that update moved the weights by {num(found.moved)}x their "
+            "own norm: a step that size saturates the scores, and the log met the 0 it made",
+            {"update_to_weight": found.moved}))  # fmt: skip
     actions = list(ACTIONS)
     if prod is not None and found.log and prod.phase == "backward" and prod.observed:
         # the forward was finite (xlogy / entr are 0 at 0): the log is in the op's gradient
@@ -201,7 +214,7 @@ def check(ctx: Context) -> Finding | None:
                    "log1p (log(1 + x)) or a clamp (x.clamp_min(eps)); do not drop the rows."]
     return Finding(CODE, CAUSE, confidence, evidence, actions, step=ctx.step_at(found.fail),
                    located=located or None,
-                   alternatives=[] if found.log else [("zero_division", 0.15)])  # fmt: skip
+                   alternatives=alternatives)  # fmt: skip
 
 
 def _producer_evidence(found: Fingerprint, prod: Producer) -> tuple[float, list[Evidence]]:
