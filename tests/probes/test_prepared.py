@@ -86,3 +86,35 @@ def test_another_files_numpy_error_is_not_this_runs_data_preparation(tmp_path) -
         diagnosis = monitor.close()
     assert diagnosis.cause == "nonfinite_input"
     assert (diagnosis.located or {}).get("op") != "log"
+
+
+def test_a_standardisation_of_data_that_already_held_an_inf_made_no_nan_of_its_own() -> None:
+    # the mean and std of a column holding -inf are NaN: numpy reports an invalid value in std,
+    # but the std only propagated a value the data already held, so the rows are the cause
+    import gc
+    import warnings
+
+    import numpy as np
+
+    import nanscope
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        nanscope.Monitor(write=False).close()  # (numpy's errors are recorded from the first)
+        gc.collect()
+        rng = np.random.default_rng(2)
+        X = rng.normal(size=(64, 3))
+        y = X @ np.array([1.0, -1.0, 0.5])
+        X[21, 1] = -np.inf
+        X = (X - X.mean(axis=0)) / X.std(axis=0)
+        w = np.zeros(3)
+        monitor = nanscope.Monitor(write=False, policy="warn")
+        for step in range(4):
+            idx = np.arange(16 * step, 16 * step + 16)
+            r = X[idx] @ w - y[idx]
+            g = X[idx].T @ r / 16
+            monitor.update(float(np.mean(r**2)), params={"w": w}, grads={"w": g}, lr=0.1,
+                           inputs=X[idx], targets=y[idx], index=idx)  # fmt: skip
+            w = w - 0.1 * g
+        diagnosis = monitor.close()
+    assert diagnosis.cause == "nonfinite_input", diagnosis.message()

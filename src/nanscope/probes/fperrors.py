@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import dis
 import linecache
+import math
 import os
 import sys
 import threading
@@ -292,12 +293,40 @@ def _event(kind: str, frame: Any) -> tuple[dict[str, Any] | None, Any]:
     if span:
         source["expression"] = span
     why = _why(kind, op)
+    if kind.startswith("invalid") and why.get("kind") != "nonfinite_input":
+        held = _nonfinite_name(span or line, frame)
+        if held is not None:  # (inf - inf in a mean or a std of data that held it already)
+            why = {"kind": "nonfinite_input", "text": f"invalid value in {op}: {held} already "
+                   "held a NaN/inf"}  # fmt: skip
     event = {"kind": kind, "op": op, "source": source, "message": f"{kind} encountered in {op}",
              "why": why, "inputs": _inputs(why)}  # fmt: skip
     operands = _operands(span, frame)
     if operands is not None:
         event["operands"] = operands  # kept in memory for the recompute, never written out
     return event, frame
+
+
+def _nonfinite_name(code: str, frame: Any) -> str | None:
+    """A name the expression reads whose value (a float array of at most ``MAX_OPERAND``
+    elements, or a float) already holds a NaN/inf, or None."""
+    import ast
+
+    import numpy as np
+
+    try:
+        tree = ast.parse(code.strip())  # (an expression, or the statement of the line)
+    except SyntaxError:
+        return None
+    names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)
+             and isinstance(n.ctx, ast.Load)}  # fmt: skip
+    for name in sorted(names):
+        value = frame.f_locals.get(name, frame.f_globals.get(name))
+        if isinstance(value, np.ndarray) and value.dtype.kind in "fc" \
+                and value.size <= MAX_OPERAND and not np.isfinite(value).all():  # fmt: skip
+            return name
+        if isinstance(value, float) and not math.isfinite(value):
+            return name
+    return None
 
 
 #: the ops nanscope recomputes from their operands (numpy's own functions, nothing else)
