@@ -23,10 +23,7 @@ CYCLE_EDGES: set[tuple[str, str]] = set()
 
 #: (module, "<other module>.<private name>") it takes today; may only shrink
 PRIVATE_IMPORTS: set[tuple[str, str]] = {
-    ("nanscope.experiment._runner", "nanscope.experiment.sweep._check_positive"),
-    ("nanscope.experiment.child", "nanscope.experiment.sweep._StopSweep"),
     ("nanscope.experiment.lrpatch", "nanscope.torch.autowatch._leaves"),
-    ("nanscope.experiment.sweep", "nanscope.diagnose.diagnosis._jsonable"),
     ("nanscope.logs.textlog", "nanscope.logs._common._norm_key"),
     ("nanscope.monitor", "nanscope.detectors._num"),
 }
