@@ -67,8 +67,8 @@ from nanscope.capture.arrays import (
     robust_rows,
 )
 from nanscope.detectors import Alarm, AlarmKind, Detector, default_detectors
-from nanscope.detectors import _num as _finite_number
 from nanscope.errors import DivergenceError, UsageError
+from nanscope.numerics import finite_float
 from nanscope.trace import FLUSH_LINES, Trace, TraceWriter
 
 if TYPE_CHECKING:
@@ -446,7 +446,7 @@ class Monitor:
         self._count += 1
         if rec.get("step") is None:
             rec["step"] = self._count
-        loss = _finite_number(rec.get("loss"))
+        loss = finite_float(rec.get("loss"))
         if loss is None:
             self._rise_prev, self._rises = None, 0
             return 0

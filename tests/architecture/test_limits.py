@@ -24,8 +24,6 @@ CYCLE_EDGES: set[tuple[str, str]] = set()
 #: (module, "<other module>.<private name>") it takes today; may only shrink
 PRIVATE_IMPORTS: set[tuple[str, str]] = {
     ("nanscope.experiment.lrpatch", "nanscope.torch.autowatch._leaves"),
-    ("nanscope.logs.textlog", "nanscope.logs._common._norm_key"),
-    ("nanscope.monitor", "nanscope.detectors._num"),
 }
 
 #: "module:Class" -> its lines today, a ceiling; may only shrink

@@ -35,12 +35,12 @@ from nanscope.logs._common import (
     MAX_MESSAGES,
     Merger,
     Record,
-    _norm_key,
     expand,
     flag_nonfinite,
     iter_blocks,
     make_records,
     mark_nonfinite,
+    normalise_key,
     role_of,
     to_float,
 )
@@ -242,7 +242,7 @@ def _pairs(segment: str, prefer: str | None = None) -> dict[str, _Hit]:
         key = match.group("key")
         role = role_of(key)
         if role is None:
-            extra = _EXTRA_KEYS.get(_norm_key(key))
+            extra = _EXTRA_KEYS.get(normalise_key(key))
             if extra is not None:
                 if extra not in found:
                     found[extra] = (0, *match.span("val"), -1, -1)
@@ -250,7 +250,7 @@ def _pairs(segment: str, prefer: str | None = None) -> dict[str, _Hit]:
                 others.append((key, *match.span("val")))
             continue
         name, rank = role
-        if name == "step" and prefer is not None and _norm_key(key) == prefer:
+        if name == "step" and prefer is not None and normalise_key(key) == prefer:
             rank = -2
         if name not in found or rank < found[name][0]:
             start, end = match.span("val")
@@ -266,7 +266,7 @@ def _total(segment: str, others: list[tuple[str, int, int]]) -> _Hit | None:
     """The value of a total key (``T``, ``total``) that adds up the losses printed before it
     (two or more), as a loss hit; None when there is none or the sum does not match."""
     for index, (key, start, end) in enumerate(others):
-        if _norm_key(key) not in _TOTAL_KEYS or index < 2:
+        if normalise_key(key) not in _TOTAL_KEYS or index < 2:
             continue
         parts = [segment[s:e] for _, s, e in others[:index] if _fractional(segment[s:e])]
         if sums_to(segment[start:end], parts):
@@ -1285,7 +1285,7 @@ def finest_counter(lines: Iterable[str]) -> str | None:
             key = match.group("key")
             role = role_of(key)
             if role is not None and role[0] == "step":
-                norm = _norm_key(key)
+                norm = normalise_key(key)
                 if norm not in keys:
                     keys[norm] = float(match.group("val"))
                     ranks[norm] = role[1]
