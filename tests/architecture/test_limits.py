@@ -44,7 +44,6 @@ LONG_FUNCTIONS: dict[str, int] = {
     "nanscope.diagnose.rules.D008_fp16_overflow:check": 102,
     "nanscope.diagnose.rules.D009_bad_initialization:check": 105,
     "nanscope.probes.confirm:_rerun": 171,
-    "nanscope.report.plots:build_panels": 150,
 }
 
 _FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
