@@ -43,7 +43,6 @@ LONG_FUNCTIONS: dict[str, int] = {
     "nanscope.diagnose.rules.D007_zero_division:check": 127,
     "nanscope.diagnose.rules.D008_fp16_overflow:check": 102,
     "nanscope.diagnose.rules.D009_bad_initialization:check": 105,
-    "nanscope.probes.confirm:_rerun": 171,
 }
 
 _FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
