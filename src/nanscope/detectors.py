@@ -436,19 +436,12 @@ def _climbing(values: list[float], smooth: int) -> float | None:
     A climb: a least-squares line through their log rises by more than four times its standard
     error (a trend, not noise). Returns the lower of the line's end and the median of the last
     ``smooth`` values: how far up the loss is now (a climb that stopped is held at its level)."""
-    n = len(values)
-    if n < 2 * smooth:
+    if len(values) < 2 * smooth:
         return None
-    logs = np.log(np.asarray(values, dtype=float))
-    x = np.arange(n, dtype=float)
-    x -= x.mean()
-    sxx = float(np.sum(x * x))
-    slope = float(np.sum(x * (logs - logs.mean())) / sxx)
-    resid = logs - logs.mean() - slope * x
-    se = math.sqrt(float(np.sum(resid * resid)) / (n - 2) / sxx)
+    level, slope, se, half = _log_line(values)
     if slope <= 4.0 * se or slope <= 0:
         return None
-    end = float(math.exp(logs.mean() + slope * x[-1]))
+    end = float(math.exp(level + slope * half))
     return min(end, float(np.median(values[-smooth:])))
 
 
@@ -458,14 +451,23 @@ def _recovering(values: list[float], factor: float) -> bool:
     n = len(values)
     if n < 5:
         return False
+    _, slope, se, _ = _log_line(values)
+    return slope * (n - 1) < math.log(factor) and slope < -2.0 * se
+
+
+def _log_line(values: list[float]) -> tuple[float, float, float, float]:
+    """The least-squares line through the log of ``values`` (at least three), against their
+    index centred on 0: ``(mean log, slope, the slope's standard error, the last index)``."""
+    n = len(values)
     logs = np.log(np.asarray(values, dtype=float))
     x = np.arange(n, dtype=float)
     x -= x.mean()
     sxx = float(np.sum(x * x))
+    level = float(logs.mean())
     slope = float(np.sum(x * (logs - logs.mean())) / sxx)
     resid = logs - logs.mean() - slope * x
     se = math.sqrt(float(np.sum(resid * resid)) / (n - 2) / sxx)
-    return slope * (n - 1) < math.log(factor) and slope < -2.0 * se
+    return level, slope, se, float(x[-1])
 
 
 def _direction(window: list[dict[str, Any]]) -> tuple[list[bool | None], list[bool | None]]:
