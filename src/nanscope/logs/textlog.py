@@ -947,23 +947,39 @@ class _Layout:
             or (pending is not None and pending["step"] >= epochs[0])
             or (len(epochs) > 1 and not _increasing(epochs))
         ):
-            push = merger.push
-            for i in range(start, end):
-                if not state.fractional_epochs:
-                    state.epoch = cols[self.epoch][i]
-                record: Record = {key: cols[index][i] for key, index in self.values}
-                if merger.steps_seen and "loss" in record:
-                    record["extra"] = {"epoch_loss": record.pop("loss")}
-                if state.epoch is not None:
-                    record["epoch"] = state.epoch
-                done = push(record)
-                if done is not None:
-                    out.append(done)
+            epoch_column = None if state.fractional_epochs else self.epoch
+            self._push_each(state, out, cols, start, end, epoch_column)
             return
         state.epoch = epochs[-1]
         keys = [key for key, _ in self.values] + ["epoch", "step"]
         columns = [cols[i][start:end] for _, i in self.values] + [epochs, epochs]
         merger.hold_columns(keys, columns, out)
+
+    def _push_each(
+        self,
+        state: _State,
+        out: list[Record],
+        cols: Sequence[list[Any]],
+        start: int,
+        end: int,
+        epoch_column: int | None,
+    ) -> None:
+        """Lines ``start:end`` pushed to the merger one by one, as the general reader reads them:
+        a loss after steps were seen is an epoch's loss, the epoch (from ``epoch_column`` when
+        given, else the one before) goes into each record."""
+        merger = state.merger
+        push = merger.push
+        for i in range(start, end):
+            if epoch_column is not None:
+                state.epoch = cols[epoch_column][i]
+            record: Record = {key: cols[index][i] for key, index in self.values}
+            if merger.steps_seen and "loss" in record:
+                record["extra"] = {"epoch_loss": record.pop("loss")}
+            if state.epoch is not None:
+                record["epoch"] = state.epoch
+            done = push(record)
+            if done is not None:
+                out.append(done)
 
     def _run_counted(
         self, state: _State, out: list[Record], cols: Sequence[list[Any]], start: int, end: int
@@ -998,16 +1014,7 @@ class _Layout:
         ):
             # a loss line in a per-update log (an epoch summary), an epoch from a line before,
             # a merge with the pending record: as the general reader does it, line by line
-            push = merger.push
-            for i in range(start, end):
-                record: Record = {key: cols[index][i] for key, index in self.values}
-                if merger.steps_seen:
-                    record["extra"] = {"epoch_loss": record.pop("loss")}
-                if state.epoch is not None:
-                    record["epoch"] = state.epoch
-                done = push(record)
-                if done is not None:
-                    out.append(done)
+            self._push_each(state, out, cols, start, end, None)
             return
         keys = [key for key, _ in self.values] + ["step"]
         columns = [cols[i][start:end] for _, i in self.values]
