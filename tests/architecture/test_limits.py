@@ -27,7 +27,6 @@ PRIVATE_IMPORTS: set[tuple[str, str]] = set()
 #: "module:Class" -> its lines today, a ceiling; may only shrink
 LARGE_CLASSES: dict[str, int] = {
     "nanscope.monitor:Monitor": 646,
-    "nanscope.probes.replay:_Replay": 479,
 }
 
 #: "module:qualified.name" -> its lines today, a ceiling; may only shrink
