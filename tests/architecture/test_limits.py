@@ -26,7 +26,6 @@ PRIVATE_IMPORTS: set[tuple[str, str]] = set()
 
 #: "module:Class" -> its lines today, a ceiling; may only shrink
 LARGE_CLASSES: dict[str, int] = {
-    "nanscope.monitor:Monitor": 646,
 }
 
 #: "module:qualified.name" -> its lines today, a ceiling; may only shrink
