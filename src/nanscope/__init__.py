@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from nanscope._version import __version__
 from nanscope.diagnose import CAUSES, Diagnosis
 from nanscope.diagnose.diagnosis import set_html_renderer as _set_html_renderer
 from nanscope.errors import (
@@ -25,8 +26,6 @@ from nanscope.errors import (
 from nanscope.loading import diagnose
 from nanscope.monitor import Monitor
 from nanscope.trace import Trace, read_trace
-
-__version__ = "0.1.0"
 
 __all__ = [
     "CAUSES",

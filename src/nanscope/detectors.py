@@ -46,6 +46,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from nanscope._vocabulary import Vocabulary
+from nanscope.numerics import finite_float
 from nanscope.outcome import FAR
 
 __all__ = [
@@ -103,20 +104,18 @@ def _finite(value: Any) -> bool:
     return isinstance(value, (int, float)) and math.isfinite(value)
 
 
-def _num(value: Any) -> float | None:
-    """The value as a float when it is a finite number, else None."""
-    if type(value) is float:  # the common case, first
-        return value if math.isfinite(value) else None
-    if isinstance(value, (int, float)) and math.isfinite(value):
-        return float(value)
-    return None
+def _update_cosines(record: Any) -> list[float]:
+    """The finite cosines of the update with the gradient, under either convention (against the
+    previous update's gradient or the current one)."""
+    both = (finite_float(record.get("update_cos")), finite_float(record.get("update_cos_same")))
+    return [c for c in both if c is not None]
 
 
 def _log_of(value: Any) -> float | None:
     """The log of a finite positive number, else None."""
     if type(value) is float:  # the common case, first: finite and positive in one test
         return math.log(value) if 0.0 < value < math.inf else None
-    number = _num(value)
+    number = finite_float(value)
     return math.log(number) if number is not None and number > 0 else None
 
 
@@ -183,7 +182,7 @@ class Divergence:
         return rises < self.RISES  # it reads nothing before the fourth rise in a row
 
     def step(self, record: dict[str, Any]) -> Alarm | None:
-        loss = _num(record.get("loss"))
+        loss = finite_float(record.get("loss"))
         if loss is None:
             self._recent.clear()
             self._prev, self._rises = None, 0
@@ -323,7 +322,7 @@ class Departure:
         return self._fired or self._away_n + behind + 1 < self.WINDOW
 
     def step(self, record: dict[str, Any]) -> Alarm | None:
-        loss = _num(record.get("loss"))
+        loss = finite_float(record.get("loss"))
         if loss is None or loss <= 0:
             if loss is None:
                 self._prev = None
@@ -437,19 +436,12 @@ def _climbing(values: list[float], smooth: int) -> float | None:
     A climb: a least-squares line through their log rises by more than four times its standard
     error (a trend, not noise). Returns the lower of the line's end and the median of the last
     ``smooth`` values: how far up the loss is now (a climb that stopped is held at its level)."""
-    n = len(values)
-    if n < 2 * smooth:
+    if len(values) < 2 * smooth:
         return None
-    logs = np.log(np.asarray(values, dtype=float))
-    x = np.arange(n, dtype=float)
-    x -= x.mean()
-    sxx = float(np.sum(x * x))
-    slope = float(np.sum(x * (logs - logs.mean())) / sxx)
-    resid = logs - logs.mean() - slope * x
-    se = math.sqrt(float(np.sum(resid * resid)) / (n - 2) / sxx)
+    level, slope, se, half = _log_line(values)
     if slope <= 4.0 * se or slope <= 0:
         return None
-    end = float(math.exp(logs.mean() + slope * x[-1]))
+    end = float(math.exp(level + slope * half))
     return min(end, float(np.median(values[-smooth:])))
 
 
@@ -459,14 +451,23 @@ def _recovering(values: list[float], factor: float) -> bool:
     n = len(values)
     if n < 5:
         return False
+    _, slope, se, _ = _log_line(values)
+    return slope * (n - 1) < math.log(factor) and slope < -2.0 * se
+
+
+def _log_line(values: list[float]) -> tuple[float, float, float, float]:
+    """The least-squares line through the log of ``values`` (at least three), against their
+    index centred on 0: ``(mean log, slope, the slope's standard error, the last index)``."""
+    n = len(values)
     logs = np.log(np.asarray(values, dtype=float))
     x = np.arange(n, dtype=float)
     x -= x.mean()
     sxx = float(np.sum(x * x))
+    level = float(logs.mean())
     slope = float(np.sum(x * (logs - logs.mean())) / sxx)
     resid = logs - logs.mean() - slope * x
     se = math.sqrt(float(np.sum(resid * resid)) / (n - 2) / sxx)
-    return slope * (n - 1) < math.log(factor) and slope < -2.0 * se
+    return level, slope, se, float(x[-1])
 
 
 def _direction(window: list[dict[str, Any]]) -> tuple[list[bool | None], list[bool | None]]:
@@ -474,18 +475,14 @@ def _direction(window: list[dict[str, Any]]) -> tuple[list[bool | None], list[bo
     osc_flags: list[bool | None] = []
     descent_flags: list[bool | None] = []
     for rec in window:
-        grad_cos = _num(rec.get("grad_cos"))
-        flip = _num(rec.get("flip_frac"))
+        grad_cos = finite_float(rec.get("grad_cos"))
+        flip = finite_float(rec.get("flip_frac"))
         osc: bool | None = None
         if grad_cos is not None or flip is not None:
             osc = (grad_cos is not None and grad_cos < 0) or (flip is not None and flip >= 0.2)
         osc_flags.append(osc)
         # either convention (update vs previous or vs current gradient) saying "downhill" counts
-        cosines = [
-            c
-            for c in (_num(rec.get("update_cos")), _num(rec.get("update_cos_same")))
-            if c is not None
-        ]
+        cosines = _update_cosines(rec)
         descent_flags.append(min(cosines) < 0 if cosines else None)
     return osc_flags, descent_flags
 
@@ -533,7 +530,7 @@ class Explosion:
         return loss <= FAR * start
 
     def step(self, record: dict[str, Any]) -> Alarm | None:
-        loss = _num(record.get("loss"))
+        loss = finite_float(record.get("loss"))
         if loss is None:
             self._jump = None
             return None
@@ -586,11 +583,7 @@ class Ascent:
         if prev is None or not loss > prev:
             self._run = 0  # the common case: not rising, the cosines are not read
             return None
-        along = [
-            c
-            for c in (_num(record.get("update_cos")), _num(record.get("update_cos_same")))
-            if c is not None
-        ]
+        along = _update_cosines(record)
         if along and max(along) > 0.5 and min(along) > 0:
             self._run += 1
         else:

@@ -67,8 +67,8 @@ from nanscope.capture.arrays import (
     robust_rows,
 )
 from nanscope.detectors import Alarm, AlarmKind, Detector, default_detectors
-from nanscope.detectors import _num as _finite_number
 from nanscope.errors import DivergenceError, UsageError
+from nanscope.numerics import finite_float
 from nanscope.trace import FLUSH_LINES, Trace, TraceWriter
 
 if TYPE_CHECKING:
@@ -222,7 +222,321 @@ def _ignore_folder(folder: Path) -> None:
         pass  # (another process wrote it, or the folder is read-only: the run goes on)
 
 
-class Monitor:
+class _RunFiles:
+    """A Monitor's files: the run folder (made on the first write; the ``.nanscope/`` folder
+    above it marked ignored by git), the trace file opened on the first record, and
+    ``diagnosis.json``; and nanscope's own faults, one warning per part. (A base of
+    :class:`Monitor`, whose ``__init__`` sets the attributes below.)"""
+
+    run_dir: Path
+    meta: dict[str, Any]
+    guard: FaultGuard
+    _write: bool
+    _writer: Any
+    _ignore_in: Path | None
+
+    @property
+    def writes(self) -> bool:
+        """Whether this Monitor writes files (``write=True``, the default)."""
+        return self._write
+
+    @property
+    def writing(self) -> bool:
+        """Whether the trace file is open (something was written, or a writer was given)."""
+        return self._writer is not None
+
+    def write(self, record: Mapping[str, Any]) -> None:
+        """Write one line to the trace (opening ``run_dir/trace.jsonl`` first if needed).
+
+        :meth:`observe` writes each record it takes; call this only for a line that is not an
+        update (the record is not added to ``trace`` nor seen by the detectors).
+        """
+        writer = self._open_writer()
+        if writer is not None:
+            writer.write(record)
+
+    def _open_writer(self) -> Any:
+        """The trace writer, opened on first use; None when this Monitor writes no files."""
+        if not self._write:
+            return None
+        if self._writer is None:
+            self._make_run_dir()
+            self._writer = TraceWriter(self.run_dir / "trace.jsonl", self.meta)
+        return self._writer
+
+    def _make_run_dir(self) -> None:
+        if self._ignore_in is not None:
+            _ignore_folder(self._ignore_in)
+            self._ignore_in = None
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+
+    def move_run_dir(self, run_dir: str | os.PathLike[str]) -> bool:
+        """Put this run's files under ``run_dir`` instead; only before any was written.
+
+        Returns False (and moves nothing) once the trace file is open.
+        """
+        if self._writer is not None:
+            return False
+        self.run_dir = Path(run_dir)
+        self._ignore_in = None  # not under ./.nanscope/ any more
+        return True
+
+    def save_diagnosis(self, diagnosis: Diagnosis) -> None:
+        """Write ``diagnosis`` as ``run_dir/diagnosis.json`` (``nanscope run``: once enriched)."""
+        if not self._write:
+            return
+        try:
+            self._make_run_dir()
+            (self.run_dir / "diagnosis.json").write_text(diagnosis.to_json() + "\n")
+        except Exception as exc:
+            self._internal_fault("write diagnosis.json", exc)
+
+    def _internal_fault(self, where: str, exc: BaseException) -> None:
+        # only the measures turn off: the detectors, writes and probes run again next update
+        self.guard.fault(where, exc, disable=where == "measure", stacklevel=4)
+
+
+class _Measures(_RunFiles):
+    """What a Monitor measures of the arrays of an update: the weights' and gradients' measures
+    and the batch checks, the bad rows of the last batches, the last good weights. (A base of
+    :class:`Monitor`, whose ``__init__`` sets the attributes below.)"""
+
+    trace: Trace
+    _params: ParamTracker
+    _inputs: BatchChecker
+    _targets: BatchChecker
+    _recent: deque[tuple[int, Any, Any, Any]]
+    _last_good: dict[str, np.ndarray]
+
+    def _measure(
+        self,
+        loss: Any,
+        params: Any,
+        grads: Any,
+        lr: float | None,
+        inputs: Any,
+        targets: Any,
+        step: int | None,
+        index: Any,
+    ) -> dict[str, Any]:
+        if isinstance(loss, float):  # a Python or numpy float: the common case, inline
+            loss_value = float(loss)
+            nf_loss = 0 if loss_value - loss_value == 0.0 else 1
+        else:
+            loss_value, nf_loss = _loss_value(loss)
+        if lr is not None:
+            if type(lr) is not float and (
+                isinstance(lr, (str, bytes)) or not isinstance(lr, (int, float, np.number))
+            ):
+                raise UsageError(f"lr must be a number, got {type(lr).__name__}")
+            if not lr >= 0:
+                raise UsageError(f"lr must be a non-negative number, got {lr!r}")
+        named_params = as_named(params, "params") if params is not None else {}
+        named_grads = as_named(grads, "grads") if grads is not None else {}
+        record: dict[str, Any] = {"step": step, "loss": loss_value, "nf_loss": nf_loss}
+        if lr is not None:
+            record["lr"] = float(lr)
+        if self.guard.is_off("measure"):
+            return record
+        try:
+            if named_params or named_grads:
+                record.update(self._params.measure(named_params, named_grads, loss_value))
+            rows_index = None if index is None else np.asarray(index).reshape(-1)
+            # a non-finite update has its batch checked in full: it is the evidence
+            broken = bool(nf_loss or record.get("nf_grads") or record.get("nf_params"))
+            if inputs is not None:
+                checked = self._inputs.check(inputs, rows_index, force=broken)
+                if checked:  # {} between the scheduled checks
+                    _merge_batch(record, checked)
+            if targets is not None:
+                checked = self._targets.check(targets, rows_index, force=broken)
+                if checked:
+                    _merge_batch(record, checked)
+        except UsageError:
+            raise
+        except Exception as exc:  # a bug in nanscope must never stop the user's fit
+            self._internal_fault("measure", exc)
+        return record
+
+    @property
+    def last_good(self) -> dict[str, np.ndarray]:
+        """Weights of the last update whose loss, gradient and weights were all finite (copies)."""
+        if self._last_good:
+            return {k: v.copy() for k, v in self._last_good.items()}
+        return self._params.snapshot_current()
+
+    def _freeze_last_good(self, alarm: Alarm) -> None:
+        last = self.trace.records[-1] if self.trace.records else {}
+        if last.get("nf_params"):
+            self._last_good = self._params.snapshot_previous()
+        else:
+            self._last_good = self._params.snapshot_current()
+        if self._last_good and self._write:
+            try:
+                self._make_run_dir()
+                np.savez(self.run_dir / "last_good.npz", **self._last_good)  # type: ignore[arg-type]
+                self.meta["last_good"] = str(self.run_dir / "last_good.npz")
+            except Exception as exc:
+                self._internal_fault("save last good weights", exc)
+
+    def _probe_rows(self, last: int | None = None) -> list[dict[str, Any]]:
+        """Rows of the last batches that hold non-finite or extreme values, newest batch first."""
+        found: list[dict[str, Any]] = []
+        recent = list(self._recent)[-last:] if last else list(self._recent)
+        # A loop that refills one buffer in place hands the same array every update: it holds
+        # the newest batch only, so an older update's rows (or row numbers) are not read from it.
+        newer: set[int] = set()
+        for step, inputs, targets, index in reversed(recent):
+            rows_index = None
+            if index is not None and id(index) not in newer:
+                rows_index = np.asarray(index).reshape(-1)
+            for source, batch in (("inputs", inputs), ("targets", targets)):
+                if batch is None or id(batch) in newer:
+                    continue
+                try:
+                    array = as_array(batch, source)
+                    count, bad = nonfinite_rows(array, source, rows_index)
+                    if not count and array.dtype.kind == "f":
+                        _, bad = robust_rows(array, source, rows_index)
+                except Exception:
+                    continue
+                for row in bad:
+                    row["step"] = step
+                found.extend(bad)
+            newer.update(id(a) for a in (inputs, targets, index) if a is not None)
+        return found
+
+
+class _Policy(_Measures):
+    """What a Monitor does when a detector fires: roll the update back (policy ``rollback``,
+    through the adapter, as the diagnosis of the failure says), hold it (an adapter's experiment
+    shows it is no failure), or stop the fit: the last good weights kept, the diagnosis saved,
+    the error raised (or a warning). (A base of :class:`Monitor`, whose ``__init__`` sets the
+    attributes below.)"""
+
+    policy: str
+    alarm: Alarm | None
+    rollback_handler: Callable[[Any, Alarm], bool] | None
+    rollbacks: list[dict[str, Any]]
+    holds: list[Callable[[Any, Alarm], str | None]]
+    on_stop: list[Callable[[Any, Alarm], None]]
+    _warned: set[str]
+
+    if TYPE_CHECKING:  # the Monitor's own
+
+        def diagnose(self) -> Diagnosis: ...
+
+        def record_event(self, name: str, **fields: Any) -> None: ...
+
+        def reset_detectors(self) -> None: ...
+
+    def _try_rollback(self, alarm: Alarm, rec: dict[str, Any]) -> bool:
+        """Policy rollback: recover as the diagnosis of this failure says, through the adapter.
+
+        A data row (``nonfinite_input``, ``extreme_batch``): the batch is skipped, the learning
+        rate kept (a smaller step cannot help a bad row), and the rows are named. Any other cause
+        (a step size): the batch is skipped and the adapter cuts the learning rate. What it did
+        is one status line, an entry of :attr:`rollbacks`, and the record's ``extra.rollback``;
+        the rows go into the record, so the final diagnosis names them too.
+        """
+        if self.policy != "rollback" or self.rollback_handler is None:
+            return False
+        cause, rows = self._recovery_cause(alarm, rec)
+        data = cause in DATA_CAUSES
+        alarm.data["lr_factor"] = 1.0 if data else None  # None: the adapter's own cut
+        try:
+            handled = bool(self.rollback_handler(self, alarm))
+        except Exception as exc:
+            self._internal_fault("rollback", exc)
+            handled = False
+        if not handled:
+            return False
+        action = _recovery_action(alarm, rows, data)
+        entry: dict[str, Any] = {"step": alarm.step, "kind": alarm.kind, "cause": cause,
+                                 "why": alarm.text, "action": action}  # fmt: skip
+        if rows:
+            entry["rows"] = rows[:5]
+        for key in ("lr_before", "lr_after"):
+            if alarm.data.get(key) is not None:
+                entry[key] = alarm.data[key]
+        self.rollbacks.append(entry)
+        rec.setdefault("events", []).append("rollback")
+        rec.setdefault("extra", {})["rollback"] = entry
+        status(f"nanscope: recovered update {alarm.step} ({cause}): {entry['action']}")
+        self.reset_detectors()
+        return True
+
+    def _recovery_cause(
+        self, alarm: Alarm, rec: dict[str, Any]
+    ) -> tuple[str, list[dict[str, Any]]]:
+        """The cause of this failure, diagnosed from the records since the last recovery (the
+        detectors' own window), with the bad rows of its batch; ``unknown`` when the rules
+        cannot run."""
+        seen = {(r.get("source"), r.get("batch_row"), r.get("why")) for r in rec.get("rows") or []}
+        rows = [r for r in self._probe_rows(last=1)
+                if (r.get("source"), r.get("batch_row"), r.get("why")) not in seen]  # fmt: skip
+        if rows:
+            rec["rows"] = list(rec.get("rows") or []) + rows
+        rows = list(rec.get("rows") or [])
+        since = self.rollbacks[-1]["step"] if self.rollbacks else None
+        # the records judged so far (read without handing over pending ones: we are judging one)
+        window = [r for r in self.trace._records if since is None or (r.get("step") or 0) > since]
+        try:
+            from nanscope.diagnose import diagnose
+
+            found = diagnose(Trace([*window, rec], meta=self.meta), evidence={"rows": rows})
+            return found.cause, rows
+        except Exception as exc:
+            self._internal_fault("rollback diagnosis", exc)
+            return "unknown", rows
+
+    def _fire(self, alarm: Alarm) -> None:
+        first = self.alarm is None
+        if alarm.kind == AlarmKind.SPIKE:
+            return  # only ever a reason to roll back, never to stop
+        if not first and self.policy == "warn":
+            return
+        if self._held(alarm):
+            return
+        self.alarm = alarm
+        try:  # the trace up to the alarm is on disk whatever happens next
+            flush = getattr(self._writer, "flush", None)
+            if callable(flush):
+                flush()
+        except Exception as exc:
+            self._internal_fault("flush", exc)
+        self._freeze_last_good(alarm)
+        diagnosis = self.diagnose()
+        self.save_diagnosis(diagnosis)
+        for callback in self.on_stop:
+            try:
+                callback(self, alarm)
+            except Exception as exc:
+                self._internal_fault("on_stop", exc)
+        message = diagnosis.message()
+        if self.policy == "warn":
+            if alarm.kind not in self._warned:
+                self._warned.add(alarm.kind)
+                warnings.warn(message, RuntimeWarning, stacklevel=4)
+            return
+        raise DivergenceError(message, diagnosis)
+
+    def _held(self, alarm: Alarm) -> bool:
+        """An adapter's experiment showed the alarm is no failure (a loss that stepped up with
+        its data): recorded as a ``held`` event, and the fit goes on."""
+        for hold in self.holds:
+            try:
+                reason = hold(self, alarm)
+            except Exception as exc:
+                self._internal_fault("hold", exc)
+                continue
+            if reason:
+                self.record_event("held", step=alarm.step, kind=alarm.kind, text=str(reason))
+                return True
+        return False
+
+
+class Monitor(_Policy):
     """Watches a fit update by update and stops it loudly when it breaks.
 
     policy: ``"raise"`` (default) raises :class:`nanscope.DivergenceError` at the first non-finite
@@ -374,56 +688,6 @@ class Monitor:
             self._judge_deferred()
         return self._judge(record, (inputs, targets, index))
 
-    def _measure(
-        self,
-        loss: Any,
-        params: Any,
-        grads: Any,
-        lr: float | None,
-        inputs: Any,
-        targets: Any,
-        step: int | None,
-        index: Any,
-    ) -> dict[str, Any]:
-        if isinstance(loss, float):  # a Python or numpy float: the common case, inline
-            loss_value = float(loss)
-            nf_loss = 0 if loss_value - loss_value == 0.0 else 1
-        else:
-            loss_value, nf_loss = _loss_value(loss)
-        if lr is not None:
-            if type(lr) is not float and (
-                isinstance(lr, (str, bytes)) or not isinstance(lr, (int, float, np.number))
-            ):
-                raise UsageError(f"lr must be a number, got {type(lr).__name__}")
-            if not lr >= 0:
-                raise UsageError(f"lr must be a non-negative number, got {lr!r}")
-        named_params = as_named(params, "params") if params is not None else {}
-        named_grads = as_named(grads, "grads") if grads is not None else {}
-        record: dict[str, Any] = {"step": step, "loss": loss_value, "nf_loss": nf_loss}
-        if lr is not None:
-            record["lr"] = float(lr)
-        if self.guard.is_off("measure"):
-            return record
-        try:
-            if named_params or named_grads:
-                record.update(self._params.measure(named_params, named_grads, loss_value))
-            rows_index = None if index is None else np.asarray(index).reshape(-1)
-            # a non-finite update has its batch checked in full: it is the evidence
-            broken = bool(nf_loss or record.get("nf_grads") or record.get("nf_params"))
-            if inputs is not None:
-                checked = self._inputs.check(inputs, rows_index, force=broken)
-                if checked:  # {} between the scheduled checks
-                    _merge_batch(record, checked)
-            if targets is not None:
-                checked = self._targets.check(targets, rows_index, force=broken)
-                if checked:
-                    _merge_batch(record, checked)
-        except UsageError:
-            raise
-        except Exception as exc:  # a bug in nanscope must never stop the user's fit
-            self._internal_fault("measure", exc)
-        return record
-
     def observe(self, record: Mapping[str, Any], *, batch: Any = None) -> dict[str, Any]:
         """Record an update whose measures were computed elsewhere (framework adapters).
 
@@ -446,7 +710,7 @@ class Monitor:
         self._count += 1
         if rec.get("step") is None:
             rec["step"] = self._count
-        loss = _finite_number(rec.get("loss"))
+        loss = finite_float(rec.get("loss"))
         if loss is None:
             self._rise_prev, self._rises = None, 0
             return 0
@@ -520,26 +784,6 @@ class Monitor:
 
     # ------------------------------------------------------------------ extension points
 
-    @property
-    def writes(self) -> bool:
-        """Whether this Monitor writes files (``write=True``, the default)."""
-        return self._write
-
-    @property
-    def writing(self) -> bool:
-        """Whether the trace file is open (something was written, or a writer was given)."""
-        return self._writer is not None
-
-    def write(self, record: Mapping[str, Any]) -> None:
-        """Write one line to the trace (opening ``run_dir/trace.jsonl`` first if needed).
-
-        :meth:`observe` writes each record it takes; call this only for a line that is not an
-        update (the record is not added to ``trace`` nor seen by the detectors).
-        """
-        writer = self._open_writer()
-        if writer is not None:
-            writer.write(record)
-
     def flush(self) -> None:
         """Observe the records still pending, then write the trace lines the writer buffers (it
         writes on its own every half second)."""
@@ -571,32 +815,6 @@ class Monitor:
     def _sync_pending(self) -> None:
         if self.pending or self._deferred:
             self.drain_pending(stop=False)
-
-    def _open_writer(self) -> Any:
-        """The trace writer, opened on first use; None when this Monitor writes no files."""
-        if not self._write:
-            return None
-        if self._writer is None:
-            self._make_run_dir()
-            self._writer = TraceWriter(self.run_dir / "trace.jsonl", self.meta)
-        return self._writer
-
-    def _make_run_dir(self) -> None:
-        if self._ignore_in is not None:
-            _ignore_folder(self._ignore_in)
-            self._ignore_in = None
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-
-    def move_run_dir(self, run_dir: str | os.PathLike[str]) -> bool:
-        """Put this run's files under ``run_dir`` instead; only before any was written.
-
-        Returns False (and moves nothing) once the trace file is open.
-        """
-        if self._writer is not None:
-            return False
-        self.run_dir = Path(run_dir)
-        self._ignore_in = None  # not under ./.nanscope/ any more
-        return True
 
     @property
     def detectors(self) -> Detector:
@@ -639,134 +857,6 @@ class Monitor:
         # after the header is written: the rules read the events from the trace's meta
         self.trace.meta.setdefault("events", []).append(event)
 
-    @property
-    def last_good(self) -> dict[str, np.ndarray]:
-        """Weights of the last update whose loss, gradient and weights were all finite (copies)."""
-        if self._last_good:
-            return {k: v.copy() for k, v in self._last_good.items()}
-        return self._params.snapshot_current()
-
-    # ------------------------------------------------------------------ policy
-
-    def _try_rollback(self, alarm: Alarm, rec: dict[str, Any]) -> bool:
-        """Policy rollback: recover as the diagnosis of this failure says, through the adapter.
-
-        A data row (``nonfinite_input``, ``extreme_batch``): the batch is skipped, the learning
-        rate kept (a smaller step cannot help a bad row), and the rows are named. Any other cause
-        (a step size): the batch is skipped and the adapter cuts the learning rate. What it did
-        is one status line, an entry of :attr:`rollbacks`, and the record's ``extra.rollback``;
-        the rows go into the record, so the final diagnosis names them too.
-        """
-        if self.policy != "rollback" or self.rollback_handler is None:
-            return False
-        cause, rows = self._recovery_cause(alarm, rec)
-        data = cause in DATA_CAUSES
-        alarm.data["lr_factor"] = 1.0 if data else None  # None: the adapter's own cut
-        try:
-            handled = bool(self.rollback_handler(self, alarm))
-        except Exception as exc:
-            self._internal_fault("rollback", exc)
-            handled = False
-        if not handled:
-            return False
-        action = _recovery_action(alarm, rows, data)
-        entry: dict[str, Any] = {"step": alarm.step, "kind": alarm.kind, "cause": cause,
-                                 "why": alarm.text, "action": action}  # fmt: skip
-        if rows:
-            entry["rows"] = rows[:5]
-        for key in ("lr_before", "lr_after"):
-            if alarm.data.get(key) is not None:
-                entry[key] = alarm.data[key]
-        self.rollbacks.append(entry)
-        rec.setdefault("events", []).append("rollback")
-        rec.setdefault("extra", {})["rollback"] = entry
-        status(f"nanscope: recovered update {alarm.step} ({cause}): {entry['action']}")
-        self.reset_detectors()
-        return True
-
-    def _recovery_cause(
-        self, alarm: Alarm, rec: dict[str, Any]
-    ) -> tuple[str, list[dict[str, Any]]]:
-        """The cause of this failure, diagnosed from the records since the last recovery (the
-        detectors' own window), with the bad rows of its batch; ``unknown`` when the rules
-        cannot run."""
-        seen = {(r.get("source"), r.get("batch_row"), r.get("why")) for r in rec.get("rows") or []}
-        rows = [r for r in self._probe_rows(last=1)
-                if (r.get("source"), r.get("batch_row"), r.get("why")) not in seen]  # fmt: skip
-        if rows:
-            rec["rows"] = list(rec.get("rows") or []) + rows
-        rows = list(rec.get("rows") or [])
-        since = self.rollbacks[-1]["step"] if self.rollbacks else None
-        # the records judged so far (read without handing over pending ones: we are judging one)
-        window = [r for r in self.trace._records if since is None or (r.get("step") or 0) > since]
-        try:
-            from nanscope.diagnose import diagnose
-
-            found = diagnose(Trace([*window, rec], meta=self.meta), evidence={"rows": rows})
-            return found.cause, rows
-        except Exception as exc:
-            self._internal_fault("rollback diagnosis", exc)
-            return "unknown", rows
-
-    def _fire(self, alarm: Alarm) -> None:
-        first = self.alarm is None
-        if alarm.kind == AlarmKind.SPIKE:
-            return  # only ever a reason to roll back, never to stop
-        if not first and self.policy == "warn":
-            return
-        if self._held(alarm):
-            return
-        self.alarm = alarm
-        try:  # the trace up to the alarm is on disk whatever happens next
-            flush = getattr(self._writer, "flush", None)
-            if callable(flush):
-                flush()
-        except Exception as exc:
-            self._internal_fault("flush", exc)
-        self._freeze_last_good(alarm)
-        diagnosis = self.diagnose()
-        self.save_diagnosis(diagnosis)
-        for callback in self.on_stop:
-            try:
-                callback(self, alarm)
-            except Exception as exc:
-                self._internal_fault("on_stop", exc)
-        message = diagnosis.message()
-        if self.policy == "warn":
-            if alarm.kind not in self._warned:
-                self._warned.add(alarm.kind)
-                warnings.warn(message, RuntimeWarning, stacklevel=4)
-            return
-        raise DivergenceError(message, diagnosis)
-
-    def _held(self, alarm: Alarm) -> bool:
-        """An adapter's experiment showed the alarm is no failure (a loss that stepped up with
-        its data): recorded as a ``held`` event, and the fit goes on."""
-        for hold in self.holds:
-            try:
-                reason = hold(self, alarm)
-            except Exception as exc:
-                self._internal_fault("hold", exc)
-                continue
-            if reason:
-                self.record_event("held", step=alarm.step, kind=alarm.kind, text=str(reason))
-                return True
-        return False
-
-    def _freeze_last_good(self, alarm: Alarm) -> None:
-        last = self.trace.records[-1] if self.trace.records else {}
-        if last.get("nf_params"):
-            self._last_good = self._params.snapshot_previous()
-        else:
-            self._last_good = self._params.snapshot_current()
-        if self._last_good and self._write:
-            try:
-                self._make_run_dir()
-                np.savez(self.run_dir / "last_good.npz", **self._last_good)  # type: ignore[arg-type]
-                self.meta["last_good"] = str(self.run_dir / "last_good.npz")
-            except Exception as exc:
-                self._internal_fault("save last good weights", exc)
-
     # ------------------------------------------------------------------ diagnosis
 
     def diagnose(self) -> Diagnosis:
@@ -804,43 +894,6 @@ class Monitor:
         self.diagnosis = diagnosis
         return diagnosis
 
-    def _probe_rows(self, last: int | None = None) -> list[dict[str, Any]]:
-        """Rows of the last batches that hold non-finite or extreme values, newest batch first."""
-        found: list[dict[str, Any]] = []
-        recent = list(self._recent)[-last:] if last else list(self._recent)
-        # A loop that refills one buffer in place hands the same array every update: it holds
-        # the newest batch only, so an older update's rows (or row numbers) are not read from it.
-        newer: set[int] = set()
-        for step, inputs, targets, index in reversed(recent):
-            rows_index = None
-            if index is not None and id(index) not in newer:
-                rows_index = np.asarray(index).reshape(-1)
-            for source, batch in (("inputs", inputs), ("targets", targets)):
-                if batch is None or id(batch) in newer:
-                    continue
-                try:
-                    array = as_array(batch, source)
-                    count, bad = nonfinite_rows(array, source, rows_index)
-                    if not count and array.dtype.kind == "f":
-                        _, bad = robust_rows(array, source, rows_index)
-                except Exception:
-                    continue
-                for row in bad:
-                    row["step"] = step
-                found.extend(bad)
-            newer.update(id(a) for a in (inputs, targets, index) if a is not None)
-        return found
-
-    def save_diagnosis(self, diagnosis: Diagnosis) -> None:
-        """Write ``diagnosis`` as ``run_dir/diagnosis.json`` (``nanscope run``: once enriched)."""
-        if not self._write:
-            return
-        try:
-            self._make_run_dir()
-            (self.run_dir / "diagnosis.json").write_text(diagnosis.to_json() + "\n")
-        except Exception as exc:
-            self._internal_fault("write diagnosis.json", exc)
-
     def close(self) -> Diagnosis:
         """Finish the run: diagnose it (if nothing stopped it) and write ``diagnosis.json``."""
         if self._closed and self.diagnosis is not None:
@@ -862,12 +915,6 @@ class Monitor:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    # ------------------------------------------------------------------ faults
-
-    def _internal_fault(self, where: str, exc: BaseException) -> None:
-        # only the measures turn off: the detectors, writes and probes run again next update
-        self.guard.fault(where, exc, disable=where == "measure", stacklevel=4)
 
 
 def _recovery_action(alarm: Alarm, rows: list[dict[str, Any]], data: bool) -> str:

@@ -1,4 +1,5 @@
-"""Numeric facts the probes and the rules share: dtype limits, op names and op families.
+"""Numeric facts the probes and the rules share: dtype limits, op names and op families, and the
+reading of a recorded value as a finite number.
 
 A leaf: it imports nothing of nanscope and no framework, so the probes (which name the op that
 made a non-finite value) and the rules (which read that op) agree on one definition of each.
@@ -10,10 +11,11 @@ backward node names (``LogBackward0``) and numpy's ufuncs (``divide``).
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 __all__ = ["BF16_MAX", "DIVISION_OPS", "FLOAT_MAX", "GROWTH_OPS", "HALF_MAX", "HALF_TINY",
-           "LOG_OPS", "NAME_FIXES", "RAW_UNITS", "op_name"]  # fmt: skip
+           "LOG_OPS", "NAME_FIXES", "RAW_UNITS", "finite_float", "op_name"]  # fmt: skip
 
 #: the largest finite float16
 HALF_MAX = 65504.0
@@ -55,3 +57,12 @@ def op_name(func: Any) -> str:
         name = getattr(getattr(func, "__self__", None), "__name__", name)
     name = name.strip("_")
     return NAME_FIXES.get(name, name)
+
+
+def finite_float(value: Any) -> float | None:
+    """A recorded value as a float when it is a finite number, else None (a string, a NaN)."""
+    if type(value) is float:  # the common case, first: the detectors read every record with it
+        return value if math.isfinite(value) else None
+    if isinstance(value, (int, float)) and math.isfinite(value):
+        return float(value)
+    return None

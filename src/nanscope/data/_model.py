@@ -10,32 +10,14 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-__all__ = ["SCHEMA", "ColumnStats", "Finding", "ScanReport", "Severity", "jsonable"]
+from nanscope._json import jsonable
+
+__all__ = ["SCHEMA", "ColumnStats", "Finding", "ScanReport", "Severity"]
 
 SCHEMA = "nanscope.scan/1"
 
 Severity = Literal["error", "warning", "info"]
 _SEVERITY_ORDER: dict[str, int] = {"error": 0, "warning": 1, "info": 2}
-
-
-def jsonable(value: Any) -> Any:
-    """``value`` as strict JSON: non-finite floats become the strings "nan", "inf", "-inf"."""
-    if isinstance(value, bool) or value is None or isinstance(value, (int, str)):
-        return value
-    if isinstance(value, float):
-        if math.isnan(value):
-            return "nan"
-        if math.isinf(value):
-            return "inf" if value > 0 else "-inf"
-        return value
-    if isinstance(value, Mapping):
-        return {str(k): jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [jsonable(v) for v in value]
-    item = getattr(value, "item", None)  # numpy scalars
-    if callable(item):
-        return jsonable(item())
-    return str(value)
 
 
 @dataclass(frozen=True)

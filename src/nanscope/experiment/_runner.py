@@ -24,7 +24,7 @@ from nanscope.experiment.child import Target, parse_target
 from nanscope.experiment.sweep import (
     FactorResult,
     SweepResult,
-    _check_positive,
+    check_positive,
     check_updates,
     classify,
 )
@@ -289,7 +289,7 @@ def run_sweep(
     factors or updates, :class:`~nanscope.errors.InputError` when the script is missing or never
     makes an update.
     """
-    factor_list = _check_positive(factors, "factors")
+    factor_list = check_positive(factors, "factors")
     check_updates(updates)
     if jobs is not None and (isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1):
         raise UsageError(f"jobs must be a whole number of at least 1; got {jobs!r}")

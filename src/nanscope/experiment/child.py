@@ -165,7 +165,7 @@ class _Harness:
         self.add(value)
 
     def add(self, loss: float | None) -> None:
-        from nanscope.experiment.sweep import _StopSweep
+        from nanscope.experiment.sweep import StopSweep
 
         self.losses.append(loss)
         if self.progress is not None:
@@ -175,7 +175,7 @@ class _Harness:
             self.progress.write(json.dumps({"update": len(self.losses), "loss": value}) + "\n")
             self.progress.flush()
         if len(self.losses) >= self.limit or (loss is not None and not math.isfinite(loss)):
-            raise _StopSweep
+            raise StopSweep
 
 
 def _wrap_monitor(harness: _Harness) -> None:
@@ -238,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from nanscope.errors import DivergenceError
     from nanscope.experiment import lrpatch
-    from nanscope.experiment.sweep import _StopSweep
+    from nanscope.experiment.sweep import StopSweep
     from nanscope.monitor import active_monitors, set_defaults
 
     out = Path(opts.out)
@@ -260,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     try:
         _run_target(target)
-    except _StopSweep:
+    except StopSweep:
         status = "reached" if len(harness.losses) >= opts.updates else "stopped"
     except DivergenceError as exc:
         status = "stopped"

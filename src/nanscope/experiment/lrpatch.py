@@ -38,6 +38,8 @@ from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
 
+from nanscope._meta_path import spec_elsewhere
+
 __all__ = ["ENV_FACTOR", "install", "lr_factor", "scale_lr"]
 
 #: the environment variable the sweep's child sets to the factor of its run
@@ -98,8 +100,6 @@ class _ManualScale:
 
     #: elements per parameter compared between backward calls to see an update
     SAMPLE = 4096
-    #: graph nodes walked at most to find the parameters a loss reaches
-    MAX_NODES = 100_000
 
     def __init__(self, factor: float, events: TorchEvents) -> None:
         self.factor = factor
@@ -126,10 +126,10 @@ class _ManualScale:
         if grad_fn is None:
             return []
         if not self._looked:
-            from nanscope.torch.autowatch import _leaves
+            from nanscope.torch.graph import leaves
 
             self._looked = True
-            self.params = [p for p in _leaves(grad_fn, self.MAX_NODES) if id(p) not in self.owned]
+            self.params = [p for p in leaves(grad_fn) if id(p) not in self.owned]
         with torch.no_grad():
             now = [p.detach().reshape(-1)[: self.SAMPLE].clone() for p in self.params]
             if self._sample is not None and any(
@@ -309,17 +309,10 @@ class _TorchHook(importlib.abc.MetaPathFinder):
             return None
         self._busy = True
         try:
-            for finder in sys.meta_path:
-                if finder is self or not hasattr(finder, "find_spec"):
-                    continue
-                spec = finder.find_spec(fullname, path, target)
-                if spec is not None:
-                    break
-            else:
-                return None
+            spec = spec_elsewhere(self, fullname, path, target)
         finally:
             self._busy = False
-        if spec.loader is None:
+        if spec is None or spec.loader is None:
             return spec
         spec.loader = _PostImportLoader(spec.loader, self._after)
         return spec

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from statistics import median
 from typing import Any
 
+from nanscope._json import jsonable
 from nanscope.errors import DivergenceError, UsageError
 from nanscope.formatting import lr as format_lr
 from nanscope.monitor import Monitor
@@ -62,9 +63,9 @@ RECENT = 16
 FLAT = 0.01
 
 
-class _StopSweep(BaseException):
-    """Raised (privately) after the last update a sweep wants; a BaseException so that a fit's own
-    ``except Exception`` does not swallow it."""
+class StopSweep(BaseException):
+    """Raised after the last update a sweep wants, in process and in a script's child process; a
+    BaseException so that a fit's own ``except Exception`` does not swallow it."""
 
 
 def _finite(value: Any) -> bool:
@@ -245,7 +246,7 @@ class FactorResult:
             "duration": round(self.duration, 3),
         }
         out.update(self.extra)
-        return _jsonable(out)
+        return jsonable(out)
 
 
 @dataclass
@@ -318,20 +319,14 @@ class SweepResult:
             "text": self.text(),
         }
         out.update(self.extra)
-        return _jsonable(out)
-
-
-def _jsonable(value: Any) -> Any:
-    from nanscope.diagnose.diagnosis import _jsonable as encode
-
-    return encode(value)
+        return jsonable(out)
 
 
 # ---------------------------------------------------------------------- the in-process API
 
 
 class _SweepMonitor(Monitor):
-    """A Monitor that ends the fit (by raising :class:`_StopSweep`) after ``limit`` updates or at
+    """A Monitor that ends the fit (by raising :class:`StopSweep`) after ``limit`` updates or at
     the first non-finite loss, and keeps the loss of every update."""
 
     def __init__(self, limit: int, **kwargs: Any) -> None:
@@ -347,10 +342,12 @@ class _SweepMonitor(Monitor):
         finally:
             self.losses.append(value)
             if len(self.losses) >= self.limit or (value is not None and not math.isfinite(value)):
-                raise _StopSweep
+                raise StopSweep
 
 
-def _check_positive(values: Iterable[Any], what: str) -> list[float]:
+def check_positive(values: Iterable[Any], what: str) -> list[float]:
+    """``values`` as distinct positive finite floats, in order; a :class:`UsageError` naming
+    ``what`` otherwise (the learning rates of a sweep, the factors of a script's sweep)."""
     out: list[float] = []
     for value in values:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -385,7 +382,7 @@ def sweep(
     """
     if not callable(fit):
         raise UsageError(f"fit must be a callable fit(lr, monitor); got {type(fit).__name__}")
-    lr_list = _check_positive(lrs, "lrs")
+    lr_list = check_positive(lrs, "lrs")
     check_updates(updates)
     base = max(lr_list)
     results: list[FactorResult] = []
@@ -397,7 +394,7 @@ def sweep(
             warnings.simplefilter("ignore", RuntimeWarning)
             try:
                 fit(lr, monitor)
-            except _StopSweep:
+            except StopSweep:
                 pass
             except DivergenceError:
                 pass  # the fit's own Monitor stopped it; the curve says the rest

@@ -16,16 +16,17 @@ loaded lazily too). See ``docs/integrations/``.
 from __future__ import annotations
 
 import importlib
+import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from nanscope.capture import keys
+from nanscope.monitor import Monitor
 
 if TYPE_CHECKING:
     from nanscope.integrations.keras import NanscopeCallback as KerasCallback
     from nanscope.integrations.lightning import NanscopeCallback as LightningCallback
     from nanscope.integrations.transformers import NanscopeCallback as TransformersCallback
-    from nanscope.monitor import Monitor
 
 __all__ = ["KerasCallback", "LightningCallback", "TransformersCallback"]
 
@@ -45,6 +46,46 @@ def __getattr__(name: str) -> Any:
     if name in _LAZY:
         return importlib.import_module(_LAZY[name]).NanscopeCallback
     raise AttributeError(f"module 'nanscope.integrations' has no attribute {name!r}")
+
+
+class MonitorCallback:
+    """What every framework's ``NanscopeCallback`` is: a callback feeding one
+    :class:`nanscope.Monitor` (``.monitor``), whose diagnosis it shows (``.diagnosis``).
+
+    policy: ``"raise"`` (the default, unless ``nanscope run --policy`` or ``NANSCOPE_POLICY`` says
+        otherwise) or ``"warn"``; run_dir: where the trace and diagnosis go; monitor: feed an
+        existing Monitor instead.
+
+    A framework's callback derives from this and its framework's ``Callback``; it names its
+    framework (:attr:`SOURCE`) and sets up its own state in :meth:`_attach`.
+    """
+
+    #: the framework: the Monitor's name and its trace's ``source``
+    SOURCE = ""
+
+    def __init__(
+        self,
+        policy: str | None = None,
+        run_dir: str | os.PathLike[str] | None = None,
+        *,
+        monitor: Monitor | None = None,
+    ) -> None:
+        self._require()
+        super().__init__()  # the framework's own Callback
+        self.monitor = monitor or Monitor(policy=policy, run_dir=run_dir, name=self.SOURCE,
+                                          meta={"source": self.SOURCE})  # fmt: skip
+        self._attach()
+
+    @property
+    def diagnosis(self) -> Any:
+        return self.monitor.diagnosis
+
+    def _require(self) -> None:
+        """Raise :class:`nanscope.UsageError` when the installed framework cannot host the
+        callback (before any Monitor is made)."""
+
+    def _attach(self) -> None:
+        """Set up the callback's own state, once its Monitor exists."""
 
 
 def split_batch(batch: Any) -> tuple[Any, Any]:

@@ -36,7 +36,6 @@ from ``on_train_end``, so ``fit`` raises after the other callbacks have closed t
 from __future__ import annotations
 
 import contextlib
-import os
 from typing import Any
 
 import numpy as np
@@ -47,39 +46,23 @@ with needs("nanscope.integrations.keras"):
     import keras
 
 from nanscope.errors import DivergenceError
-from nanscope.integrations import split_batch
-from nanscope.monitor import Monitor
+from nanscope.integrations import MonitorCallback, split_batch
 
 __all__ = ["NanscopeCallback"]
 
 
-class NanscopeCallback(keras.callbacks.Callback):
-    """Watch a Keras fit with a :class:`nanscope.Monitor`; ``.monitor``, ``.diagnosis``, ``.error``.
+class NanscopeCallback(MonitorCallback, keras.callbacks.Callback):
+    """Watch a Keras fit with a :class:`nanscope.Monitor`; ``.monitor``, ``.diagnosis``, ``.error``
+    (the options: :class:`~nanscope.integrations.MonitorCallback`)."""
 
-    policy: ``"raise"`` (the default, unless ``nanscope run --policy`` or ``NANSCOPE_POLICY`` says
-        otherwise) or ``"warn"``; run_dir: where the trace and diagnosis go; monitor: feed an
-        existing Monitor instead.
-    """
+    SOURCE = "keras"
 
-    def __init__(
-        self,
-        policy: str | None = None,
-        run_dir: str | os.PathLike[str] | None = None,
-        *,
-        monitor: Monitor | None = None,
-    ) -> None:
-        super().__init__()
-        self.monitor = monitor or Monitor(policy=policy, run_dir=run_dir, name="keras",
-                                          meta={"source": "keras"})  # fmt: skip
+    def _attach(self) -> None:
         self.error: DivergenceError | None = None
         self._step = 0
         self._seen = (0.0, 0.0)  # loss tracker (total, count), or (k - 1, mean_(k-1))
         self._data: Any = None
         self._wrapped = False
-
-    @property
-    def diagnosis(self) -> Any:
-        return self.monitor.diagnosis
 
     def on_train_begin(self, logs: Any = None) -> None:
         self.monitor.meta.setdefault(

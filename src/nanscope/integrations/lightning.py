@@ -26,7 +26,6 @@ good weights (``last_good.pt``, the model's ``state_dict``) are written to ``run
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from nanscope._extras import needs
@@ -34,36 +33,22 @@ from nanscope._extras import needs
 with needs("nanscope.integrations.lightning"):
     import lightning.pytorch as pl
 
-from nanscope.integrations import TorchSteps, split_batch
+from nanscope.integrations import MonitorCallback, TorchSteps, split_batch
 from nanscope.monitor import Monitor
 
 __all__ = ["NanscopeCallback"]
 
 
-class NanscopeCallback(pl.Callback):
-    """Watch a Lightning fit with a :class:`nanscope.Monitor`; ``.monitor`` and ``.diagnosis``.
+class NanscopeCallback(MonitorCallback, pl.Callback):
+    """Watch a Lightning fit with a :class:`nanscope.Monitor`; ``.monitor`` and ``.diagnosis``
+    (the options: :class:`~nanscope.integrations.MonitorCallback`)."""
 
-    policy: ``"raise"`` (the default, unless ``nanscope run --policy`` or ``NANSCOPE_POLICY`` says
-        otherwise) or ``"warn"``; run_dir: where the trace and diagnosis go; monitor: feed an
-        existing Monitor instead.
-    """
+    SOURCE = "lightning"
 
-    def __init__(
-        self,
-        policy: str | None = None,
-        run_dir: str | os.PathLike[str] | None = None,
-        *,
-        monitor: Monitor | None = None,
-    ) -> None:
-        self.monitor = monitor or Monitor(policy=policy, run_dir=run_dir, name="lightning",
-                                          meta={"source": "lightning"})  # fmt: skip
+    def _attach(self) -> None:
         self.steps = TorchSteps(self.monitor)
         self._trainer: Any = None
         self.monitor.on_stop.append(self._on_stop)
-
-    @property
-    def diagnosis(self) -> Any:
-        return self.monitor.diagnosis
 
     def _on_stop(self, monitor: Monitor, alarm: Any) -> None:
         if monitor.policy != "warn" and self._trainer is not None:

@@ -35,7 +35,6 @@ it sees the NaN whatever the filter says.
 from __future__ import annotations
 
 import math
-import os
 from typing import Any
 
 from nanscope._extras import needs
@@ -44,7 +43,7 @@ with needs("nanscope.integrations.transformers"):
     import transformers
 
 from nanscope.errors import UsageError
-from nanscope.integrations import TorchSteps
+from nanscope.integrations import MonitorCallback, TorchSteps
 from nanscope.monitor import Monitor
 
 __all__ = ["NanscopeCallback"]
@@ -52,37 +51,25 @@ __all__ = ["NanscopeCallback"]
 _LOGGED = ("loss", "grad_norm", "learning_rate")
 
 
-class NanscopeCallback(transformers.TrainerCallback):
-    """Watch a ``Trainer`` fit with a :class:`nanscope.Monitor`; ``.monitor`` and ``.diagnosis``.
+class NanscopeCallback(MonitorCallback, transformers.TrainerCallback):
+    """Watch a ``Trainer`` fit with a :class:`nanscope.Monitor`; ``.monitor`` and ``.diagnosis``
+    (the options: :class:`~nanscope.integrations.MonitorCallback`)."""
 
-    policy: ``"raise"`` (the default, unless ``nanscope run --policy`` or ``NANSCOPE_POLICY`` says
-        otherwise) or ``"warn"``; run_dir: where the trace and diagnosis go; monitor: feed an
-        existing Monitor instead.
-    """
+    SOURCE = "transformers"
 
-    def __init__(
-        self,
-        policy: str | None = None,
-        run_dir: str | os.PathLike[str] | None = None,
-        *,
-        monitor: Monitor | None = None,
-    ) -> None:
+    def _require(self) -> None:
         if not hasattr(transformers.TrainerCallback, "on_pre_optimizer_step"):
             raise UsageError(
                 f"transformers {transformers.__version__} has no on_pre_optimizer_step event, "
                 "which NanscopeCallback needs to check a step before it is taken; upgrade "
                 "transformers"
             )
-        self.monitor = monitor or Monitor(policy=policy, run_dir=run_dir, name="transformers",
-                                          meta={"source": "transformers"})  # fmt: skip
+
+    def _attach(self) -> None:
         self.steps = TorchSteps(self.monitor)
         self._control: Any = None
         self._logged: dict[str, float] = {}
         self.monitor.on_stop.append(self._on_stop)
-
-    @property
-    def diagnosis(self) -> Any:
-        return self.monitor.diagnosis
 
     def _on_stop(self, monitor: Monitor, alarm: Any) -> None:
         if monitor.policy != "warn" and self._control is not None:

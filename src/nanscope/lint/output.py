@@ -85,7 +85,7 @@ def _github(findings: Sequence[LintFinding]) -> str:
 
 
 def _sarif(findings: Sequence[LintFinding]) -> str:
-    from nanscope import __version__
+    from nanscope._version import __version__
 
     codes = sorted({f.code for f in findings} | set(RULES))
     rules: list[dict[str, Any]] = []

@@ -83,7 +83,7 @@ class Project:
             return 0
         self._active.add(key)
         try:
-            result = self._context(path).callee_of(name)
+            result = self._context(path).call_kinds.callee_of(name)
         except (NestingTooDeep, RecursionError):
             result = 0  # that file gets its own L000 finding
         finally:

@@ -4,14 +4,16 @@ The walk records, for every node a rule subscribed to, the :class:`Site` it was 
 the loops and comprehensions around it, whether it runs under ``no_grad``). It also records the
 imports, every simple assignment per scope (so a rule can follow ``p = torch.sigmoid(z)`` from a
 later ``torch.log(p)``), ``self.attr`` assignments per class, function return values, and a few
-file-wide facts (which identifiers occur, which loops clear gradients). What kind of value an
-expression holds is :mod:`nanscope.lint.inference`'s job, on top of this.
+file-wide facts (which identifiers occur, which loops clear gradients). :class:`Records` holds what
+was recorded and answers lookups on it (what a name was last assigned, what a call's name is);
+:class:`ScopeWalker` is the walk that fills it. What kind of value an expression holds is
+:mod:`nanscope.lint.inference`'s job, on top of this.
 """
 
 from __future__ import annotations
 
 import ast
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
 from nanscope.lint.vocabulary import (
@@ -31,6 +33,7 @@ __all__ = [
     "Scope",
     "ScopeWalker",
     "Site",
+    "catches_arithmetic",
     "inplace_root",
     "is_none",
     "is_number",
@@ -201,10 +204,12 @@ class Site(NamedTuple):
 Entry = tuple[tuple[int, int], "ast.expr | None", Scope]
 
 
-class ScopeWalker:
-    """What one walk over a parsed module records; the walk runs in ``__init__``."""
+class Records:
+    """What one walk over a module records, and the lookups on it: the module's scopes (their
+    assignments, functions and classes), its imports, identifiers and calls, its loops and what
+    clears gradients in them. :class:`ScopeWalker` fills it."""
 
-    def __init__(self, tree: ast.Module, wanted: frozenset[type[ast.AST]]) -> None:
+    def __init__(self, tree: ast.Module) -> None:
         self.imports: dict[str, str] = {}
         self.idents: set[str] = set()
         self.strings: set[str] = set()
@@ -215,6 +220,158 @@ class ScopeWalker:
         #: id of a loop -> the loop node
         self.loop_nodes: dict[int, ast.AST] = {}
         self.module = Scope("module", "<module>", None, tree)
+        #: the last name of every called function -> the calls, with the site they are made at
+        self.calls: dict[str, list[tuple[ast.Call, Site]]] = {}
+        self._parts: dict[int, tuple[str | None, str | None, ast.expr | None]] = {}
+
+    # ------------------------------------------------------------------ file-wide facts
+    # (recorded from the node alone, whatever scope it stands in)
+
+    def _v_import(self, node: ast.Import) -> None:
+        for alias in node.names:
+            if alias.asname:
+                self.imports[alias.asname] = alias.name
+            else:
+                root = alias.name.split(".")[0]
+                self.imports[root] = root
+            self.idents.add(alias.name.rsplit(".", 1)[-1])
+
+    def _v_importfrom(self, node: ast.ImportFrom) -> None:
+        mod = node.module or ""
+        for alias in node.names:
+            self.imports[alias.asname or alias.name] = f"{mod}.{alias.name}" if mod else alias.name
+            self.idents.add(alias.name)
+
+    def _v_name(self, node: ast.Name) -> None:
+        self.idents.add(node.id)
+
+    def _v_constant(self, node: ast.Constant) -> None:
+        if type(node.value) is str and node.value in INTERESTING_STRINGS:
+            self.strings.add(node.value)
+
+    # ------------------------------------------------------------------ names
+
+    def qualname(self, expr: ast.AST) -> str | None:
+        """The dotted name an expression refers to when it is rooted at an import, else None."""
+        if isinstance(expr, ast.Name):
+            full = self.imports.get(expr.id)
+            if full is None and expr.id not in self.module.assigns:
+                full = DEFAULT_ROOTS.get(expr.id)
+            return full
+        if isinstance(expr, ast.Attribute):
+            base = self.qualname(expr.value)
+            return f"{base}.{expr.attr}" if base else None
+        return None
+
+    def func_parts(self, call: ast.Call) -> tuple[str | None, str | None, ast.expr | None]:
+        """``(root, last, receiver)`` of a call.
+
+        ``root`` is the top-level package (``torch``, ``numpy``...) when the function comes from an
+        import, ``last`` its final name, ``receiver`` the object for a method call.
+        """
+        key = id(call)
+        got = self._parts.get(key)
+        if got is None:
+            got = self._parts[key] = self._func_parts(call)
+        return got
+
+    def _func_parts(self, call: ast.Call) -> tuple[str | None, str | None, ast.expr | None]:
+        func = call.func
+        if isinstance(func, ast.Attribute):
+            base = self.qualname(func.value)
+            if base is not None:
+                return base.split(".", 1)[0], func.attr, None
+            return None, func.attr, func.value
+        if isinstance(func, ast.Name):
+            full = self.imports.get(func.id)
+            if full is not None:
+                return full.split(".", 1)[0], full.rsplit(".", 1)[-1], None
+            return None, func.id, None
+        return None, None, None
+
+    def loop_nodes_calling(self, name: str) -> list[tuple[ast.AST, set[str]]]:
+        """The loops that call the function or method ``name``, with what each calls."""
+        return [
+            (self.loop_nodes[key], called)
+            for key, called in self.loop_calls.items()
+            if name in called and key in self.loop_nodes
+        ]
+
+    def is_framework_call(self, call: ast.Call, names: frozenset[str] | set[str]) -> bool:
+        """A call of ``names`` from a framework (``torch.log``) or as a method (``p.log()``)."""
+        root, last, recv = self.func_parts(call)
+        if last not in names:
+            return False
+        return recv is not None or root in FRAMEWORKS
+
+    def lookup(
+        self,
+        name: str,
+        scope: Scope,
+        pos: tuple[int, int],
+        comps: tuple[ast.comprehension, ...] = (),
+    ) -> Entry | ast.comprehension | None:
+        for comp in reversed(comps):
+            if any(isinstance(n, ast.Name) and n.id == name for n in ast.walk(comp.target)):
+                return comp
+        for s in _visible_scopes(scope):
+            entries = s.assigns.get(name)
+            if entries:
+                if s is scope:
+                    before = [e for e in entries if e[0] <= pos]
+                    return before[-1] if before else None
+                return entries[-1]
+        return None
+
+    def inplace_updates(self, key: str, scope: Scope) -> list[ast.Call]:
+        """The in-place update calls on ``key`` in the nearest scope (outwards) that has any."""
+        for s in _visible_scopes(scope):
+            calls = s.inplace.get(key)
+            if calls:
+                return calls
+        return []
+
+    def is_guarded(self, name: str, scope: Scope) -> bool:
+        s: Scope | None = scope
+        while s is not None:
+            if name in s.guarded:
+                return True
+            s = s.parent
+        return False
+
+    def self_attr(self, attr: str, scope: Scope) -> Entry | None:
+        if scope.cls is None:
+            return None
+        entries = scope.cls.attrs.get(attr)
+        return entries[-1] if entries else None
+
+    def value_of(
+        self, expr: ast.expr, scope: Scope, comps: tuple[ast.comprehension, ...] = ()
+    ) -> tuple[ast.expr, Scope]:
+        """Follow simple aliases: the expression a name (or ``self.attr``) was last assigned."""
+        seen = 0
+        while seen < 8:
+            seen += 1
+            entry: Entry | ast.comprehension | None = None
+            if isinstance(expr, ast.Name):
+                entry = self.lookup(expr.id, scope, (expr.lineno, expr.col_offset), comps)
+            elif (
+                isinstance(expr, ast.Attribute)
+                and isinstance(expr.value, ast.Name)
+                and expr.value.id == "self"
+            ):
+                entry = self.self_attr(expr.attr, scope)
+            if not isinstance(entry, tuple) or entry[1] is None:
+                return expr, scope
+            expr, scope, comps = entry[1], entry[2], ()
+        return expr, scope
+
+
+class ScopeWalker(Records):
+    """The walk over a parsed module that fills the :class:`Records`; it runs in ``__init__``."""
+
+    def __init__(self, tree: ast.Module, wanted: frozenset[type[ast.AST]]) -> None:
+        super().__init__(tree)
         self._wanted = wanted
         self._scope = self.module
         self._loops: tuple[ast.AST, ...] = ()
@@ -223,10 +380,7 @@ class ScopeWalker:
         self._func_names: tuple[str, ...] = ()
         self._guards: tuple[ast.expr, ...] = ()
         self._sink = ""
-        #: the last name of every called function -> the calls, with the site they are made at
-        self.calls: dict[str, list[tuple[ast.Call, Site]]] = {}
         self._site = Site(self.module, (), (), False)
-        self._parts: dict[int, tuple[str | None, str | None, ast.expr | None]] = {}
         self._level = 0
         self._walk(tree)
 
@@ -448,7 +602,7 @@ class ScopeWalker:
 
     def _v_try(self, node: ast.Try) -> None:
         caught = tuple(
-            h.type for h in node.handlers if h.type is not None and _catches_arithmetic(h.type)
+            h.type for h in node.handlers if h.type is not None and catches_arithmetic(h.type)
         )
         saved = self._guards
         self._guards = saved + caught
@@ -541,24 +695,6 @@ class ScopeWalker:
         self._comps, self._guards = saved, saved_guards
         self._set()
 
-    def _v_import(self, node: ast.Import) -> None:
-        for alias in node.names:
-            if alias.asname:
-                self.imports[alias.asname] = alias.name
-            else:
-                root = alias.name.split(".")[0]
-                self.imports[root] = root
-            self.idents.add(alias.name.rsplit(".", 1)[-1])
-
-    def _v_importfrom(self, node: ast.ImportFrom) -> None:
-        mod = node.module or ""
-        for alias in node.names:
-            self.imports[alias.asname or alias.name] = f"{mod}.{alias.name}" if mod else alias.name
-            self.idents.add(alias.name)
-
-    def _v_name(self, node: ast.Name) -> None:
-        self.idents.add(node.id)
-
     def _v_attribute(self, node: ast.Attribute) -> None:
         self.idents.add(node.attr)
         self._walk(node.value)
@@ -567,10 +703,6 @@ class ScopeWalker:
         if node.arg:
             self.idents.add(node.arg)
         self._walk(node.value)
-
-    def _v_constant(self, node: ast.Constant) -> None:
-        if type(node.value) is str and node.value in INTERESTING_STRINGS:
-            self.strings.add(node.value)
 
     def _v_call(self, node: ast.Call) -> None:
         func = node.func
@@ -626,132 +758,15 @@ class ScopeWalker:
                 self._mark_zero()
         self._children(node)
 
-    # ------------------------------------------------------------------ names
 
-    def qualname(self, expr: ast.AST) -> str | None:
-        """The dotted name an expression refers to when it is rooted at an import, else None."""
-        if isinstance(expr, ast.Name):
-            full = self.imports.get(expr.id)
-            if full is None and expr.id not in self.module.assigns:
-                full = DEFAULT_ROOTS.get(expr.id)
-            return full
-        if isinstance(expr, ast.Attribute):
-            base = self.qualname(expr.value)
-            return f"{base}.{expr.attr}" if base else None
-        return None
-
-    def func_parts(self, call: ast.Call) -> tuple[str | None, str | None, ast.expr | None]:
-        """``(root, last, receiver)`` of a call.
-
-        ``root`` is the top-level package (``torch``, ``numpy``...) when the function comes from an
-        import, ``last`` its final name, ``receiver`` the object for a method call.
-        """
-        key = id(call)
-        got = self._parts.get(key)
-        if got is None:
-            got = self._parts[key] = self._func_parts(call)
-        return got
-
-    def _func_parts(self, call: ast.Call) -> tuple[str | None, str | None, ast.expr | None]:
-        func = call.func
-        if isinstance(func, ast.Attribute):
-            base = self.qualname(func.value)
-            if base is not None:
-                return base.split(".", 1)[0], func.attr, None
-            return None, func.attr, func.value
-        if isinstance(func, ast.Name):
-            full = self.imports.get(func.id)
-            if full is not None:
-                return full.split(".", 1)[0], full.rsplit(".", 1)[-1], None
-            return None, func.id, None
-        return None, None, None
-
-    def loop_nodes_calling(self, name: str) -> list[tuple[ast.AST, set[str]]]:
-        """The loops that call the function or method ``name``, with what each calls."""
-        return [
-            (self.loop_nodes[key], called)
-            for key, called in self.loop_calls.items()
-            if name in called and key in self.loop_nodes
-        ]
-
-    def is_framework_call(self, call: ast.Call, names: frozenset[str] | set[str]) -> bool:
-        """A call of ``names`` from a framework (``torch.log``) or as a method (``p.log()``)."""
-        root, last, recv = self.func_parts(call)
-        if last not in names:
-            return False
-        return recv is not None or root in FRAMEWORKS
-
-    def lookup(
-        self,
-        name: str,
-        scope: Scope,
-        pos: tuple[int, int],
-        comps: tuple[ast.comprehension, ...] = (),
-    ) -> Entry | ast.comprehension | None:
-        for comp in reversed(comps):
-            if any(isinstance(n, ast.Name) and n.id == name for n in ast.walk(comp.target)):
-                return comp
-        s: Scope | None = scope
-        while s is not None:
-            if s.kind == "class" and s is not scope:
-                s = s.parent
-                continue
-            entries = s.assigns.get(name)
-            if entries:
-                if s is scope:
-                    before = [e for e in entries if e[0] <= pos]
-                    return before[-1] if before else None
-                return entries[-1]
-            s = s.parent
-        return None
-
-    def inplace_updates(self, key: str, scope: Scope) -> list[ast.Call]:
-        """The in-place update calls on ``key`` in the nearest scope (outwards) that has any."""
-        s: Scope | None = scope
-        while s is not None:
-            if s.kind == "class" and s is not scope:
-                s = s.parent
-                continue
-            calls = s.inplace.get(key)
-            if calls:
-                return calls
-            s = s.parent
-        return []
-
-    def is_guarded(self, name: str, scope: Scope) -> bool:
-        s: Scope | None = scope
-        while s is not None:
-            if name in s.guarded:
-                return True
-            s = s.parent
-        return False
-
-    def self_attr(self, attr: str, scope: Scope) -> Entry | None:
-        if scope.cls is None:
-            return None
-        entries = scope.cls.attrs.get(attr)
-        return entries[-1] if entries else None
-
-    def value_of(
-        self, expr: ast.expr, scope: Scope, comps: tuple[ast.comprehension, ...] = ()
-    ) -> tuple[ast.expr, Scope]:
-        """Follow simple aliases: the expression a name (or ``self.attr``) was last assigned."""
-        seen = 0
-        while seen < 8:
-            seen += 1
-            entry: Entry | ast.comprehension | None = None
-            if isinstance(expr, ast.Name):
-                entry = self.lookup(expr.id, scope, (expr.lineno, expr.col_offset), comps)
-            elif (
-                isinstance(expr, ast.Attribute)
-                and isinstance(expr.value, ast.Name)
-                and expr.value.id == "self"
-            ):
-                entry = self.self_attr(expr.attr, scope)
-            if not isinstance(entry, tuple) or entry[1] is None:
-                return expr, scope
-            expr, scope, comps = entry[1], entry[2], ()
-        return expr, scope
+def _visible_scopes(scope: Scope) -> Iterator[Scope]:
+    """``scope`` and the scopes around it whose names it sees, innermost first (a class body's
+    names are not seen from its methods)."""
+    s: Scope | None = scope
+    while s is not None:
+        if s.kind != "class" or s is scope:
+            yield s
+        s = s.parent
 
 
 def qualified_name(scope: Scope) -> str:
@@ -828,7 +843,9 @@ def _patches(body: list[ast.stmt], test: ast.expr) -> bool:
 _ARITHMETIC_ERRORS = frozenset({"ZeroDivisionError", "ArithmeticError", "FloatingPointError"})
 
 
-def _catches_arithmetic(handler_type: ast.expr) -> bool:
+def catches_arithmetic(handler_type: ast.expr) -> bool:
+    """An ``except`` clause's type (a name, or a tuple of them) that catches division by zero;
+    the walk records such a type as a guard of its ``try`` body."""
     names = handler_type.elts if isinstance(handler_type, ast.Tuple) else [handler_type]
     for name in names:
         ident = name.attr if isinstance(name, ast.Attribute) else getattr(name, "id", "")
@@ -864,12 +881,12 @@ _HANDLERS: dict[type[ast.AST], Any] = {
     ast.SetComp: ScopeWalker._v_comp,
     ast.GeneratorExp: ScopeWalker._v_comp,
     ast.DictComp: ScopeWalker._v_comp,
-    ast.Import: ScopeWalker._v_import,
-    ast.ImportFrom: ScopeWalker._v_importfrom,
-    ast.Name: ScopeWalker._v_name,
+    ast.Import: Records._v_import,
+    ast.ImportFrom: Records._v_importfrom,
+    ast.Name: Records._v_name,
     ast.Attribute: ScopeWalker._v_attribute,
     ast.keyword: ScopeWalker._v_keyword,
-    ast.Constant: ScopeWalker._v_constant,
+    ast.Constant: Records._v_constant,
     ast.Call: ScopeWalker._v_call,
     ast.Delete: ScopeWalker._v_delete,
     ast.If: ScopeWalker._v_if,

@@ -255,7 +255,9 @@ def to_step(value: Any) -> int | None:
     return int(number)
 
 
-def _norm_key(key: str) -> str:
+def normalise_key(key: str) -> str:
+    """A logged key as the key tables spell theirs: unquoted, lower case, spaces and dashes as
+    ``_`` (``"'Val Loss'"`` -> ``val_loss``)."""
     return re.sub(r"[\s\-]+", "_", key.strip().strip("'\"").lower())
 
 
@@ -378,7 +380,7 @@ def role_of(key: str) -> tuple[str, int] | None:
     validation word in it (``val``, ``eval``, ``test``) a validation loss; ``loss_scale``,
     ``best_loss``, ``loss_weight`` are not losses.
     """
-    norm = _norm_key(key)
+    norm = normalise_key(key)
     hit = _ROLE_RANK.get(norm)
     if hit is not None:
         return hit

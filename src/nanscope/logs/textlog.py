@@ -35,12 +35,12 @@ from nanscope.logs._common import (
     MAX_MESSAGES,
     Merger,
     Record,
-    _norm_key,
     expand,
     flag_nonfinite,
     iter_blocks,
     make_records,
     mark_nonfinite,
+    normalise_key,
     role_of,
     to_float,
 )
@@ -242,7 +242,7 @@ def _pairs(segment: str, prefer: str | None = None) -> dict[str, _Hit]:
         key = match.group("key")
         role = role_of(key)
         if role is None:
-            extra = _EXTRA_KEYS.get(_norm_key(key))
+            extra = _EXTRA_KEYS.get(normalise_key(key))
             if extra is not None:
                 if extra not in found:
                     found[extra] = (0, *match.span("val"), -1, -1)
@@ -250,7 +250,7 @@ def _pairs(segment: str, prefer: str | None = None) -> dict[str, _Hit]:
                 others.append((key, *match.span("val")))
             continue
         name, rank = role
-        if name == "step" and prefer is not None and _norm_key(key) == prefer:
+        if name == "step" and prefer is not None and normalise_key(key) == prefer:
             rank = -2
         if name not in found or rank < found[name][0]:
             start, end = match.span("val")
@@ -266,7 +266,7 @@ def _total(segment: str, others: list[tuple[str, int, int]]) -> _Hit | None:
     """The value of a total key (``T``, ``total``) that adds up the losses printed before it
     (two or more), as a loss hit; None when there is none or the sum does not match."""
     for index, (key, start, end) in enumerate(others):
-        if _norm_key(key) not in _TOTAL_KEYS or index < 2:
+        if normalise_key(key) not in _TOTAL_KEYS or index < 2:
             continue
         parts = [segment[s:e] for _, s, e in others[:index] if _fractional(segment[s:e])]
         if sums_to(segment[start:end], parts):
@@ -947,23 +947,39 @@ class _Layout:
             or (pending is not None and pending["step"] >= epochs[0])
             or (len(epochs) > 1 and not _increasing(epochs))
         ):
-            push = merger.push
-            for i in range(start, end):
-                if not state.fractional_epochs:
-                    state.epoch = cols[self.epoch][i]
-                record: Record = {key: cols[index][i] for key, index in self.values}
-                if merger.steps_seen and "loss" in record:
-                    record["extra"] = {"epoch_loss": record.pop("loss")}
-                if state.epoch is not None:
-                    record["epoch"] = state.epoch
-                done = push(record)
-                if done is not None:
-                    out.append(done)
+            epoch_column = None if state.fractional_epochs else self.epoch
+            self._push_each(state, out, cols, start, end, epoch_column)
             return
         state.epoch = epochs[-1]
         keys = [key for key, _ in self.values] + ["epoch", "step"]
         columns = [cols[i][start:end] for _, i in self.values] + [epochs, epochs]
         merger.hold_columns(keys, columns, out)
+
+    def _push_each(
+        self,
+        state: _State,
+        out: list[Record],
+        cols: Sequence[list[Any]],
+        start: int,
+        end: int,
+        epoch_column: int | None,
+    ) -> None:
+        """Lines ``start:end`` pushed to the merger one by one, as the general reader reads them:
+        a loss after steps were seen is an epoch's loss, the epoch (from ``epoch_column`` when
+        given, else the one before) goes into each record."""
+        merger = state.merger
+        push = merger.push
+        for i in range(start, end):
+            if epoch_column is not None:
+                state.epoch = cols[epoch_column][i]
+            record: Record = {key: cols[index][i] for key, index in self.values}
+            if merger.steps_seen and "loss" in record:
+                record["extra"] = {"epoch_loss": record.pop("loss")}
+            if state.epoch is not None:
+                record["epoch"] = state.epoch
+            done = push(record)
+            if done is not None:
+                out.append(done)
 
     def _run_counted(
         self, state: _State, out: list[Record], cols: Sequence[list[Any]], start: int, end: int
@@ -998,16 +1014,7 @@ class _Layout:
         ):
             # a loss line in a per-update log (an epoch summary), an epoch from a line before,
             # a merge with the pending record: as the general reader does it, line by line
-            push = merger.push
-            for i in range(start, end):
-                record: Record = {key: cols[index][i] for key, index in self.values}
-                if merger.steps_seen:
-                    record["extra"] = {"epoch_loss": record.pop("loss")}
-                if state.epoch is not None:
-                    record["epoch"] = state.epoch
-                done = push(record)
-                if done is not None:
-                    out.append(done)
+            self._push_each(state, out, cols, start, end, None)
             return
         keys = [key for key, _ in self.values] + ["step"]
         columns = [cols[i][start:end] for _, i in self.values]
@@ -1285,7 +1292,7 @@ def finest_counter(lines: Iterable[str]) -> str | None:
             key = match.group("key")
             role = role_of(key)
             if role is not None and role[0] == "step":
-                norm = _norm_key(key)
+                norm = normalise_key(key)
                 if norm not in keys:
                     keys[norm] = float(match.group("val"))
                     ranks[norm] = role[1]

@@ -28,13 +28,17 @@ Each entry (the diagnosis JSON field ``confirmation``)::
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from nanscope.probes._tensors import has_forward, tensors
 from nanscope.probes.failure import TorchFailure
 from nanscope.probes.producer import GRAPH_NODE, recompute_without_rows
+from nanscope.probes.rows import suspect_batch_rows
 
 __all__ = ["MAX_PARAMS", "confirm"]
 
@@ -110,7 +114,7 @@ def _experiment(change: str, f: TorchFailure, found: dict[str, Any]) -> dict[str
                     "text": f"not run: column {names} of the {cols.get('source')} is non-finite "
                             f"in every row of the batch ({cols.get('rows')} rows): no row can be "
                             "left out; the column is broken, not rows"}  # fmt: skip
-    rows = _suspect_rows(found)
+    rows = suspect_batch_rows(found.get("rows"))
     if rows:
         return _rerun(f, located, change, drop=rows)
     # no bad or extreme row in the data: the rows whose (finite) values made the producer's
@@ -189,31 +193,31 @@ def _output_grad(f: TorchFailure, root: Any, keep: Any, batch: int | None) -> tu
     return torch.ones_like(root), False
 
 
-def _suspect_rows(found: dict[str, Any]) -> list[int]:
-    rows: list[int] = []
-    for row in found.get("rows") or []:
-        if not isinstance(row, dict) or row.get("why") not in ("nan", "inf", "extreme"):
-            continue
-        b = row.get("batch_row")
-        if isinstance(b, int) and b not in rows:
-            rows.append(b)
-    return rows[:64]
+@dataclass
+class _Rerun:
+    """One rerun on copies of the weights: what was changed, and the model's outputs."""
+
+    f: TorchFailure
+    located: dict[str, Any]
+    change: str
+    basis: str
+    drop: list[int] | None
+    keep: Any  # the rows of the batch kept (a boolean mask), None for all
+    batch: int | None
+    state: dict[str, Any]  # the copied weights and buffers, by name
+    outs: list[Any]  # the model's floating outputs
+    out_finite: bool
+    what: str  # the entry's opening words: what was rerun
+
+    def params(self) -> list[Any]:
+        return [p for p in self.state.values() if p.requires_grad]
 
 
 def _rerun(f: TorchFailure, located: dict[str, Any], change: str, *, dtype: Any = None,
            drop: list[int] | None = None, basis: str = "suspect") -> dict[str, Any]:  # fmt: skip
     import torch
 
-    model = f.model
-    # copies of the weights and buffers (cast when asked): the user's model is never touched
-    state: dict[str, Any] = {}
-    for name, t in list(model.named_parameters()) + list(model.named_buffers()):
-        c = t.detach().clone()
-        if dtype is not None and c.is_floating_point():
-            c = c.to(dtype)
-        if isinstance(t, torch.nn.Parameter) and t.requires_grad:
-            c.requires_grad_(True)
-        state[name] = c
+    state = _copied_state(f.model, dtype)
     batch = _batch_size(f)
     keep = None
     if drop:
@@ -226,20 +230,68 @@ def _rerun(f: TorchFailure, located: dict[str, Any], change: str, *, dtype: Any 
         if not bool(mask.any()):
             return {"change": change, "ran": False, "finite": None, "loss": None,
                     "text": "not run: every row of the batch is a suspect"}  # fmt: skip
+    prep = functools.partial(_prepared, keep=keep, batch=batch, dtype=dtype)
+    out, loss = _forward(f, state, prep, dtype)
+    outs = [t for t in tensors(out) if t.is_floating_point()]
+    out_finite = all(bool(torch.isfinite(t.detach()).all()) for t in outs)
+    what = _what(change, drop, f)
+    if basis == "producer":
+        what = what.replace(", update", f" (where {located.get('op')} made its value), update")
+    run = _Rerun(f, located, change, basis, drop, keep, batch, state, outs, out_finite, what)
+    entry: dict[str, Any] = {"change": change, "ran": True, "loss": None}
+    if drop:
+        entry["rows"] = list(drop)
+        entry["rows_from"] = "producer" if basis == "producer" else "probes"
+    if loss is not None and isinstance(loss, torch.Tensor):
+        return _with_loss(run, entry, loss)
+    in_model = located.get("phase") == "backward" and located.get("module") not in (None, "loss")
+    if out_finite and in_model:
+        judged = _with_model_backward(run, entry)
+        if judged is not None:
+            return judged
+    return _forward_only(run, entry)
 
-    def prep(x: Any) -> Any:
-        if isinstance(x, torch.Tensor):
-            if keep is not None and x.dim() >= 1 and x.shape[0] == batch:
-                x = x[keep.to(x.device)]
-            if dtype is not None and x.is_floating_point():
-                x = x.to(dtype)
-            return x
-        if isinstance(x, (list, tuple)):
-            return type(x)(prep(v) for v in x)
-        if isinstance(x, dict):
-            return {k: prep(v) for k, v in x.items()}
+
+def _copied_state(model: Any, dtype: Any) -> dict[str, Any]:
+    """Copies of the weights and buffers (cast when asked): the user's model is never touched."""
+    import torch
+
+    state: dict[str, Any] = {}
+    for name, t in list(model.named_parameters()) + list(model.named_buffers()):
+        c = t.detach().clone()
+        if dtype is not None and c.is_floating_point():
+            c = c.to(dtype)
+        if isinstance(t, torch.nn.Parameter) and t.requires_grad:
+            c.requires_grad_(True)
+        state[name] = c
+    return state
+
+
+def _prepared(x: Any, keep: Any, batch: int | None, dtype: Any) -> Any:
+    """An input with the rows left out (``keep``) and cast to ``dtype``, inside lists and dicts."""
+    import torch
+
+    if isinstance(x, torch.Tensor):
+        if keep is not None and x.dim() >= 1 and x.shape[0] == batch:
+            x = x[keep.to(x.device)]
+        if dtype is not None and x.is_floating_point():
+            x = x.to(dtype)
         return x
+    if isinstance(x, (list, tuple)):
+        return type(x)(_prepared(v, keep, batch, dtype) for v in x)
+    if isinstance(x, dict):
+        return {k: _prepared(v, keep, batch, dtype) for k, v in x.items()}
+    return x
 
+
+def _forward(
+    f: TorchFailure, state: dict[str, Any], prep: Callable[[Any], Any], dtype: Any
+) -> tuple[Any, Any]:
+    """The model's output on ``state`` for the update's prepared inputs, under the update's RNG
+    state and autocast, and the loss module's loss of it (None when there is none)."""
+    import torch
+
+    model = f.model
     args, kwargs = prep(tuple(f.args)), prep(dict(f.kwargs))
     device = next((p.device for p in state.values()), torch.device("cpu"))
     loss = None
@@ -262,68 +314,80 @@ def _rerun(f: TorchFailure, located: dict[str, Any], change: str, *, dtype: Any 
                 largs = [a.to(dtype) if isinstance(a, torch.Tensor) and a.is_floating_point()
                          else a for a in largs]  # fmt: skip
             loss = f.loss_module(*largs)
-    outs = [t for t in tensors(out) if t.is_floating_point()]
-    out_finite = all(bool(torch.isfinite(t.detach()).all()) for t in outs)
+    return out, loss
+
+
+def _with_loss(run: _Rerun, entry: dict[str, Any], loss: Any) -> dict[str, Any]:
+    """The loss module was rerun: the loss and the gradients of the weights judge the update."""
+    import torch
+
+    value = float(loss.detach().float().reshape(-1)[0]) if loss.numel() else math.nan
+    params = run.params()
+    grads_finite = True
+    if math.isfinite(value) and params and loss.grad_fn is not None:
+        grads = torch.autograd.grad(loss.sum(), params, allow_unused=True)
+        grads_finite = all(bool(torch.isfinite(g).all()) for g in grads if g is not None)
+    finite = math.isfinite(value) and grads_finite and run.out_finite
+    entry.update(loss=value if math.isfinite(value) else None, finite=finite,
+                 scope="forward, loss and backward")
+    tail = (f"the loss is {value:.4g}, finite" if math.isfinite(value)
+            else f"the loss is {value}")  # fmt: skip
+    if math.isfinite(value) and not grads_finite:
+        tail += ", but a gradient is not"
+    if not finite and run.change == "without_rows":
+        tail += ": leaving those rows out does not make the update finite"
+    meaning = _meaning(run.change, run.basis, run.located) if finite else ""
+    entry["text"] = f"{run.what} {tail}" + meaning
+    return entry
+
+
+def _with_model_backward(run: _Rerun, entry: dict[str, Any]) -> dict[str, Any] | None:
+    """The producer is a backward node inside the model: its backward is rerun too, from the
+    gradient the failing backward sent into the output (kept by the adapter; the rows left out
+    left out of it too), else with that gradient taken as ones (as the replay did). None when
+    the model has no weights to differentiate or no output with a graph."""
+    import torch
+
+    params = run.params()
+    roots = [t for t in run.outs if t.grad_fn is not None]
+    if not (params and roots):
+        return None
+    seed, seeded = _output_grad(run.f, roots[0], run.keep, run.batch)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        grads = torch.autograd.grad(roots[0], params, seed, allow_unused=True)
+    finite = all(bool(torch.isfinite(g).all()) for g in grads if g is not None)
+    how = ("the gradient at its output the one the failing backward sent in"
+           + (", those rows left out" if run.keep is not None else "")) if seeded else (
+           "the gradient at its output taken as ones")  # fmt: skip
+    entry.update(finite=finite, scope=f"forward and backward of the model ({how}; the "
+                 "loop's loss expression is not rerun)")
+    text = f"{run.what} the model's output and its gradients are " + (
+        "finite" if finite else "not all finite")
+    if finite:
+        text += _meaning(run.change, run.basis, run.located)
+    elif run.change == "without_rows":
+        text += ": leaving those rows out does not make the update finite"
+    entry["text"] = text
+    return entry
+
+
+def _forward_only(run: _Rerun, entry: dict[str, Any]) -> dict[str, Any]:
+    """The loss is the user's expression: the forward judges the update, then the producer op
+    recomputed in the changed way where it can be."""
+    import torch
+
+    change, located, out_finite = run.change, run.located, run.out_finite
+    outs = run.outs
     out_max = max((float(t.detach().float().abs().max()) for t in outs if t.numel()), default=0.0)
-    what = _what(change, drop, f)
-    if basis == "producer":
-        what = what.replace(", update", f" (where {located.get('op')} made its value), update")
-    entry: dict[str, Any] = {"change": change, "ran": True, "loss": None}
-    if drop:
-        entry["rows"] = list(drop)
-        entry["rows_from"] = "producer" if basis == "producer" else "probes"
-    if loss is not None and isinstance(loss, torch.Tensor):
-        value = float(loss.detach().float().reshape(-1)[0]) if loss.numel() else math.nan
-        params = [p for p in state.values() if p.requires_grad]
-        grads_finite = True
-        if math.isfinite(value) and params and loss.grad_fn is not None:
-            grads = torch.autograd.grad(loss.sum(), params, allow_unused=True)
-            grads_finite = all(bool(torch.isfinite(g).all()) for g in grads if g is not None)
-        finite = math.isfinite(value) and grads_finite and out_finite
-        entry.update(loss=value if math.isfinite(value) else None, finite=finite,
-                     scope="forward, loss and backward")
-        tail = (f"the loss is {value:.4g}, finite" if math.isfinite(value)
-                else f"the loss is {value}")  # fmt: skip
-        if math.isfinite(value) and not grads_finite:
-            tail += ", but a gradient is not"
-        if not finite and change == "without_rows":
-            tail += ": leaving those rows out does not make the update finite"
-        entry["text"] = f"{what} {tail}" + (_meaning(change, basis, located) if finite else "")
-        return entry
-    producer_phase = located.get("phase")
-    if out_finite and producer_phase == "backward" and located.get("module") not in (None, "loss"):
-        # the producer is a backward node inside the model: its backward is rerun too, from the
-        # gradient the failing backward sent into the output (kept by the adapter; the rows left
-        # out left out of it too), else with that gradient taken as ones (as the replay did)
-        params = [p for p in state.values() if p.requires_grad]
-        roots = [t for t in outs if t.grad_fn is not None]
-        if params and roots:
-            seed, seeded = _output_grad(f, roots[0], keep, batch)
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                grads = torch.autograd.grad(roots[0], params, seed, allow_unused=True)
-            finite = all(bool(torch.isfinite(g).all()) for g in grads if g is not None)
-            how = ("the gradient at its output the one the failing backward sent in"
-                   + (", those rows left out" if keep is not None else "")) if seeded else (
-                   "the gradient at its output taken as ones")  # fmt: skip
-            entry.update(finite=finite, scope=f"forward and backward of the model ({how}; the "
-                         "loop's loss expression is not rerun)")
-            text = f"{what} the model's output and its gradients are " + (
-                "finite" if finite else "not all finite")
-            if finite:
-                text += _meaning(change, basis, located)
-            elif change == "without_rows":
-                text += ": leaving those rows out does not make the update finite"
-            entry["text"] = text
-            return entry
-    # the loss is the user's expression: the forward, then the producer op
     entry["scope"] = "forward only (the loss expression is the training loop's own code)"
     entry["finite"] = out_finite
-    text = f"{what} the model's output is {'finite' if out_finite else 'non-finite'}"
+    text = f"{run.what} the model's output is {'finite' if out_finite else 'non-finite'}"
     text += f" (max |x| {out_max:.3g})" if out_finite else ""
     narrow = [str(t.dtype).replace("torch.", "") for t in outs
               if t.dtype in (torch.float16, torch.bfloat16)]  # fmt: skip
     precision = located.get("precision")
+    producer_phase = located.get("phase")
     if change == "float32" and narrow and isinstance(precision, dict):
         entry["finite"] = None
         entry["scope"] = "forward; the model casts to a narrow dtype itself"
@@ -333,7 +397,6 @@ def _rerun(f: TorchFailure, located: dict[str, Any], change: str, *, dtype: Any 
         entry["text"] = text
         return entry
     if out_finite and change == "float32" and producer_phase in ("loss", "backward", "preprocess"):
-        precision = located.get("precision")
         if isinstance(precision, dict) and precision.get("value") is not None:
             entry["scope"] = "forward, and the producer op recomputed in float32"
             entry["producer_value"] = precision.get("value")
@@ -346,7 +409,7 @@ def _rerun(f: TorchFailure, located: dict[str, Any], change: str, *, dtype: Any 
     elif not out_finite and change == "without_rows":
         text += ": leaving those rows out does not make the update finite"
     elif out_finite and change == "without_rows" and producer_phase == "loss":
-        again = recompute_without_rows(drop or [], batch or 0, f.loss)
+        again = recompute_without_rows(run.drop or [], run.batch or 0, run.f.loss)
         GRAPH_NODE.clear()
         if again is not None:
             entry["finite"] = bool(again["finite"])
@@ -360,10 +423,10 @@ def _rerun(f: TorchFailure, located: dict[str, Any], change: str, *, dtype: Any 
             entry["finite"] = None
             text += "; the producer is in the loss expression and could not be recomputed"
     elif out_finite and producer_phase in ("forward", None):
-        text += _meaning(change, basis, located)
+        text += _meaning(change, run.basis, located)
     elif out_finite and change == "without_rows" and producer_phase == "preprocess":
         # the model got the loop's output: leaving rows out of it is exact for the forward
-        text += _meaning(change, basis, located)
+        text += _meaning(change, run.basis, located)
     elif out_finite:
         entry["finite"] = None
         text += "; the failure is outside the model's forward, which could not be rerun"

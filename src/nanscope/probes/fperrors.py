@@ -30,6 +30,7 @@ from collections import deque
 from typing import Any
 
 from nanscope._frames import is_user_file
+from nanscope.probes.rows import suspect_batch_rows
 
 __all__ = ["arm", "errors_of", "watch"]
 
@@ -471,18 +472,11 @@ def confirm_numpy(event: dict[str, Any] | None, monitor: Any, step: int) -> list
 
 
 def _numpy_suspect_rows(monitor: Any, step: int) -> list[int]:
-    rows: list[int] = []
     try:
         found = monitor._probe_rows(1)
     except Exception:
-        return rows
-    for row in found or []:
-        if not isinstance(row, dict) or row.get("why") not in ("nan", "inf", "extreme"):
-            continue
-        b = row.get("batch_row")
-        if isinstance(b, int) and b not in rows:
-            rows.append(b)
-    return rows[:64]
+        return []
+    return suspect_batch_rows(found)
 
 
 def _batch_len(monitor: Any) -> int | None:

@@ -264,47 +264,41 @@ def inspect_graph(loss: Any, *, output: Any = None, site: Any = None) -> dict[st
 
 
 class _Locator:
+    """The replay of one failing update: the forward (watched by a :class:`_ForwardWatch`), then
+    the loss and the backward, or the loss's own graph; and the batch's bad rows and columns."""
+
     def __init__(self, failure: TorchFailure) -> None:
         import torch
 
         self.torch = torch
         self.f = failure
-        self.module_stack: list[str] = []
-        self.names: dict[int, str] = {}
-        self.first: dict[str, Any] | None = None  # origin: non-finite out, finite in
-        self.first_nan: dict[str, Any] | None = None  # inf -> nan
-        self.first_any: dict[str, Any] | None = None
-        self.node_info: dict[int, dict[str, Any]] = {}
-        self.activations: list[dict[str, Any]] = []
-        self.first_bad_module: str | None = None
-        self.chain: list[dict[str, Any]] = []
-        self.quiet = False
+        self.watch = _ForwardWatch(failure)
         #: how the backward replay from the model's output was seeded: "kept" or "ones"
         self.gradient_at_output: str | None = None
-        #: per running module: its inputs' autograd nodes (made before it ran)
-        self.input_nodes: list[set[int]] = []
 
     # ---------------------------------------------------------------- entry
 
     def run(self) -> dict[str, Any]:
         result: dict[str, Any] = {}
-        rows = self._rows()
+        rows = _rows(self.f)
         if rows:
             result["rows"] = rows
-        columns = self._nonfinite_columns()
+        columns = _nonfinite_columns(self.f)
         if columns:
             result["nonfinite_columns"] = columns
         located: dict[str, Any] | None = None
         model = self.f.model
         if model is not None and hasattr(model, "named_modules") and has_forward(model):
-            self.names = {id(m): (n or type(model).__name__) for n, m in model.named_modules()}
+            self.watch.names.update(
+                (id(m), n or type(model).__name__) for n, m in model.named_modules()
+            )
             try:
                 located = self._replay(model)
             finally:
                 self._restore_buffers(model)
-            if self.activations:
-                result["activations"] = self._activation_summary()
-            scale = self._weight_scale(model)
+            if self.watch.activations:
+                result["activations"] = _activation_summary(self.watch.activations)
+            scale = _weight_scale(model)
             if scale:
                 result["weight_scale"] = scale
         elif self.f.loss is not None:
@@ -323,67 +317,6 @@ class _Locator:
             result["located"] = {k: v for k, v in located.items() if v is not None}
         return result
 
-    # ---------------------------------------------------------------- rows
-
-    def _rows(self) -> list[dict[str, Any]]:
-        import numpy as np
-
-        from nanscope.capture.arrays import nonfinite_rows, robust_rows
-
-        index = self.f.batch_index
-        if index is not None:
-            try:
-                index = np.asarray(
-                    index.detach().cpu() if hasattr(index, "detach") else index
-                ).reshape(-1)
-            except Exception:
-                index = None
-        found: list[dict[str, Any]] = []
-        for source, tensor in self._batch(float_targets=False):
-            try:
-                array = tensor.detach().float().cpu().numpy()
-                count, bad = nonfinite_rows(array, source, index)
-                if not count and array.ndim >= 1 and array.shape[0] >= 3:
-                    _, bad = robust_rows(array, source, index)
-            except Exception:
-                continue
-            for row in bad:
-                row["step"] = self.f.step
-            found.extend(bad)
-        return found
-
-    def _batch(self, float_targets: bool) -> list[tuple[str, Any]]:
-        """``("inputs", x)`` and ``("targets", y)``: the batch's first floating input tensor and
-        its first target tensor (a floating one when ``float_targets``), those that exist."""
-        sources: list[tuple[str, Any]] = []
-        inputs = float_tensors(self.f.args) or float_tensors(self.f.kwargs)
-        if inputs:
-            sources.append(("inputs", inputs[0]))
-        if self.f.targets is not None:
-            targets = [t for t in tensors(self.f.targets) if t.is_floating_point() or not (
-                float_targets)]  # fmt: skip
-            if targets:
-                sources.append(("targets", targets[0]))
-        return sources
-
-    def _nonfinite_columns(self) -> list[dict[str, Any]]:
-        """Columns of the batch that are non-finite in every one of its rows (two rows or more):
-        such a column is computed (a division or a log over it), not a few bad rows of the data."""
-        out: list[dict[str, Any]] = []
-        for source, tensor in self._batch(float_targets=True):
-            try:
-                if tensor.dim() < 1 or tensor.shape[0] < 2:
-                    continue
-                flat = tensor.detach().reshape(tensor.shape[0], -1)
-                bad = ~self.torch.isfinite(flat).any(dim=0)
-                cols = [int(c) for c in self.torch.nonzero(bad).reshape(-1)[:16].tolist()]
-            except Exception:
-                continue
-            if cols:
-                out.append({"source": source, "columns": cols, "rows": int(flat.shape[0]),
-                            "step": self.f.step})  # fmt: skip
-        return out
-
     # ---------------------------------------------------------------- forward replay
 
     def _replay(self, model: Any) -> dict[str, Any] | None:
@@ -394,13 +327,13 @@ class _Locator:
         self.buffers = {n: b.detach().clone() for n, b in model.named_buffers()}
         hooks = []
         for module in model.modules():
-            hooks.append(module.register_forward_pre_hook(self._pre_hook))
-            hooks.append(module.register_forward_hook(self._post_hook))
+            hooks.append(module.register_forward_pre_hook(self.watch.pre_hook))
+            hooks.append(module.register_forward_hook(self.watch.post_hook))
         loss_module = f.loss_module
         if loss_module is not None and hasattr(loss_module, "register_forward_pre_hook"):
-            self.names.setdefault(id(loss_module), type(loss_module).__name__)
-            hooks.append(loss_module.register_forward_pre_hook(self._pre_hook))
-            hooks.append(loss_module.register_forward_hook(self._post_hook))
+            self.watch.names.setdefault(id(loss_module), type(loss_module).__name__)
+            hooks.append(loss_module.register_forward_pre_hook(self.watch.pre_hook))
+            hooks.append(loss_module.register_forward_hook(self.watch.post_hook))
         out = loss = None
         try:
             with contextlib.ExitStack() as stack:
@@ -412,16 +345,16 @@ class _Locator:
                 if f.autocast is not None:
                     stack.enter_context(torch.autocast(device.type, dtype=f.autocast))
                 stack.enter_context(_eager_compiled(torch))
-                stack.enter_context(op_watch(self._note_op))
+                stack.enter_context(op_watch(self.watch.note_op))
                 out = model(*f.args, **f.kwargs)
-                self.module_stack = []
+                self.watch.module_stack = []
                 loss = self._replay_loss(out)
         finally:
             for h in hooks:
                 h.remove()
-        origin = self.first or self.first_nan or self.first_any
+        origin = self.watch.origin()
         if origin is not None:
-            return self._forward_located(origin)
+            return self.watch.located(origin)
         # the forward is clean: the loss part of the original graph, then the backward
         graph = None
         if loss is None and f.loss is not None:
@@ -488,169 +421,6 @@ class _Locator:
             args[0] = out
         return module(*args)
 
-    def _pre_hook(self, module: Any, args: Any) -> None:
-        self.module_stack.append(self.names.get(id(module), type(module).__name__))
-        nodes: set[int] = set()
-        with contextlib.suppress(Exception):
-            nodes = {id(t.grad_fn) for t in float_tensors(args) if t.grad_fn is not None}
-        self.input_nodes.append(nodes)
-
-    def _post_hook(self, module: Any, args: Any, output: Any) -> None:
-        torch = self.torch
-        name = self.names.get(id(module), type(module).__name__)
-        if self.module_stack:
-            self.module_stack.pop()
-        before = self.input_nodes.pop() if self.input_nodes else set()
-        with contextlib.suppress(Exception):
-            self._claim_nodes(output, name, before)
-        try:
-            outs = float_tensors(output)
-            if not outs:
-                return
-            t = outs[0].detach()
-            if self.first_bad_module is None and not all_finite(outs):
-                self.first_bad_module = name
-            self.quiet = True  # this hook's own ops are not the model's
-            has_params = any(True for _ in module.parameters(recurse=False))
-            if has_params and module is not self.f.loss_module:
-                with torch.no_grad():
-                    tf = t.float()
-                    finite = torch.isfinite(tf)
-                    rms = float(tf[finite].pow(2).mean().sqrt()) if bool(finite.any()) else math.nan
-                self.activations.append(
-                    {"module": name, "rms": rms, "finite": bool(finite.all()),
-                     "dtype": str(t.dtype).replace("torch.", "")}
-                )
-        except Exception:
-            pass
-        finally:
-            self.quiet = False
-
-    def _claim_nodes(self, output: Any, name: str, before: set[int]) -> None:
-        """Name the module of the autograd nodes its forward made that no op call showed the op
-        watch (a custom ``torch.autograd.Function``'s ``apply``): those reachable from its
-        output, up to the nodes its inputs came with. An inner module's hook runs first and
-        claims its own; the nodes of ops the watch saw keep theirs. Each node is walked once per
-        module around it."""
-        queue = [t.grad_fn for t in float_tensors(output) if t.grad_fn is not None]
-        seen: set[int] = set()
-        while queue and len(seen) < 20000:
-            node = queue.pop()
-            key = id(node)
-            if key in seen or key in before or type(node).__name__ == "AccumulateGrad":
-                continue
-            seen.add(key)
-            if key not in self.node_info:
-                self.node_info[key] = {"op": None, "module": name}
-            queue.extend(n for n, _ in node.next_functions if n is not None)
-
-    def _note_op(self, func: Any, args: Any, kwargs: Any, out: Any) -> None:
-        """Called by the op watch for each op of the replay (two frames below the op's caller)."""
-        if self.quiet:
-            return
-        outs = float_tensors(out)
-        if not outs or self._from_nanscope():
-            return
-        name = op_name(func)
-        module = self.module_stack[-1] if self.module_stack else None
-        for t in outs:
-            fn = getattr(t, "grad_fn", None)
-            if fn is not None and id(fn) not in self.node_info:
-                self.node_info[id(fn)] = {"op": name, "module": module}
-        if self.first is not None:
-            if len(self.chain) < 12 and not all_finite(outs):
-                self.chain.append({"op": name, "module": module})  # a propagator after it
-            return
-        if all_finite(outs):
-            return
-        ins = float_tensors(args) + float_tensors(kwargs)
-        in_finite = all_finite(ins)
-        entry: dict[str, Any] = {
-            "op": name, "module": module, "ins": [summary(t) for t in ins[:4]],
-            "out": summary(outs[0]),
-            # without this call and the mode's __torch_function__: the op's caller is kept (a
-            # builtin op like torch.log has no Python frame of its own between the two)
-            "stack": traceback.extract_stack()[:-2],
-        }  # fmt: skip
-        if in_finite and not nonfinite_scalar(args, kwargs or {}):
-            self.first = entry
-            entry["call"] = (func, args, kwargs)
-            entry["rows"] = self._batch_rows(outs[0])
-        elif self.first_nan is None and entry["out"].get("nan") and not any(
-            s.get("nan") for s in entry["ins"]
-        ):
-            self.first_nan = entry
-        if self.first_any is None:
-            self.first_any = entry
-
-    def _from_nanscope(self) -> bool:
-        """True when the op was called by nanscope's own hooks (the adapter's measures)."""
-        frame: Any = sys._getframe(3)
-        for _ in range(16):
-            if frame is None:
-                return False
-            path = frame.f_code.co_filename
-            if path == __file__:
-                return False  # reached the replay itself: the model (or loss) called the op
-            kind = owner(path)
-            if kind != "library":
-                return kind == "nanscope"
-            # torch, the standard library, or nanscope's thin patches that call the user's op
-            frame = frame.f_back
-        return False
-
-    def _forward_located(self, origin: dict[str, Any]) -> dict[str, Any]:
-        out_dtype = origin["out"]["dtype"]
-        located: dict[str, Any] = {
-            "phase": "forward",
-            "op": origin["op"],
-            "module": origin["module"] or self.first_bad_module,
-            "source": stack_source(origin["stack"]),
-            "inputs": _describe(origin["op"], origin["ins"], out_dtype),
-            "dtype": out_dtype,
-            "input_absmax": max((s["absmax"] for s in origin["ins"]), default=None),
-            "output": "nan" if origin["out"].get("nan") else "inf",
-        }
-        located["input_zero"] = located["inputs"] == "exactly zero"
-        if origin is self.first and origin.get("rows"):
-            located["producer_rows"] = origin["rows"]
-        if origin is self.first and self.chain:
-            located["chain"] = [{k: v for k, v in c.items() if v is not None} for c in self.chain]
-        with contextlib.suppress(Exception):
-            located["why"] = why_nonfinite(origin["op"], origin["ins"], out_dtype)
-            call = origin.get("call")
-            if call is not None and out_dtype in ("float16", "bfloat16"):
-                func, args, kwargs = call
-                located.update(widened(func, args, kwargs, out_dtype))
-        if origin is not self.first:
-            located["note"] = "the op's inputs were already non-finite"
-        if self.f.autocast is not None:
-            located["autocast"] = str(self.f.autocast).replace("torch.", "")
-        if located["source"] is None:
-            located["source"] = self._call_site(located.get("module"))
-        if located["source"] is None:
-            located["source"] = scan_function(self.f.backward_site, origin["op"])
-        return located
-
-    def _call_site(self, module: Any) -> dict[str, Any] | None:
-        """The user's line that called the loss module or the model the op ran in (the op itself
-        is inside torch's code): recorded when the call was made, not guessed."""
-        if not module:
-            return None
-        loss_module = self.f.loss_module
-        key = "model_site"
-        if loss_module is not None and module == self.names.get(id(loss_module)):
-            key = "loss_site"
-        site = self.f.extra.get(key)
-        if not isinstance(site, dict) or not site.get("file"):
-            return None
-        out = dict(site)
-        code = linecache.getline(str(site["file"]), int(site.get("line") or 0)).strip()
-        if code:
-            out["code"] = code
-        out["call"] = "loss module" if key == "loss_site" else "model"
-        return out
-
     # ---------------------------------------------------------------- backward replay
 
     def _backward(self, model: Any, out: Any, loss: Any, params: list[Any]) -> dict | None:
@@ -708,7 +478,8 @@ class _Locator:
                 if gi and not all_finite(gi) and all_finite(go):
                     hits.append(node)
                     grads.append((gi, go))
-                    rows.extend(self._batch_rows(next(g for g in gi if not all_finite([g]))))
+                    bad = next(g for g in gi if not all_finite([g]))
+                    rows.extend(_nonfinite_batch_rows(self.f, bad))
 
             return hook
 
@@ -740,24 +511,9 @@ class _Locator:
             located["producer_rows"] = rows
         return located
 
-    def _batch_rows(self, t: Any) -> list[int]:
-        """The batch rows (first dimension) where ``t`` is non-finite, when ``t`` has one row per
-        batch row and only a few of them are: the rows whose values made the producer's output."""
-        torch = self.torch
-        batch = next((int(x.shape[0]) for x in tensors((self.f.args, self.f.kwargs))
-                      if x.dim() >= 1), None)  # fmt: skip
-        if batch is None or batch < 2 or t.dim() < 1 or int(t.shape[0]) != batch:
-            return []
-        with torch.no_grad():
-            bad = ~torch.isfinite(t.detach().reshape(batch, -1)).all(dim=1)
-            rows = [int(r) for r in torch.nonzero(bad).reshape(-1).tolist()]
-        # a few rows, not most of the batch (then it is no row's story: leaving them out would
-        # leave out the batch)
-        return rows if len(rows) <= min(64, batch // 2) else []
-
     def _node_located(self, node: Any, phase: str) -> dict[str, Any]:
         name = type(node).__name__
-        info = self.node_info.get(id(node), {})
+        info = self.watch.node_info.get(id(node), {})
         try:
             saved = saved_tensors(node)
         except Exception:
@@ -770,7 +526,7 @@ class _Locator:
         with contextlib.suppress(Exception):
             source = traceback_source(node.metadata.get("traceback_"))
         if source is None:
-            source = self._call_site(info.get("module"))
+            source = _call_site(self.f, self.watch.names, info.get("module"))
         if source is None:
             source = scan_function(self.f.backward_site, name)
         located: dict[str, Any] = {
@@ -851,47 +607,332 @@ class _Locator:
             }
         return None
 
-    # ---------------------------------------------------------------- first-batch evidence
 
-    def _activation_summary(self) -> dict[str, Any]:
-        acts = self.activations
-        rms = [a["rms"] for a in acts]
-        finite = [r for r in rms if math.isfinite(r) and r > 0]
-        out: dict[str, Any] = {"layers": acts[:64]}
-        if len(finite) >= 2:
-            ratios = [b / a for a, b in itertools.pairwise(finite)]
-            ratios.sort()
-            out["growth"] = finite[-1] / finite[0]
-            out["median_ratio"] = ratios[len(ratios) // 2]
-            out["rising"] = sum(1 for r in ratios if r > 1.5)
-        out["nonfinite_at"] = next((a["module"] for a in acts if not a["finite"]), None)
-        return out
+class _ForwardWatch:
+    """What the replayed forward shows, module by module and op by op: the first op that made a
+    non-finite value (:meth:`origin`), the ops that carried it on, the module and op of every
+    autograd node it made, and the scale of each module's activations."""
 
-    def _weight_scale(self, model: Any) -> dict[str, Any]:
-        """std(W) * sqrt(fan_in) per weight matrix: about 0.5..1.5 for standard initialisers."""
+    def __init__(self, failure: TorchFailure) -> None:
+        import torch
+
+        self.torch = torch
+        self.f = failure
+        #: id of a module -> its name in the model
+        self.names: dict[int, str] = {}
+        self.module_stack: list[str] = []
+        self.first: dict[str, Any] | None = None  # origin: non-finite out, finite in
+        self.first_nan: dict[str, Any] | None = None  # inf -> nan
+        self.first_any: dict[str, Any] | None = None
+        #: id of an autograd node -> the op and module that made it
+        self.node_info: dict[int, dict[str, Any]] = {}
+        self.activations: list[dict[str, Any]] = []
+        self.first_bad_module: str | None = None
+        self.chain: list[dict[str, Any]] = []
+        self.quiet = False
+        #: per running module: its inputs' autograd nodes (made before it ran)
+        self.input_nodes: list[set[int]] = []
+
+    def pre_hook(self, module: Any, args: Any) -> None:
+        self.module_stack.append(self.names.get(id(module), type(module).__name__))
+        nodes: set[int] = set()
+        with contextlib.suppress(Exception):
+            nodes = {id(t.grad_fn) for t in float_tensors(args) if t.grad_fn is not None}
+        self.input_nodes.append(nodes)
+
+    def post_hook(self, module: Any, args: Any, output: Any) -> None:
         torch = self.torch
-        layers: list[dict[str, Any]] = []
-        with torch.no_grad():
-            for name, p in model.named_parameters():
-                if p.dim() < 2 or not p.is_floating_point() or p.is_meta or not name.endswith(
-                    "weight"
-                ):
-                    continue
-                fan_in = p[0].numel()
-                if fan_in < 2:
-                    continue
-                w = p.detach().float()
-                if not bool(torch.isfinite(w).all()):
-                    continue
-                ratio = float(w.std() * math.sqrt(fan_in))
-                layers.append({"param": name, "fan_in": int(fan_in), "ratio": ratio})
-                if len(layers) >= 64:
-                    break
-        if not layers:
-            return {}
-        ratios = sorted(x["ratio"] for x in layers)
-        return {"layers": layers, "median_ratio": ratios[len(ratios) // 2],
-                "max_ratio": ratios[-1], "min_ratio": ratios[0]}  # fmt: skip
+        name = self.names.get(id(module), type(module).__name__)
+        if self.module_stack:
+            self.module_stack.pop()
+        before = self.input_nodes.pop() if self.input_nodes else set()
+        with contextlib.suppress(Exception):
+            self._claim_nodes(output, name, before)
+        try:
+            outs = float_tensors(output)
+            if not outs:
+                return
+            t = outs[0].detach()
+            if self.first_bad_module is None and not all_finite(outs):
+                self.first_bad_module = name
+            self.quiet = True  # this hook's own ops are not the model's
+            has_params = any(True for _ in module.parameters(recurse=False))
+            if has_params and module is not self.f.loss_module:
+                with torch.no_grad():
+                    tf = t.float()
+                    finite = torch.isfinite(tf)
+                    rms = float(tf[finite].pow(2).mean().sqrt()) if bool(finite.any()) else math.nan
+                self.activations.append(
+                    {"module": name, "rms": rms, "finite": bool(finite.all()),
+                     "dtype": str(t.dtype).replace("torch.", "")}
+                )
+        except Exception:
+            pass
+        finally:
+            self.quiet = False
+
+    def _claim_nodes(self, output: Any, name: str, before: set[int]) -> None:
+        """Name the module of the autograd nodes its forward made that no op call showed the op
+        watch (a custom ``torch.autograd.Function``'s ``apply``): those reachable from its
+        output, up to the nodes its inputs came with. An inner module's hook runs first and
+        claims its own; the nodes of ops the watch saw keep theirs. Each node is walked once per
+        module around it."""
+        queue = [t.grad_fn for t in float_tensors(output) if t.grad_fn is not None]
+        seen: set[int] = set()
+        while queue and len(seen) < 20000:
+            node = queue.pop()
+            key = id(node)
+            if key in seen or key in before or type(node).__name__ == "AccumulateGrad":
+                continue
+            seen.add(key)
+            if key not in self.node_info:
+                self.node_info[key] = {"op": None, "module": name}
+            queue.extend(n for n, _ in node.next_functions if n is not None)
+
+    def note_op(self, func: Any, args: Any, kwargs: Any, out: Any) -> None:
+        """Called by the op watch for each op of the replay (two frames below the op's caller)."""
+        if self.quiet:
+            return
+        outs = float_tensors(out)
+        if not outs or self._from_nanscope():
+            return
+        name = op_name(func)
+        module = self.module_stack[-1] if self.module_stack else None
+        for t in outs:
+            fn = getattr(t, "grad_fn", None)
+            if fn is not None and id(fn) not in self.node_info:
+                self.node_info[id(fn)] = {"op": name, "module": module}
+        if self.first is not None:
+            if len(self.chain) < 12 and not all_finite(outs):
+                self.chain.append({"op": name, "module": module})  # a propagator after it
+            return
+        if all_finite(outs):
+            return
+        ins = float_tensors(args) + float_tensors(kwargs)
+        in_finite = all_finite(ins)
+        entry: dict[str, Any] = {
+            "op": name, "module": module, "ins": [summary(t) for t in ins[:4]],
+            "out": summary(outs[0]),
+            # without this call and the mode's __torch_function__: the op's caller is kept (a
+            # builtin op like torch.log has no Python frame of its own between the two)
+            "stack": traceback.extract_stack()[:-2],
+        }  # fmt: skip
+        if in_finite and not nonfinite_scalar(args, kwargs or {}):
+            self.first = entry
+            entry["call"] = (func, args, kwargs)
+            entry["rows"] = _nonfinite_batch_rows(self.f, outs[0])
+        elif self.first_nan is None and entry["out"].get("nan") and not any(
+            s.get("nan") for s in entry["ins"]
+        ):
+            self.first_nan = entry
+        if self.first_any is None:
+            self.first_any = entry
+
+    def _from_nanscope(self) -> bool:
+        """True when the op was called by nanscope's own hooks (the adapter's measures)."""
+        frame: Any = sys._getframe(3)
+        for _ in range(16):
+            if frame is None:
+                return False
+            path = frame.f_code.co_filename
+            if path == __file__:
+                return False  # reached the replay itself: the model (or loss) called the op
+            kind = owner(path)
+            if kind != "library":
+                return kind == "nanscope"
+            # torch, the standard library, or nanscope's thin patches that call the user's op
+            frame = frame.f_back
+        return False
+
+    def origin(self) -> dict[str, Any] | None:
+        """The op the failure is traced to: the first that made a non-finite value from finite
+        inputs, else the first that turned inf into nan, else the first non-finite one."""
+        return self.first or self.first_nan or self.first_any
+
+    def located(self, origin: dict[str, Any]) -> dict[str, Any]:
+        """The ``located`` dict of the forward op ``origin``."""
+        out_dtype = origin["out"]["dtype"]
+        located: dict[str, Any] = {
+            "phase": "forward",
+            "op": origin["op"],
+            "module": origin["module"] or self.first_bad_module,
+            "source": stack_source(origin["stack"]),
+            "inputs": _describe(origin["op"], origin["ins"], out_dtype),
+            "dtype": out_dtype,
+            "input_absmax": max((s["absmax"] for s in origin["ins"]), default=None),
+            "output": "nan" if origin["out"].get("nan") else "inf",
+        }
+        located["input_zero"] = located["inputs"] == "exactly zero"
+        if origin is self.first and origin.get("rows"):
+            located["producer_rows"] = origin["rows"]
+        if origin is self.first and self.chain:
+            located["chain"] = [{k: v for k, v in c.items() if v is not None} for c in self.chain]
+        with contextlib.suppress(Exception):
+            located["why"] = why_nonfinite(origin["op"], origin["ins"], out_dtype)
+            call = origin.get("call")
+            if call is not None and out_dtype in ("float16", "bfloat16"):
+                func, args, kwargs = call
+                located.update(widened(func, args, kwargs, out_dtype))
+        if origin is not self.first:
+            located["note"] = "the op's inputs were already non-finite"
+        if self.f.autocast is not None:
+            located["autocast"] = str(self.f.autocast).replace("torch.", "")
+        if located["source"] is None:
+            located["source"] = _call_site(self.f, self.names, located.get("module"))
+        if located["source"] is None:
+            located["source"] = scan_function(self.f.backward_site, origin["op"])
+        return located
+
+
+# ---------------------------------------------------------------- the batch's rows and columns
+
+
+def _rows(f: TorchFailure) -> list[dict[str, Any]]:
+    """The batch's non-finite rows, else its extreme ones (inputs and targets)."""
+    import numpy as np
+
+    from nanscope.capture.arrays import nonfinite_rows, robust_rows
+
+    index = f.batch_index
+    if index is not None:
+        try:
+            index = np.asarray(
+                index.detach().cpu() if hasattr(index, "detach") else index
+            ).reshape(-1)
+        except Exception:
+            index = None
+    found: list[dict[str, Any]] = []
+    for source, tensor in _batch(f, float_targets=False):
+        try:
+            array = tensor.detach().float().cpu().numpy()
+            count, bad = nonfinite_rows(array, source, index)
+            if not count and array.ndim >= 1 and array.shape[0] >= 3:
+                _, bad = robust_rows(array, source, index)
+        except Exception:
+            continue
+        for row in bad:
+            row["step"] = f.step
+        found.extend(bad)
+    return found
+
+
+def _batch(f: TorchFailure, float_targets: bool) -> list[tuple[str, Any]]:
+    """``("inputs", x)`` and ``("targets", y)``: the batch's first floating input tensor and
+    its first target tensor (a floating one when ``float_targets``), those that exist."""
+    sources: list[tuple[str, Any]] = []
+    inputs = float_tensors(f.args) or float_tensors(f.kwargs)
+    if inputs:
+        sources.append(("inputs", inputs[0]))
+    if f.targets is not None:
+        targets = [t for t in tensors(f.targets) if t.is_floating_point() or not (
+            float_targets)]  # fmt: skip
+        if targets:
+            sources.append(("targets", targets[0]))
+    return sources
+
+
+def _nonfinite_columns(f: TorchFailure) -> list[dict[str, Any]]:
+    """Columns of the batch that are non-finite in every one of its rows (two rows or more):
+    such a column is computed (a division or a log over it), not a few bad rows of the data."""
+    import torch
+
+    out: list[dict[str, Any]] = []
+    for source, tensor in _batch(f, float_targets=True):
+        try:
+            if tensor.dim() < 1 or tensor.shape[0] < 2:
+                continue
+            flat = tensor.detach().reshape(tensor.shape[0], -1)
+            bad = ~torch.isfinite(flat).any(dim=0)
+            cols = [int(c) for c in torch.nonzero(bad).reshape(-1)[:16].tolist()]
+        except Exception:
+            continue
+        if cols:
+            out.append({"source": source, "columns": cols, "rows": int(flat.shape[0]),
+                        "step": f.step})  # fmt: skip
+    return out
+
+
+def _nonfinite_batch_rows(f: TorchFailure, t: Any) -> list[int]:
+    """The batch rows (first dimension) where ``t`` is non-finite, when ``t`` has one row per
+    batch row and only a few of them are: the rows whose values made the producer's output."""
+    import torch
+
+    batch = next((int(x.shape[0]) for x in tensors((f.args, f.kwargs))
+                  if x.dim() >= 1), None)  # fmt: skip
+    if batch is None or batch < 2 or t.dim() < 1 or int(t.shape[0]) != batch:
+        return []
+    with torch.no_grad():
+        bad = ~torch.isfinite(t.detach().reshape(batch, -1)).all(dim=1)
+        rows = [int(r) for r in torch.nonzero(bad).reshape(-1).tolist()]
+    # a few rows, not most of the batch (then it is no row's story: leaving them out would
+    # leave out the batch)
+    return rows if len(rows) <= min(64, batch // 2) else []
+
+
+def _call_site(f: TorchFailure, names: dict[int, str], module: Any) -> dict[str, Any] | None:
+    """The user's line that called the loss module or the model the op ran in (the op itself
+    is inside torch's code): recorded when the call was made, not guessed."""
+    if not module:
+        return None
+    loss_module = f.loss_module
+    key = "model_site"
+    if loss_module is not None and module == names.get(id(loss_module)):
+        key = "loss_site"
+    site = f.extra.get(key)
+    if not isinstance(site, dict) or not site.get("file"):
+        return None
+    out = dict(site)
+    code = linecache.getline(str(site["file"]), int(site.get("line") or 0)).strip()
+    if code:
+        out["code"] = code
+    out["call"] = "loss module" if key == "loss_site" else "model"
+    return out
+
+
+# ---------------------------------------------------------------- first-batch evidence
+
+
+def _activation_summary(acts: list[dict[str, Any]]) -> dict[str, Any]:
+    """How the activations' scale grows through the layers, and where it went non-finite."""
+    rms = [a["rms"] for a in acts]
+    finite = [r for r in rms if math.isfinite(r) and r > 0]
+    out: dict[str, Any] = {"layers": acts[:64]}
+    if len(finite) >= 2:
+        ratios = [b / a for a, b in itertools.pairwise(finite)]
+        ratios.sort()
+        out["growth"] = finite[-1] / finite[0]
+        out["median_ratio"] = ratios[len(ratios) // 2]
+        out["rising"] = sum(1 for r in ratios if r > 1.5)
+    out["nonfinite_at"] = next((a["module"] for a in acts if not a["finite"]), None)
+    return out
+
+
+def _weight_scale(model: Any) -> dict[str, Any]:
+    """std(W) * sqrt(fan_in) per weight matrix: about 0.5..1.5 for standard initialisers."""
+    import torch
+
+    layers: list[dict[str, Any]] = []
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() < 2 or not p.is_floating_point() or p.is_meta or not name.endswith(
+                "weight"
+            ):
+                continue
+            fan_in = p[0].numel()
+            if fan_in < 2:
+                continue
+            w = p.detach().float()
+            if not bool(torch.isfinite(w).all()):
+                continue
+            ratio = float(w.std() * math.sqrt(fan_in))
+            layers.append({"param": name, "fan_in": int(fan_in), "ratio": ratio})
+            if len(layers) >= 64:
+                break
+    if not layers:
+        return {}
+    ratios = sorted(x["ratio"] for x in layers)
+    return {"layers": layers, "median_ratio": ratios[len(ratios) // 2],
+            "max_ratio": ratios[-1], "min_ratio": ratios[0]}  # fmt: skip
 
 
 def _with_gradients(located: dict[str, Any], node: Any, gi: list[Any], go: list[Any]) -> None:

@@ -106,17 +106,132 @@ def _not_run(change: str, text: str) -> dict[str, Any]:
             "text": text}  # fmt: skip
 
 
-class _Replay:
-    def __init__(self, failure: TorchFailure, found: dict[str, Any], history: Any) -> None:
+class _ReplayedModel:
+    """The user's model and optimizer as the replay handles them: their state saved before the
+    reruns and restored after, a snapshot's loaded before each rerun, widened to float32; and
+    what their weights are (in half precision? how far above the default initialisation?)."""
+
+    def __init__(self, failure: TorchFailure, history: Any) -> None:
         import torch
 
         self.torch = torch
         self.f = failure
-        self.found = found
-        self.h = history
         self.model = history.model
         self.optimizer = history.optimizer
         self.params = [p for g in self.optimizer.param_groups for p in g["params"]]
+
+    def _save(self) -> dict[str, Any]:
+        import copy
+
+        torch = self.torch
+        with torch.no_grad():
+            return {
+                "params": [p.detach().clone() for p in self.params],
+                "grads": [None if p.grad is None else p.grad.detach().clone()
+                          for p in self.params],
+                "buffers": [b.detach().clone() for b in self._buffers()],
+                "optimizer": copy.deepcopy(self.optimizer.state_dict()),
+                "scaler": (self.f.grad_scaler.state_dict() if self.f.grad_scaler is not None
+                           else None),
+                "training": getattr(self.model, "training", None),
+            }
+
+    def _restore(self, saved: dict[str, Any]) -> None:
+        torch = self.torch
+        with torch.no_grad():
+            for p, value in zip(self.params, saved["params"]):
+                _put(p, value)
+            for p, grad in zip(self.params, saved["grads"]):
+                p.grad = grad
+            for b, value in zip(self._buffers(), saved["buffers"]):
+                _put(b, value)
+        self.optimizer.load_state_dict(saved["optimizer"])
+        if saved["scaler"] is not None:
+            self.f.grad_scaler.load_state_dict(saved["scaler"])
+        if saved["training"] is not None and hasattr(self.model, "train"):
+            self.model.train(saved["training"])
+
+    def _load(self, snap: Any) -> None:
+        import copy
+
+        torch = self.torch
+        with torch.no_grad():
+            for p, value in zip(self.params, snap.params):
+                p.grad = None
+                _put(p, value)
+            for b, value in zip(self._buffers(), snap.buffers):
+                _put(b, value)
+        self.optimizer.load_state_dict(copy.deepcopy(snap.optimizer))
+        if snap.rng is not None:
+            torch.set_rng_state(snap.rng)
+
+    def _buffers(self) -> list[Any]:
+        return list(self.model.buffers()) if self.model is not None else []
+
+    def _widen(self) -> None:
+        """The model, its buffers and the optimizer's state in float32 (from half or bf16)."""
+        torch = self.torch
+        narrow = (torch.float16, torch.bfloat16)
+        state = self.optimizer.state_dict()
+        with torch.no_grad():
+            for p in self.params:
+                if p.dtype in narrow:
+                    p.data = p.data.float()
+            for b in self._buffers():
+                if b.dtype in narrow:
+                    b.data = b.data.float()
+        self.optimizer.load_state_dict(state)  # (its floating state follows the params' dtype)
+
+    def _narrow(self) -> bool:
+        """The fit computes in half precision or bf16: its weights, or autocast at the forward."""
+        torch = self.torch
+        narrow = (torch.float16, torch.bfloat16)
+        return any(p.dtype in narrow for p in self.params) or self.f.autocast in narrow
+
+    def _initial_scale(self, snap: Any) -> dict[str, Any] | None:
+        """How far the snapshot's weights sit above the framework's default initialisation of
+        their module: the weight matrix whose std is the most times that of a fresh
+        ``reset_parameters()`` of a copy of its module (lookup tables left out).
+        ``{"param", "ratio"}``, or None."""
+        import copy
+
+        torch = self.torch
+        if self.model is None:
+            return None
+        position = {id(p): i for i, p in enumerate(self.params)}
+        worst: tuple[float, str, float] | None = None
+        for name, module in self.model.named_modules():
+            if isinstance(module, (torch.nn.Embedding, torch.nn.EmbeddingBag)):
+                continue  # a lookup table: its default N(0, 1) is no fan-in scale to compare to
+            own = [(n, p) for n, p in module.named_parameters(recurse=False)
+                   if p.dim() >= 2 and p.is_floating_point() and id(p) in position]  # fmt: skip
+            if not own or not callable(getattr(module, "reset_parameters", None)):
+                continue
+            if sum(p.numel() for _, p in own) > 50_000_000:
+                continue
+            fresh = copy.deepcopy(module)
+            with torch.random.fork_rng(devices=[]):
+                fresh.reset_parameters()
+            default = dict(fresh.named_parameters(recurse=False))
+            for pname, p in own:
+                base = float(default[pname].detach().float().std())
+                now = float(snap.params[position[id(p)]].detach().float().std())
+                if base > 0 and now > 0:
+                    ratio = now / base
+                    if worst is None or ratio > worst[0]:  # the largest: what can blow up
+                        worst = (ratio, f"{name}.{pname}" if name else pname, ratio)
+        if worst is None:
+            return None
+        return {"param": worst[1], "ratio": round(worst[2], 4)}
+
+
+class _Replay(_ReplayedModel):
+    """The control and the interventions, each a rerun of the failing window from a snapshot."""
+
+    def __init__(self, failure: TorchFailure, found: dict[str, Any], history: Any) -> None:
+        super().__init__(failure, history)
+        self.found = found
+        self.h = history
         self.deadline = time.monotonic() + REPLAY_SECONDS
         self.recorded: dict[int, float] = dict(failure.extra.get("losses") or [])
 
@@ -237,48 +352,6 @@ class _Replay:
         if snap.step == 1:
             changes.append(("standard_init", {"reinit": True}))
         return changes
-
-    def _initial_scale(self, snap: Any) -> dict[str, Any] | None:
-        """How far the snapshot's weights sit above the framework's default initialisation of
-        their module: the weight matrix whose std is the most times that of a fresh
-        ``reset_parameters()`` of a copy of its module (lookup tables left out).
-        ``{"param", "ratio"}``, or None."""
-        import copy
-
-        torch = self.torch
-        if self.model is None:
-            return None
-        position = {id(p): i for i, p in enumerate(self.params)}
-        worst: tuple[float, str, float] | None = None
-        for name, module in self.model.named_modules():
-            if isinstance(module, (torch.nn.Embedding, torch.nn.EmbeddingBag)):
-                continue  # a lookup table: its default N(0, 1) is no fan-in scale to compare to
-            own = [(n, p) for n, p in module.named_parameters(recurse=False)
-                   if p.dim() >= 2 and p.is_floating_point() and id(p) in position]  # fmt: skip
-            if not own or not callable(getattr(module, "reset_parameters", None)):
-                continue
-            if sum(p.numel() for _, p in own) > 50_000_000:
-                continue
-            fresh = copy.deepcopy(module)
-            with torch.random.fork_rng(devices=[]):
-                fresh.reset_parameters()
-            default = dict(fresh.named_parameters(recurse=False))
-            for pname, p in own:
-                base = float(default[pname].detach().float().std())
-                now = float(snap.params[position[id(p)]].detach().float().std())
-                if base > 0 and now > 0:
-                    ratio = now / base
-                    if worst is None or ratio > worst[0]:  # the largest: what can blow up
-                        worst = (ratio, f"{name}.{pname}" if name else pname, ratio)
-        if worst is None:
-            return None
-        return {"param": worst[1], "ratio": round(worst[2], 4)}
-
-    def _narrow(self) -> bool:
-        """The fit computes in half precision or bf16: its weights, or autocast at the forward."""
-        torch = self.torch
-        narrow = (torch.float16, torch.bfloat16)
-        return any(p.dtype in narrow for p in self.params) or self.f.autocast in narrow
 
     def _suspect_rows(self, window: list[Any]) -> dict[int, list[int]]:
         """``{update: [batch rows]}``: every row of a kept batch that holds NaN/inf (read here,
@@ -498,21 +571,6 @@ class _Replay:
             return None  # the whole batch: nothing to leave out (a column broken everywhere)
         return sorted(rows) or None
 
-    def _widen(self) -> None:
-        """The model, its buffers and the optimizer's state in float32 (from half or bf16)."""
-        torch = self.torch
-        narrow = (torch.float16, torch.bfloat16)
-        state = self.optimizer.state_dict()
-        with torch.no_grad():
-            for p in self.params:
-                if p.dtype in narrow:
-                    p.data = p.data.float()
-            for b in self._buffers():
-                if b.dtype in narrow:
-                    b.data = b.data.float()
-        self.optimizer.load_state_dict(state)  # (its floating state follows the params' dtype)
-
-
     def _column_stats(self, window: list[Any], columns: list[int]) -> dict[int, tuple[float,
                                                                                      float]]:
         torch = self.torch
@@ -535,57 +593,6 @@ class _Replay:
         norms = sorted(v for s, v in self.f.extra.get("grad_norms") or [] if s <= step and
                        math.isfinite(v) and v > 0)  # fmt: skip
         return norms[len(norms) // 2] if len(norms) >= 3 else CLIP_DEFAULT
-
-    # ------------------------------------------------------------------ state
-
-    def _save(self) -> dict[str, Any]:
-        import copy
-
-        torch = self.torch
-        with torch.no_grad():
-            return {
-                "params": [p.detach().clone() for p in self.params],
-                "grads": [None if p.grad is None else p.grad.detach().clone()
-                          for p in self.params],
-                "buffers": [b.detach().clone() for b in self._buffers()],
-                "optimizer": copy.deepcopy(self.optimizer.state_dict()),
-                "scaler": (self.f.grad_scaler.state_dict() if self.f.grad_scaler is not None
-                           else None),
-                "training": getattr(self.model, "training", None),
-            }
-
-    def _restore(self, saved: dict[str, Any]) -> None:
-        torch = self.torch
-        with torch.no_grad():
-            for p, value in zip(self.params, saved["params"]):
-                _put(p, value)
-            for p, grad in zip(self.params, saved["grads"]):
-                p.grad = grad
-            for b, value in zip(self._buffers(), saved["buffers"]):
-                _put(b, value)
-        self.optimizer.load_state_dict(saved["optimizer"])
-        if saved["scaler"] is not None:
-            self.f.grad_scaler.load_state_dict(saved["scaler"])
-        if saved["training"] is not None and hasattr(self.model, "train"):
-            self.model.train(saved["training"])
-
-    def _load(self, snap: Any) -> None:
-        import copy
-
-        torch = self.torch
-        with torch.no_grad():
-            for p, value in zip(self.params, snap.params):
-                p.grad = None
-                _put(p, value)
-            for b, value in zip(self._buffers(), snap.buffers):
-                _put(b, value)
-        self.optimizer.load_state_dict(copy.deepcopy(snap.optimizer))
-        if snap.rng is not None:
-            torch.set_rng_state(snap.rng)
-
-    def _buffers(self) -> list[Any]:
-        return list(self.model.buffers()) if self.model is not None else []
-
 
 # ------------------------------------------------------------------------------ the changes
 

@@ -34,7 +34,7 @@ from typing import Any
 from nanscope.probes._tensors import tensors
 
 __all__ = ["BatchRows", "LoaderTracker", "current_batch_index", "current_batch_rows", "install",
-           "track_dataloader", "uninstall"]  # fmt: skip
+           "suspect_batch_rows", "track_dataloader", "uninstall"]  # fmt: skip
 
 _last: dict[str, Any] = {"index": None, "tracker": None}
 #: index sets kept per tracker: a loader that prefetches (accelerate's DataLoaderShard, Lightning's
@@ -268,3 +268,16 @@ def uninstall() -> None:
     trackers)."""
     with _lock:
         _every["on"] = False
+
+
+def suspect_batch_rows(rows: Any) -> list[int]:
+    """The batch rows the rows probe named non-finite or extreme (a trace record's ``rows``
+    entries), each once, in order: the first 64, the rows a rerun leaves out."""
+    out: list[int] = []
+    for row in rows or []:
+        if not isinstance(row, dict) or row.get("why") not in ("nan", "inf", "extreme"):
+            continue
+        b = row.get("batch_row")
+        if isinstance(b, int) and b not in out:
+            out.append(b)
+    return out[:64]

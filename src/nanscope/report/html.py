@@ -654,7 +654,7 @@ def render_report(
     """
     d = _as_dict(diagnosis)
     page_title = title or _title(trace, d)
-    from nanscope import __version__
+    from nanscope._version import __version__
 
     meta_bits = [f"nanscope {__version__}"]
     if trace is not None:

@@ -283,49 +283,68 @@ def build_panels(
     :data:`MIN_UPDATES` updates, none for a series with no value, and none (besides the loss) for
     a series that holds one value throughout, such as a constant learning rate; those are
     appended to ``flat`` as ``(title, value)`` when a list is given, for a one-line note."""
-    n = len(trace)
-    if n < MIN_UPDATES:
+    if len(trace) < MIN_UPDATES:
         return []
     steps = trace.steps().astype(np.float64)
+    common = _frame(trace, steps, diagnosis)
+    panels = [
+        _loss_panel(trace, steps, common),
+        _grad_panel(trace, steps, common),
+        _ratio_panel(trace, steps, common),
+        _flip_panel(trace, steps, common),
+        _lr_panel(trace, steps, common),
+    ]
+    kept = []
+    for panel in panels:
+        if panel is None:
+            continue
+        value = None if panel.key == "loss" else _flat_value(panel.lines)
+        if value is None:
+            kept.append(panel)
+        elif flat is not None:
+            flat.append((panel.title.replace(" (log scale)", ""), value))
+    return kept
+
+
+def _frame(trace: Trace, steps: np.ndarray, diagnosis: Any) -> dict[str, Any]:
+    """What every panel shares: the x range and label, the non-finite marks, the detection."""
     lo, hi = float(steps.min()), float(steps.max())
     pad = max(0.5, (hi - lo) * 0.02)
-    xlim = (lo - pad, hi + pad)
-    xlabel = "epoch" if trace.granularity == "epoch" else "update"
-    marks = loss_marks(trace)
     verdict = str(_get(diagnosis, "verdict") or "")
     detect = _get(diagnosis, "step")
     failed = is_failure(verdict)
-    detect_step = int(detect) if isinstance(detect, (int, float)) and failed else None
-    common: dict[str, Any] = {
-        "xlim": xlim,
-        "xlabel": xlabel,
-        "marks": marks,
-        "detect_step": detect_step,
+    return {
+        "xlim": (lo - pad, hi + pad),
+        "xlabel": "epoch" if trace.granularity == "epoch" else "update",
+        "marks": loss_marks(trace),
+        "detect_step": int(detect) if isinstance(detect, (int, float)) and failed else None,
         "detect_color": VERDICT_COLORS.get(verdict, "#444444"),
     }
-    panels: list[Panel] = []
 
-    loss = trace.column("loss")
-    if trace.has("loss"):
-        lines = [Line("loss", steps, loss)]
-        val = trace.column("val_loss")
-        if _has_values(val):
-            lines.append(Line("val_loss", steps, val, style="--", width=1.2))
-        log = all(_log_ok(ln.y, LOG_DECADES) for ln in lines)
-        for ln in lines:
-            ln.y = _positive(ln.y) if log else _finite(ln.y)
-        panels.append(
-            Panel(
-                "loss",
-                "loss" + (" (log scale)" if log else ""),
-                "loss",
-                lines,
-                log,
-                label_marks=True,
-                **common,
-            )
-        )
 
+def _loss_panel(trace: Trace, steps: np.ndarray, common: dict[str, Any]) -> Panel | None:
+    if not trace.has("loss"):
+        return None
+    lines = [Line("loss", steps, trace.column("loss"))]
+    val = trace.column("val_loss")
+    if _has_values(val):
+        lines.append(Line("val_loss", steps, val, style="--", width=1.2))
+    log = all(_log_ok(ln.y, LOG_DECADES) for ln in lines)
+    for ln in lines:
+        ln.y = _positive(ln.y) if log else _finite(ln.y)
+    return Panel(
+        "loss",
+        "loss" + (" (log scale)" if log else ""),
+        "loss",
+        lines,
+        log,
+        label_marks=True,
+        **common,
+    )
+
+
+def _grad_panel(trace: Trace, steps: np.ndarray, common: dict[str, Any]) -> Panel | None:
+    """The global gradient norm and the :data:`MAX_LAYERS` largest layers' norms."""
     grad_lines: list[Line] = []
     if trace.has("grad_norm"):
         grad_lines.append(
@@ -333,96 +352,98 @@ def build_panels(
         )
     note = ""
     if trace.has("grad_norms"):
-        names: list[str] = []
-        for record in trace.records:
-            for name in record.get("grad_norms") or {}:
-                if name not in names:
-                    names.append(name)
-        series = {}
-        for name in names:
-            ys = np.full(n, np.nan)
-            seen = np.zeros(n, dtype=bool)
-            for i, record in enumerate(trace.records):
-                value = (record.get("grad_norms") or {}).get(name)
-                if isinstance(value, (int, float)):
-                    ys[i] = float(value)
-                    seen[i] = True
-            series[name] = _measured(steps, _positive(ys), seen)
-        ranked = sorted(names, key=lambda k: -np.nanmax(np.append(series[k][1], 0.0)))
+        series = _layer_norms(trace, steps)
+        ranked = sorted(series, key=lambda k: -np.nanmax(np.append(series[k][1], 0.0)))
         for name in ranked[:MAX_LAYERS]:
             xs, ys = series[name]
             grad_lines.append(Line(str(name), xs, ys, width=1.1))
         if len(ranked) > MAX_LAYERS:
             note = f"{MAX_LAYERS} largest of {len(ranked)} layers shown"
-    if grad_lines and any(_has_values(ln.y) for ln in grad_lines):
-        log = _log_ok(np.concatenate([ln.y for ln in grad_lines]), LOG_DECADES)
-        panels.append(
-            Panel(
-                "grad_norm",
-                "gradient norm" + (" (log scale)" if log else ""),
-                "L2 norm",
-                grad_lines,
-                log,
-                note=note,
-                **common,
-            )
-        )
+    if not (grad_lines and any(_has_values(ln.y) for ln in grad_lines)):
+        return None
+    log = _log_ok(np.concatenate([ln.y for ln in grad_lines]), LOG_DECADES)
+    return Panel(
+        "grad_norm",
+        "gradient norm" + (" (log scale)" if log else ""),
+        "L2 norm",
+        grad_lines,
+        log,
+        note=note,
+        **common,
+    )
 
-    if trace.has("update_norm") and trace.has("weight_norm"):
-        with np.errstate(divide="ignore", invalid="ignore"):
-            ratio = trace.column("update_norm") / trace.column("weight_norm")
-        ratio = _positive(ratio)
-        if _has_values(ratio):
-            log = _log_ok(ratio, LOG_DECADES)
-            both = trace.present("update_norm") & trace.present("weight_norm")
-            xs, ys = _measured(steps, ratio, both)
-            panels.append(
-                Panel(
-                    "update_ratio",
-                    "update / weight norm" + (" (log scale)" if log else ""),
-                    "ratio",
-                    [Line("update_norm / weight_norm", xs, ys)],
-                    log,
-                    **common,
-                )
-            )
 
+def _layer_norms(trace: Trace, steps: np.ndarray) -> dict[str, tuple[Any, Any]]:
+    """Each layer's gradient norm, at the updates that measured it, in the order first seen."""
+    n = len(trace)
+    names: list[str] = []
+    for record in trace.records:
+        for name in record.get("grad_norms") or {}:
+            if name not in names:
+                names.append(name)
+    series = {}
+    for name in names:
+        ys = np.full(n, np.nan)
+        seen = np.zeros(n, dtype=bool)
+        for i, record in enumerate(trace.records):
+            value = (record.get("grad_norms") or {}).get(name)
+            if isinstance(value, (int, float)):
+                ys[i] = float(value)
+                seen[i] = True
+        series[name] = _measured(steps, _positive(ys), seen)
+    return series
+
+
+def _ratio_panel(trace: Trace, steps: np.ndarray, common: dict[str, Any]) -> Panel | None:
+    if not (trace.has("update_norm") and trace.has("weight_norm")):
+        return None
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = trace.column("update_norm") / trace.column("weight_norm")
+    ratio = _positive(ratio)
+    if not _has_values(ratio):
+        return None
+    log = _log_ok(ratio, LOG_DECADES)
+    both = trace.present("update_norm") & trace.present("weight_norm")
+    xs, ys = _measured(steps, ratio, both)
+    return Panel(
+        "update_ratio",
+        "update / weight norm" + (" (log scale)" if log else ""),
+        "ratio",
+        [Line("update_norm / weight_norm", xs, ys)],
+        log,
+        **common,
+    )
+
+
+def _flip_panel(trace: Trace, steps: np.ndarray, common: dict[str, Any]) -> Panel | None:
     flip = _finite(trace.column("flip_frac"))
-    if _has_values(flip):
-        xs, ys = _measured(steps, flip, trace.present("flip_frac"))
-        panels.append(
-            Panel(
-                "flip_frac",
-                "fraction of weights that flipped sign",
-                "fraction",
-                [Line("flip_frac", xs, ys)],
-                False,
-                ylim=(-0.03, 1.03),
-                **common,
-            )
-        )
+    if not _has_values(flip):
+        return None
+    xs, ys = _measured(steps, flip, trace.present("flip_frac"))
+    return Panel(
+        "flip_frac",
+        "fraction of weights that flipped sign",
+        "fraction",
+        [Line("flip_frac", xs, ys)],
+        False,
+        ylim=(-0.03, 1.03),
+        **common,
+    )
 
+
+def _lr_panel(trace: Trace, steps: np.ndarray, common: dict[str, Any]) -> Panel | None:
     lr = trace.column("lr")
-    if _has_values(lr):
-        log = _log_ok(lr)
-        panels.append(
-            Panel(
-                "lr",
-                "learning rate" + (" (log scale)" if log else ""),
-                "lr",
-                [Line("lr", steps, _positive(lr) if log else _finite(lr))],
-                log,
-                **common,
-            )
-        )
-    kept = []
-    for panel in panels:
-        value = None if panel.key == "loss" else _flat_value(panel.lines)
-        if value is None:
-            kept.append(panel)
-        elif flat is not None:
-            flat.append((panel.title.replace(" (log scale)", ""), value))
-    return kept
+    if not _has_values(lr):
+        return None
+    log = _log_ok(lr)
+    return Panel(
+        "lr",
+        "learning rate" + (" (log scale)" if log else ""),
+        "lr",
+        [Line("lr", steps, _positive(lr) if log else _finite(lr))],
+        log,
+        **common,
+    )
 
 
 def _get(obj: Any, key: str) -> Any:

@@ -399,33 +399,26 @@ def install() -> None:
 
 
 def _patch_backward() -> None:
-    tensor_backward = torch.Tensor.backward
-    autograd_backward = torch.autograd.backward
+    torch.Tensor.backward = _notifying(torch.Tensor.backward)  # type: ignore[method-assign]
+    torch.autograd.backward = _notifying(torch.autograd.backward)
 
-    @functools.wraps(tensor_backward)
-    def backward(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        if _LIVE_NOW and not getattr(_STATE, "inside", False):
-            _notify_backward(self)
-            _STATE.inside = True
-            try:
-                return tensor_backward(self, *args, **kwargs)
-            finally:
-                _STATE.inside = False
-        return tensor_backward(self, *args, **kwargs)
 
-    @functools.wraps(autograd_backward)
-    def autograd_bw(tensors: Any, *args: Any, **kwargs: Any) -> Any:
+def _notifying(backward: Callable[..., Any]) -> Callable[..., Any]:
+    """``backward`` (``Tensor.backward`` or ``torch.autograd.backward``) that first hands the
+    hooks the tensors it starts from, once per outermost call (not a backward inside it)."""
+
+    @functools.wraps(backward)
+    def notifying(tensors: Any, *args: Any, **kwargs: Any) -> Any:
         if _LIVE_NOW and not getattr(_STATE, "inside", False):
             _notify_backward(tensors)
             _STATE.inside = True
             try:
-                return autograd_backward(tensors, *args, **kwargs)
+                return backward(tensors, *args, **kwargs)
             finally:
                 _STATE.inside = False
-        return autograd_backward(tensors, *args, **kwargs)
+        return backward(tensors, *args, **kwargs)
 
-    torch.Tensor.backward = backward  # type: ignore[method-assign]
-    torch.autograd.backward = autograd_bw
+    return notifying
 
 
 def _patch_loss() -> None:

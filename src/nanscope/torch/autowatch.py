@@ -48,7 +48,9 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from nanscope._meta_path import spec_elsewhere
 from nanscope.probes._tensors import loss_before_scale, weighted_inputs
+from nanscope.torch import graph
 
 if TYPE_CHECKING:  # (torch is imported by the script, not by arming the hooks)
     from nanscope.torch.watcher import Watcher
@@ -146,13 +148,7 @@ class _TorchImportHook(importlib.abc.MetaPathFinder):
     def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
         if name != "torch":
             return None
-        spec = None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(name, path, target)
-            if spec is not None:
-                break
+        spec = spec_elsewhere(self, name, path, target)
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
         loader = spec.loader
@@ -501,8 +497,6 @@ class _ManualUpdates:
 
     #: elements per parameter compared between backward calls and used to read the lr
     SAMPLE = 4096
-    #: graph nodes walked at most to find the leaves a loss reaches
-    MAX_NODES = 100_000
     #: backward calls with no hand-made update seen (and no optimizer) before it stops looking
     GIVE_UP = 16
 
@@ -564,7 +558,7 @@ class _ManualUpdates:
         if grad_fn is None:
             return
         if self.watcher is None:
-            leaves = _leaves(grad_fn, self.MAX_NODES)
+            leaves = graph.leaves(grad_fn)
             if not leaves:
                 return
             if [id(p) for p in leaves] != [id(p) for p in self._params]:
@@ -673,27 +667,6 @@ def _loss_value(loss: Any) -> float | None:
         return float(loss.detach().float())
     except Exception:
         return None
-
-
-def _leaves(grad_fn: Any, limit: int) -> list[Any]:
-    """The leaf tensors (parameters) a loss's autograd graph accumulates gradients into."""
-    seen: set[int] = set()
-    leaves: list[Any] = []
-    stack = [grad_fn]
-    while stack and len(seen) < limit:
-        node = stack.pop()
-        if node is None or id(node) in seen:
-            continue
-        seen.add(id(node))
-        variable = getattr(node, "variable", None)
-        if variable is not None:
-            leaves.append(variable)
-            continue
-        for child, _ in getattr(node, "next_functions", ()):
-            if child is not None:
-                stack.append(child)
-    leaves.reverse()  # roughly the order the script made them
-    return leaves
 
 
 def _read_lr(weights: Any, grads: Any, now: list[Any]) -> float | None:

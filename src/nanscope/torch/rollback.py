@@ -60,7 +60,8 @@ class LastGood:
         if model is None:
             return []
         if sharded.is_sharded(model):  # each rank its own shards, nothing gathered
-            return self._save_shards(model, params, failing, alarm, deferred)
+            step = int(failing.get("step", alarm.step))
+            return self._save_shards(model, params, deferred, bool(failing.get("late")), step)
         meta = self.monitor.meta
         restored = False
         if failing.get("late") and deferred.restore(params):
@@ -84,18 +85,14 @@ class LastGood:
         return []
 
     def _save_shards(
-        self,
-        model: Any,
-        params: list[torch.Tensor],
-        failing: dict[str, Any],
-        alarm: Alarm,
-        deferred: DeferredReads,
+        self, model: Any, params: list[torch.Tensor], deferred: DeferredReads, late: bool, step: int
     ) -> list[str]:
-        """A sharded model: each rank writes its own shards (``nanscope.local_shards/1``)."""
-        restored = bool(failing.get("late")) and deferred.verified is not None
+        """A sharded model: each rank writes its own shards (``nanscope.local_shards/1``), the
+        verified ones after a ``late`` stop, else those from before the failing ``step``."""
+        restored = late and deferred.verified is not None
         if restored:
             sharded.restore_shards(params, deferred.verified or [])
-        step = deferred.verified_step if restored else int(failing.get("step", alarm.step)) - 1
+        step = deferred.verified_step if restored else step - 1
         path, notes = sharded.save_shards(model, self.monitor, step=step, restored=restored)
         self.path = path or self.path
         return notes

@@ -23,7 +23,7 @@ Fix
 from __future__ import annotations
 
 from nanscope.data._model import Finding
-from nanscope.data.checks._base import Context, Probe, Results, missing_findings
+from nanscope.data.checks._base import Context, Probe, Results, missing_findings, missing_probes
 
 CODE = "S001"
 NAME = "nan-values"
@@ -31,7 +31,7 @@ FIX = "drop or impute the rows with NaN (df.drop_nans() / fillna(median)) before
 
 
 def probes(ctx: Context) -> list[Probe]:
-    return [Probe("nan", c.name) for c in ctx.numeric() if c.n_nan > 0]
+    return missing_probes(ctx, "nan")
 
 
 def run(ctx: Context, results: Results) -> list[Finding]:

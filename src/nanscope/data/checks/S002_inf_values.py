@@ -20,8 +20,8 @@ Fix
 
 from __future__ import annotations
 
-from nanscope.data._model import Finding
-from nanscope.data.checks._base import Context, Probe, Results, fmt_rows, make_finding, pct
+from nanscope.data._model import ColumnStats, Finding
+from nanscope.data.checks._base import Context, Probe, Results, missing_findings, missing_probes
 
 CODE = "S002"
 NAME = "inf-values"
@@ -29,35 +29,21 @@ FIX = "drop or replace the infinite rows, and guard the division or log that pro
 
 
 def probes(ctx: Context) -> list[Probe]:
-    return [Probe("inf", c.name) for c in ctx.numeric() if c.n_inf > 0]
+    return missing_probes(ctx, "inf")
 
 
 def run(ctx: Context, results: Results) -> list[Finding]:
-    out = []
-    for c in ctx.numeric():
-        if c.n_inf == 0:
-            continue
-        res = results.get(Probe("inf", c.name))
-        where = f", {fmt_rows(res.rows, c.n_inf)}" if res and res.rows else ""
-        signs = []
-        if c.n_posinf:
-            signs.append(f"{c.n_posinf:,} +inf")
-        if c.n_neginf:
-            signs.append(f"{c.n_neginf:,} -inf")
-        role = "target" if c.name == ctx.target else "column"
-        out.append(
-            make_finding(
-                CODE,
-                NAME,
-                "error",
-                c.name,
-                f"{role} `{c.name}` has {' and '.join(signs)} values "
-                f"({pct(c.n_inf, c.count)}){where}",
-                FIX,
-                result=res,
-                count=c.n_inf,
-                data={"posinf": c.n_posinf, "neginf": c.n_neginf},
-                predicate=("inf", {}),
-            )
-        )
-    return out
+    return missing_findings(
+        ctx, results, kind="inf", code=CODE, name=NAME, fix=FIX, values=_signs,
+        data=lambda c: {"posinf": c.n_posinf, "neginf": c.n_neginf},
+    )  # fmt: skip
+
+
+def _signs(c: ColumnStats) -> str:
+    """``2 +inf and 1 -inf values``: the count of each sign the column holds."""
+    signs = []
+    if c.n_posinf:
+        signs.append(f"{c.n_posinf:,} +inf")
+    if c.n_neginf:
+        signs.append(f"{c.n_neginf:,} -inf")
+    return " and ".join(signs) + " values"

@@ -23,7 +23,7 @@ Fix
 from __future__ import annotations
 
 from nanscope.data._model import Finding
-from nanscope.data.checks._base import Context, Probe, Results, missing_findings
+from nanscope.data.checks._base import Context, Probe, Results, missing_findings, missing_probes
 
 CODE = "S003"
 NAME = "null-values"
@@ -31,7 +31,7 @@ FIX = "impute (fill_null(median)) or drop the rows with missing values before ma
 
 
 def probes(ctx: Context) -> list[Probe]:
-    return [Probe("null", c.name) for c in ctx.numeric() if c.n_null > 0]
+    return missing_probes(ctx, "null")
 
 
 def run(ctx: Context, results: Results) -> list[Finding]:

@@ -12,7 +12,7 @@ this bad?*, *Example*, *Use instead* and *Fix*, and two pure functions:
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -31,6 +31,7 @@ __all__ = [
     "fmt_rows",
     "make_finding",
     "missing_findings",
+    "missing_probes",
     "pct",
     "plural",
 ]
@@ -156,18 +157,27 @@ def make_finding(
     )
 
 
+def missing_probes(ctx: Context, kind: Literal["nan", "inf", "null"]) -> list[Probe]:
+    """The row lookups of the numeric columns holding values of ``kind``."""
+    return [Probe(kind, c.name) for c in ctx.numeric() if getattr(c, f"n_{kind}") > 0]
+
+
 def missing_findings(
     ctx: Context,
     results: Results,
     *,
-    kind: Literal["nan", "null"],
+    kind: Literal["nan", "inf", "null"],
     code: str,
     name: str,
-    noun: str,
     fix: str,
+    noun: str = "",
+    values: Callable[[ColumnStats], str] | None = None,
+    data: Callable[[ColumnStats], Mapping[str, Any]] | None = None,
 ) -> list[Finding]:
-    """Findings for columns holding values of ``kind`` ("nan" or "null"): one per column, with
-    the count, the share and the first rows (S001 and S003 differ only in these words)."""
+    """Findings for columns holding values of ``kind`` (NaN, inf or null): one per column, with
+    the count, the share and the first rows (S001, S002 and S003 differ only in these words).
+    The values are a count of ``noun`` (``3 NaN values``), or what ``values`` words
+    (``2 +inf and 1 -inf values``); ``data`` gives the finding's data."""
     out = []
     for c in ctx.numeric():
         count = int(getattr(c, f"n_{kind}"))
@@ -176,16 +186,18 @@ def missing_findings(
         res = results.get(Probe(kind, c.name))
         where = f", {fmt_rows(res.rows, count)}" if res and res.rows else ""
         role = "target" if c.name == ctx.target else "column"
+        what = values(c) if values is not None else plural(count, noun)
         out.append(
             make_finding(
                 code,
                 name,
                 "error",
                 c.name,
-                f"{role} `{c.name}` has {plural(count, noun)} ({pct(count, c.count)}){where}",
+                f"{role} `{c.name}` has {what} ({pct(count, c.count)}){where}",
                 fix,
                 result=res,
                 count=count,
+                data=data(c) if data is not None else None,
                 predicate=(kind, {}),
             )
         )

@@ -98,7 +98,7 @@ class LogOfProbability(Rule):
                 return
             arg = arg.operand
             k = ctx.kind(arg, site.scope, site.comps)
-            if k & K.PROB and not k & K.SAFE and not ctx.looked_after(arg, site):
+            if k & K.PROB and not k & K.SAFE and not ctx.guards.looked_after(arg, site):
                 yield Hit(node, "log1p(-p) of a probability is -inf when p reaches 1")
             return
         else:
@@ -106,7 +106,7 @@ class LogOfProbability(Rule):
         if arg is None:
             return
         k = ctx.kind(arg, site.scope, site.comps)
-        if not k & K.PROB or k & K.SAFE or ctx.looked_after(arg, site):
+        if not k & K.PROB or k & K.SAFE or ctx.guards.looked_after(arg, site):
             return
         edits = _log_space_fix(node, arg, ctx) if last == "log" else ()
         if k & K.SIGMOID:

@@ -113,10 +113,10 @@ class DivisionWithoutEpsilon(Rule):
         if denominator is None:
             return
         k = ctx.kind(denominator, site.scope, site.comps)
-        if k & K.SAFE or not k & K.ZERO or ctx.looked_after(denominator, site):
+        if k & K.SAFE or not k & K.ZERO or ctx.guards.looked_after(denominator, site):
             return
         if place_of(self.code, site, ctx) in QUIET_PLACES and (
-            ctx.bounded_somewhere(denominator, site)
+            ctx.guards.bounded_somewhere(denominator, site)
             or _self_normalising(numerator, denominator, site, ctx)
         ):
             return  # data, metrics, inference: only a denominator nothing bounds

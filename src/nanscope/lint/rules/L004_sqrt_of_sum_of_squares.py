@@ -81,8 +81,10 @@ class SqrtOfSumOfSquares(Rule):
         if arg is None:
             return
         k = ctx.kind(arg, site.scope, site.comps)
-        if not k & (K.SUMSQ | K.SQUARE) or k & (K.SAFE | K.CONST) or ctx.looked_after(arg, site):
+        if not k & (K.SUMSQ | K.SQUARE) or k & (K.SAFE | K.CONST):
             return  # built from constants (an arange grid): no gradient
+        if ctx.guards.looked_after(arg, site):
+            return
         if place_of(self.code, site, ctx) in QUIET_PLACES:
             return  # data, metrics, inference: no backward pass
         edit = plus_epsilon(arg, ctx.source, "1e-12", operand=operand) if ctx.source else None

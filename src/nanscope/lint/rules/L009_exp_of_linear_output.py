@@ -87,7 +87,7 @@ class ExpOfLinearOutput(Rule):
         if arg is None:
             return
         k = ctx.kind(arg, site.scope, site.comps)
-        if k & K.LINEAR and not k & K.SAFE and not ctx.looked_after(arg, site):
+        if k & K.LINEAR and not k & K.SAFE and not ctx.guards.looked_after(arg, site):
             yield Hit(
                 node,
                 "exp of a linear output: inf past ~88 (float32), ~11 (float16)",
