@@ -226,8 +226,24 @@ def establish(
         for name, change in changes.items():
             if name not in record["counterfactuals"]:
                 record["counterfactuals"][name] = _summary(runner(render(spec, _bare(change))))
+        _absurd_is_no_fix(record["counterfactuals"])
     record.update(decide(spec, bare, record["counterfactuals"]))
     return record
+
+
+def _absurd_is_no_fix(runs: dict[str, dict[str, Any]]) -> None:
+    """A counterfactual that "trained" at ``ABSURD`` times what the standard init reaches only
+    descended by noise at an absurd level (a smaller step from weights 100x too large): no fix."""
+    init = runs.get("standard_init") or {}
+    reached = init.get("end", 0) if init.get("outcome") in ("trained", "unclear") else 0
+    if not reached > 0:
+        return
+    for name, run in runs.items():
+        if name != "standard_init" and run.get("outcome") == "trained" \
+                and run.get("end", 0) >= ABSURD * reached:  # fmt: skip
+            run["outcome"] = "failed"
+            run["why"] = (f"the loss ended at {run['end']:.3g}, {run['end'] / reached:.3g}x "
+                          f"above the {reached:.3g} the same fit reaches from a standard init")
 
 
 def _bare(change: Change | None = None) -> Change:
