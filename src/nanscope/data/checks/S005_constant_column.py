@@ -25,15 +25,14 @@ from __future__ import annotations
 import math
 
 from nanscope.data._model import Finding
-from nanscope.data.checks._base import Context, Probe, Results, fmt_num, make_finding
+from nanscope.data.checks._base import Context, Results, fmt_num, make_finding, no_probes
 
 CODE = "S005"
 NAME = "constant-column"
 FIX = "drop the column, or standardise with an epsilon: (x - mean) / (std + 1e-8)"
 
 
-def probes(ctx: Context) -> list[Probe]:
-    return []
+probes = no_probes
 
 
 def run(ctx: Context, results: Results) -> list[Finding]:
