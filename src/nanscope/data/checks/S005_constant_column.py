@@ -40,35 +40,25 @@ def run(ctx: Context, results: Results) -> list[Finding]:
     for c in ctx.numeric(target=False):
         if c.n_finite == 0:
             continue
+        data: dict[str, float]
         if c.min == c.max:
-            out.append(
-                make_finding(
-                    CODE,
-                    NAME,
-                    "warning",
-                    c.name,
-                    f"column `{c.name}` is constant ({fmt_num(c.min)} in all {c.n_finite:,} "
-                    f"finite rows): standardising it divides by a zero std",
-                    FIX,
-                    data={"value": c.min, "std": 0.0},
-                )
+            message = (
+                f"column `{c.name}` is constant ({fmt_num(c.min)} in all {c.n_finite:,} "
+                f"finite rows): standardising it divides by a zero std"
             )
+            data = {"value": c.min, "std": 0.0}
         elif (
             math.isfinite(c.std)
             and c.mean != 0
             and c.std <= ctx.options.near_constant_rel * abs(c.mean)
         ):
-            out.append(
-                make_finding(
-                    CODE,
-                    NAME,
-                    "warning",
-                    c.name,
-                    f"column `{c.name}` is near-constant (std {fmt_num(c.std)} around "
-                    f"{fmt_num(c.mean)}, relative spread {c.std / abs(c.mean):.1e}): "
-                    f"standardising it amplifies rounding noise",
-                    FIX,
-                    data={"std": c.std, "mean": c.mean, "relative_spread": c.std / abs(c.mean)},
-                )
+            message = (
+                f"column `{c.name}` is near-constant (std {fmt_num(c.std)} around "
+                f"{fmt_num(c.mean)}, relative spread {c.std / abs(c.mean):.1e}): "
+                f"standardising it amplifies rounding noise"
             )
+            data = {"std": c.std, "mean": c.mean, "relative_spread": c.std / abs(c.mean)}
+        else:
+            continue
+        out.append(make_finding(CODE, NAME, "warning", c.name, message, FIX, data=data))
     return out
