@@ -11,7 +11,7 @@ if TYPE_CHECKING:
     from nanscope.lint.inference import FileContext
     from nanscope.lint.scopes import Site
 
-__all__ = ["Edit", "Hit", "LintFinding", "Rule"]
+__all__ = ["CallRule", "Edit", "Hit", "LintFinding", "Rule"]
 
 
 @dataclass(frozen=True)
@@ -95,4 +95,18 @@ class Rule:
     node_types: ClassVar[tuple[type[ast.AST], ...]] = ()
 
     def check(self, node: ast.AST, site: Site, ctx: FileContext) -> Iterator[Hit]:
+        raise NotImplementedError
+
+
+class CallRule(Rule):
+    """A rule that looks only at calls: the engine hands it every ``ast.Call``, and
+    :meth:`check_call` receives the node already narrowed to one."""
+
+    node_types: ClassVar[tuple[type[ast.AST], ...]] = (ast.Call,)
+
+    def check(self, node: ast.AST, site: Site, ctx: FileContext) -> Iterator[Hit]:
+        assert isinstance(node, ast.Call)
+        return self.check_call(node, site, ctx)
+
+    def check_call(self, node: ast.Call, site: Site, ctx: FileContext) -> Iterator[Hit]:
         raise NotImplementedError

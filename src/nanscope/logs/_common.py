@@ -65,6 +65,14 @@ def warn(message: str) -> None:
     warnings.warn(message, LogWarning, stacklevel=3)
 
 
+def skipped(meta: dict[str, Any], path: Path, count: int, what: str) -> None:
+    """Record in ``meta["skipped_lines"]`` the ``count`` lines a reader skipped, and warn
+    ``<path>: skipped <count> <what>``; nothing when ``count`` is 0."""
+    if count:
+        meta["skipped_lines"] = count
+        warnings.warn(f"{path}: skipped {count} {what}", LogWarning, stacklevel=3)
+
+
 #: Bytes read per chunk by :func:`iter_blocks` (never more than ``max_line`` either).
 CHUNK_BYTES = 1 << 20
 

@@ -28,6 +28,7 @@ from nanscope.logs._common import (
     iter_blocks,
     make_records,
     role_of,
+    skipped,
     to_float,
     to_step,
     warn,
@@ -228,7 +229,5 @@ class _Reader:
         if self.bad_cells:
             self.meta["bad_cells"] = self.bad_cells
             warn(f"{self.path}: skipped {self.bad_cells} cell(s) that are not numbers")
-        if self.bad_rows:
-            self.meta["skipped_lines"] = self.bad_rows
-            warn(f"{self.path}: skipped {self.bad_rows} row(s) with far more cells than columns")
+        skipped(self.meta, self.path, self.bad_rows, "row(s) with far more cells than columns")
         return out

@@ -22,6 +22,7 @@ from nanscope.logs._common import (
     Record,
     iter_blocks,
     record_from_mapping,
+    skipped,
     warn,
 )
 
@@ -105,9 +106,7 @@ def _record_lists(path: Path, meta: dict[str, Any]) -> Iterator[list[Record]]:
         bad -= 1
         meta["truncated"] = True
         warn(f"{path}: the last line is cut short mid-record; read the {merger.count} before it")
-    if bad:
-        meta["skipped_lines"] = bad
-        warn(f"{path}: skipped {bad} line(s) that are not JSON objects")
+    skipped(meta, path, bad, "line(s) that are not JSON objects")
 
 
 def _ends_with_newline(path: Path) -> bool:

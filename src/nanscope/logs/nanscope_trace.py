@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from nanscope.logs._common import Record, iter_lines, warn
+from nanscope.logs._common import Record, iter_lines, skipped
 from nanscope.trace import TRACE_SCHEMA, decode_record, is_event, read_trace
 
 NAME = "nanscope"
@@ -77,9 +77,7 @@ def _stream(path: Path, meta: dict[str, Any]) -> Iterator[Record]:
         yield record
     if bad and _cut_mid_line(path):
         meta["truncated"] = True
-    if bad:
-        meta["skipped_lines"] = bad
-        warn(f"{path}: skipped {bad} unreadable line(s)")
+    skipped(meta, path, bad, "unreadable line(s)")
 
 
 def _cut_mid_line(path: Path) -> bool:

@@ -22,19 +22,10 @@ Fix
 
 from __future__ import annotations
 
-from nanscope.data._model import Finding
-from nanscope.data.checks._base import Context, Probe, Results, missing_findings, missing_probes
+from nanscope.data.checks._base import missing_check
 
 CODE = "S001"
 NAME = "nan-values"
 FIX = "drop or impute the rows with NaN (df.drop_nans() / fillna(median)) before training"
 
-
-def probes(ctx: Context) -> list[Probe]:
-    return missing_probes(ctx, "nan")
-
-
-def run(ctx: Context, results: Results) -> list[Finding]:
-    return missing_findings(
-        ctx, results, kind="nan", code=CODE, name=NAME, noun="NaN value", fix=FIX
-    )
+probes, run = missing_check("nan", CODE, NAME, FIX, noun="NaN value")

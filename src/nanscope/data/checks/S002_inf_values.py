@@ -20,23 +20,12 @@ Fix
 
 from __future__ import annotations
 
-from nanscope.data._model import ColumnStats, Finding
-from nanscope.data.checks._base import Context, Probe, Results, missing_findings, missing_probes
+from nanscope.data._model import ColumnStats
+from nanscope.data.checks._base import missing_check
 
 CODE = "S002"
 NAME = "inf-values"
 FIX = "drop or replace the infinite rows, and guard the division or log that produced them"
-
-
-def probes(ctx: Context) -> list[Probe]:
-    return missing_probes(ctx, "inf")
-
-
-def run(ctx: Context, results: Results) -> list[Finding]:
-    return missing_findings(
-        ctx, results, kind="inf", code=CODE, name=NAME, fix=FIX, values=_signs,
-        data=lambda c: {"posinf": c.n_posinf, "neginf": c.n_neginf},
-    )  # fmt: skip
 
 
 def _signs(c: ColumnStats) -> str:
@@ -47,3 +36,9 @@ def _signs(c: ColumnStats) -> str:
     if c.n_neginf:
         signs.append(f"{c.n_neginf:,} -inf")
     return " and ".join(signs) + " values"
+
+
+probes, run = missing_check(
+    "inf", CODE, NAME, FIX, values=_signs,
+    data=lambda c: {"posinf": c.n_posinf, "neginf": c.n_neginf},
+)  # fmt: skip

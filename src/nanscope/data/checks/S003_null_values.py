@@ -22,19 +22,10 @@ Fix
 
 from __future__ import annotations
 
-from nanscope.data._model import Finding
-from nanscope.data.checks._base import Context, Probe, Results, missing_findings, missing_probes
+from nanscope.data.checks._base import missing_check
 
 CODE = "S003"
 NAME = "null-values"
 FIX = "impute (fill_null(median)) or drop the rows with missing values before making tensors"
 
-
-def probes(ctx: Context) -> list[Probe]:
-    return missing_probes(ctx, "null")
-
-
-def run(ctx: Context, results: Results) -> list[Finding]:
-    return missing_findings(
-        ctx, results, kind="null", code=CODE, name=NAME, noun="missing value", fix=FIX
-    )
+probes, run = missing_check("null", CODE, NAME, FIX, noun="missing value")

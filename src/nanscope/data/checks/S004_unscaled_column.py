@@ -30,7 +30,7 @@ import math
 from statistics import median
 
 from nanscope.data._model import Finding
-from nanscope.data.checks._base import Context, Probe, Results, fmt_num, make_finding
+from nanscope.data.checks._base import Context, Results, fmt_num, make_finding, no_probes
 
 CODE = "S004"
 NAME = "unscaled-column"
@@ -55,8 +55,7 @@ def _median_without(values: list[float], j: int) -> float:
     return (at(m // 2 - 1) + at(m // 2)) / 2
 
 
-def probes(ctx: Context) -> list[Probe]:
-    return []
+probes = no_probes
 
 
 def run(ctx: Context, results: Results) -> list[Finding]:

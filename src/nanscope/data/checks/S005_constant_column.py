@@ -25,15 +25,14 @@ from __future__ import annotations
 import math
 
 from nanscope.data._model import Finding
-from nanscope.data.checks._base import Context, Probe, Results, fmt_num, make_finding
+from nanscope.data.checks._base import Context, Results, fmt_num, make_finding, no_probes
 
 CODE = "S005"
 NAME = "constant-column"
 FIX = "drop the column, or standardise with an epsilon: (x - mean) / (std + 1e-8)"
 
 
-def probes(ctx: Context) -> list[Probe]:
-    return []
+probes = no_probes
 
 
 def run(ctx: Context, results: Results) -> list[Finding]:
@@ -41,35 +40,25 @@ def run(ctx: Context, results: Results) -> list[Finding]:
     for c in ctx.numeric(target=False):
         if c.n_finite == 0:
             continue
+        data: dict[str, float]
         if c.min == c.max:
-            out.append(
-                make_finding(
-                    CODE,
-                    NAME,
-                    "warning",
-                    c.name,
-                    f"column `{c.name}` is constant ({fmt_num(c.min)} in all {c.n_finite:,} "
-                    f"finite rows): standardising it divides by a zero std",
-                    FIX,
-                    data={"value": c.min, "std": 0.0},
-                )
+            message = (
+                f"column `{c.name}` is constant ({fmt_num(c.min)} in all {c.n_finite:,} "
+                f"finite rows): standardising it divides by a zero std"
             )
+            data = {"value": c.min, "std": 0.0}
         elif (
             math.isfinite(c.std)
             and c.mean != 0
             and c.std <= ctx.options.near_constant_rel * abs(c.mean)
         ):
-            out.append(
-                make_finding(
-                    CODE,
-                    NAME,
-                    "warning",
-                    c.name,
-                    f"column `{c.name}` is near-constant (std {fmt_num(c.std)} around "
-                    f"{fmt_num(c.mean)}, relative spread {c.std / abs(c.mean):.1e}): "
-                    f"standardising it amplifies rounding noise",
-                    FIX,
-                    data={"std": c.std, "mean": c.mean, "relative_spread": c.std / abs(c.mean)},
-                )
+            message = (
+                f"column `{c.name}` is near-constant (std {fmt_num(c.std)} around "
+                f"{fmt_num(c.mean)}, relative spread {c.std / abs(c.mean):.1e}): "
+                f"standardising it amplifies rounding noise"
             )
+            data = {"std": c.std, "mean": c.mean, "relative_spread": c.std / abs(c.mean)}
+        else:
+            continue
+        out.append(make_finding(CODE, NAME, "warning", c.name, message, FIX, data=data))
     return out

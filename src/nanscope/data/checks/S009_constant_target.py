@@ -21,15 +21,14 @@ Fix
 from __future__ import annotations
 
 from nanscope.data._model import Finding
-from nanscope.data.checks._base import Context, Probe, Results, fmt_num, make_finding
+from nanscope.data.checks._base import Context, Results, fmt_num, make_finding, no_probes
 
 CODE = "S009"
 NAME = "constant-target"
 FIX = "check the filter or join that built the target; a model cannot learn a constant"
 
 
-def probes(ctx: Context) -> list[Probe]:
-    return []
+probes = no_probes
 
 
 def run(ctx: Context, results: Results) -> list[Finding]:

@@ -23,15 +23,14 @@ Fix
 from __future__ import annotations
 
 from nanscope.data._model import Finding
-from nanscope.data.checks._base import Context, Probe, Results, make_finding
+from nanscope.data.checks._base import Context, Results, make_finding, no_probes
 
 CODE = "S011"
 NAME = "non-numeric-column"
 FIX = "encode categories (one-hot / label encoder) or parse numbers stored as text"
 
 
-def probes(ctx: Context) -> list[Probe]:
-    return []
+probes = no_probes
 
 
 def run(ctx: Context, results: Results) -> list[Finding]:

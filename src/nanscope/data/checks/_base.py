@@ -30,8 +30,8 @@ __all__ = [
     "fmt_num",
     "fmt_rows",
     "make_finding",
-    "missing_findings",
-    "missing_probes",
+    "missing_check",
+    "no_probes",
     "pct",
     "plural",
 ]
@@ -157,48 +157,54 @@ def make_finding(
     )
 
 
-def missing_probes(ctx: Context, kind: Literal["nan", "inf", "null"]) -> list[Probe]:
-    """The row lookups of the numeric columns holding values of ``kind``."""
-    return [Probe(kind, c.name) for c in ctx.numeric() if getattr(c, f"n_{kind}") > 0]
+def no_probes(ctx: Context) -> list[Probe]:
+    """The ``probes`` of a check that reads only the statistics: no row lookups."""
+    return []
 
 
-def missing_findings(
-    ctx: Context,
-    results: Results,
-    *,
+def missing_check(
     kind: Literal["nan", "inf", "null"],
     code: str,
     name: str,
     fix: str,
+    *,
     noun: str = "",
     values: Callable[[ColumnStats], str] | None = None,
     data: Callable[[ColumnStats], Mapping[str, Any]] | None = None,
-) -> list[Finding]:
-    """Findings for columns holding values of ``kind`` (NaN, inf or null): one per column, with
-    the count, the share and the first rows (S001, S002 and S003 differ only in these words).
-    The values are a count of ``noun`` (``3 NaN values``), or what ``values`` words
-    (``2 +inf and 1 -inf values``); ``data`` gives the finding's data."""
-    out = []
-    for c in ctx.numeric():
-        count = int(getattr(c, f"n_{kind}"))
-        if count == 0:
-            continue
-        res = results.get(Probe(kind, c.name))
-        where = f", {fmt_rows(res.rows, count)}" if res and res.rows else ""
-        role = "target" if c.name == ctx.target else "column"
-        what = values(c) if values is not None else plural(count, noun)
-        out.append(
-            make_finding(
-                code,
-                name,
-                "error",
-                c.name,
-                f"{role} `{c.name}` has {what} ({pct(count, c.count)}){where}",
-                fix,
-                result=res,
-                count=count,
-                data=data(c) if data is not None else None,
-                predicate=(kind, {}),
+) -> tuple[Callable[[Context], list[Probe]], Callable[[Context, Results], list[Finding]]]:
+    """The ``probes`` and ``run`` of the check for values of ``kind`` (NaN, inf or null): S001,
+    S002 and S003 differ only in these words. ``probes`` looks up the rows of the numeric columns
+    holding such values; ``run`` gives one finding per such column, with the count, the share and
+    the first rows. The values are a count of ``noun`` (``3 NaN values``), or what ``values``
+    words (``2 +inf and 1 -inf values``); ``data`` gives the finding's data."""
+
+    def probes(ctx: Context) -> list[Probe]:
+        return [Probe(kind, c.name) for c in ctx.numeric() if getattr(c, f"n_{kind}") > 0]
+
+    def run(ctx: Context, results: Results) -> list[Finding]:
+        out = []
+        for c in ctx.numeric():
+            count = int(getattr(c, f"n_{kind}"))
+            if count == 0:
+                continue
+            res = results.get(Probe(kind, c.name))
+            where = f", {fmt_rows(res.rows, count)}" if res and res.rows else ""
+            role = "target" if c.name == ctx.target else "column"
+            what = values(c) if values is not None else plural(count, noun)
+            out.append(
+                make_finding(
+                    code,
+                    name,
+                    "error",
+                    c.name,
+                    f"{role} `{c.name}` has {what} ({pct(count, c.count)}){where}",
+                    fix,
+                    result=res,
+                    count=count,
+                    data=data(c) if data is not None else None,
+                    predicate=(kind, {}),
+                )
             )
-        )
-    return out
+        return out
+
+    return probes, run

@@ -49,7 +49,7 @@ from __future__ import annotations
 import ast
 from collections.abc import Iterator
 
-from nanscope.lint._types import Edit, Hit, Rule
+from nanscope.lint._types import CallRule, Edit, Hit
 from nanscope.lint.fixes import renamed_call, replace
 from nanscope.lint.inference import FileContext
 from nanscope.lint.scopes import Site
@@ -58,16 +58,14 @@ from nanscope.lint.vocabulary import K
 _LOGS = frozenset({"log", "log2", "log10", "log_"})
 
 
-class LogOfProbability(Rule):
+class LogOfProbability(CallRule):
     """Log of a probability that can be exactly 0."""
 
     code = "L001"
     name = "log-of-probability"
     fix = "clip the probability into [eps, 1-eps] (torch.clamp / np.clip) or add an epsilon"
-    node_types = (ast.Call,)
 
-    def check(self, node: ast.AST, site: Site, ctx: FileContext) -> Iterator[Hit]:
-        assert isinstance(node, ast.Call)
+    def check_call(self, node: ast.Call, site: Site, ctx: FileContext) -> Iterator[Hit]:
         root, last, recv = ctx.func_parts(node)
         if last in ("entr", "xlogy") and root == "torch" and recv is None and node.args:
             # -p log p: finite at 0 in the forward, -(log p + 1) = inf in the backward

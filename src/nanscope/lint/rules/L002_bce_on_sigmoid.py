@@ -36,7 +36,7 @@ from __future__ import annotations
 import ast
 from collections.abc import Iterator
 
-from nanscope.lint._types import Edit, Hit, Rule
+from nanscope.lint._types import CallRule, Edit, Hit
 from nanscope.lint.fixes import insert_after, replace
 from nanscope.lint.inference import FileContext
 from nanscope.lint.scopes import Site, keyword
@@ -46,7 +46,7 @@ _TORCH_BCE = frozenset({"binary_cross_entropy"})
 _TF_BCE = frozenset({"binary_crossentropy"})
 
 
-class BceOnSigmoid(Rule):
+class BceOnSigmoid(CallRule):
     """Binary cross-entropy computed on a sigmoid output instead of on the logits."""
 
     code = "L002"
@@ -55,10 +55,8 @@ class BceOnSigmoid(Rule):
         "drop the sigmoid: BCEWithLogitsLoss or F.binary_cross_entropy_with_logits on the logits "
         "(Keras: from_logits)"
     )
-    node_types = (ast.Call,)
 
-    def check(self, node: ast.AST, site: Site, ctx: FileContext) -> Iterator[Hit]:
-        assert isinstance(node, ast.Call)
+    def check_call(self, node: ast.Call, site: Site, ctx: FileContext) -> Iterator[Hit]:
         root, last, recv = ctx.func_parts(node)
         pred: ast.expr | None = None
         if recv is None and root == "torch" and last in _TORCH_BCE:

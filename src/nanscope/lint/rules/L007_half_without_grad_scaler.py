@@ -44,7 +44,7 @@ import ast
 import re
 from collections.abc import Iterator
 
-from nanscope.lint._types import Hit, Rule
+from nanscope.lint._types import CallRule, Hit
 from nanscope.lint.inference import FileContext
 from nanscope.lint.scopes import Site, keyword
 from nanscope.lint.vocabulary import SCALERS, K
@@ -67,16 +67,14 @@ def _dtype(expr: ast.AST | None) -> str | None:
     return None
 
 
-class HalfWithoutGradScaler(Rule):
+class HalfWithoutGradScaler(CallRule):
     """`float16` training with no loss scaler, or a loss computed in float16."""
 
     code = "L007"
     name = "half-without-grad-scaler"
     fix = "torch.amp.GradScaler (Keras: LossScaleOptimizer) with float32 weights, or bfloat16"
-    node_types = (ast.Call,)
 
-    def check(self, node: ast.AST, site: Site, ctx: FileContext) -> Iterator[Hit]:
-        assert isinstance(node, ast.Call)
+    def check_call(self, node: ast.Call, site: Site, ctx: FileContext) -> Iterator[Hit]:
         root, last, recv = ctx.func_parts(node)
         if last is None:
             return

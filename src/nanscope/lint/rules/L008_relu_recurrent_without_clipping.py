@@ -35,7 +35,7 @@ from __future__ import annotations
 import ast
 from collections.abc import Iterator
 
-from nanscope.lint._types import Hit, Rule
+from nanscope.lint._types import CallRule, Hit
 from nanscope.lint.inference import FileContext
 from nanscope.lint.scopes import Site, keyword
 from nanscope.lint.vocabulary import CLIPPING
@@ -76,7 +76,7 @@ def _relu_like(expr: ast.AST | None) -> bool:
     return False
 
 
-class ReluRecurrentWithoutClipping(Rule):
+class ReluRecurrentWithoutClipping(CallRule):
     """`relu` as the activation of a recurrent cell, with no gradient clipping in the file."""
 
     code = "L008"
@@ -85,10 +85,8 @@ class ReluRecurrentWithoutClipping(Rule):
         "keep tanh, or clip the gradient norm (clip_grad_norm_, tf.clip_by_global_norm, "
         "clipnorm=1.0)"
     )
-    node_types = (ast.Call,)
 
-    def check(self, node: ast.AST, site: Site, ctx: FileContext) -> Iterator[Hit]:
-        assert isinstance(node, ast.Call)
+    def check_call(self, node: ast.Call, site: Site, ctx: FileContext) -> Iterator[Hit]:
         _root, last, recv = ctx.func_parts(node)
         if last not in _RECURRENT or recv is not None or ctx.idents & CLIPPING:
             return

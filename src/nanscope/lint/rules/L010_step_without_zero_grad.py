@@ -39,7 +39,7 @@ import ast
 import re
 from collections.abc import Iterator
 
-from nanscope.lint._types import Hit, Rule
+from nanscope.lint._types import CallRule, Hit
 from nanscope.lint.inference import FileContext
 from nanscope.lint.scopes import Site, qualified_name
 from nanscope.lint.vocabulary import K
@@ -51,16 +51,14 @@ _OPTIMIZER_NAME = re.compile(
 )
 
 
-class StepWithoutZeroGrad(Rule):
+class StepWithoutZeroGrad(CallRule):
     """`optimizer.step()` in a loop that never clears the gradients."""
 
     code = "L010"
     name = "step-without-zero-grad"
     fix = "call optimizer.zero_grad() in the loop, before backward() (or after step())"
-    node_types = (ast.Call,)
 
-    def check(self, node: ast.AST, site: Site, ctx: FileContext) -> Iterator[Hit]:
-        assert isinstance(node, ast.Call)
+    def check_call(self, node: ast.Call, site: Site, ctx: FileContext) -> Iterator[Hit]:
         if node.args or node.keywords or "backward" not in ctx.idents:
             return
         _root, last, recv = ctx.func_parts(node)
