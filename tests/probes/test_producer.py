@@ -44,7 +44,7 @@ def _fit(model, opt, steps, body):  # type: ignore[no-untyped-def]
     finally:
         w.close()
     assert _get_current_function_mode() is None, "the first-update watch left its mode behind"
-    assert not producer.LIVE.active
+    assert not producer.FIRST_UPDATE_WATCH.active
     return info.value.diagnosis
 
 
@@ -241,12 +241,12 @@ def test_a_healthy_first_update_stops_the_watch_after_the_step() -> None:
     model = nn.Linear(3, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     w = watch(model, opt, monitor=nanscope.Monitor(write=False))
-    assert producer.LIVE.active
+    assert producer.FIRST_UPDATE_WATCH.active
     x, y = torch.randn(8, 3), torch.randn(8, 1)
     nn.functional.mse_loss(model(x), y).backward()
     opt.step()
-    assert not producer.LIVE.active and _get_current_function_mode() is None
-    assert producer.LIVE.result() is None  # nothing was born non-finite
+    assert not producer.FIRST_UPDATE_WATCH.active and _get_current_function_mode() is None
+    assert producer.FIRST_UPDATE_WATCH.result() is None  # nothing was born non-finite
     w.close()
 
 

@@ -22,6 +22,6 @@ def _first_update_watch_not_broken():
     yield
     from nanscope.probes import producer
 
-    fault = producer.LIVE.fault
-    producer.LIVE.broken, producer.LIVE.fault = False, None
+    fault = producer.FIRST_UPDATE_WATCH.fault
+    producer.FIRST_UPDATE_WATCH.broken, producer.FIRST_UPDATE_WATCH.fault = False, None
     assert fault is None, f"the first-update op watch faulted: {fault}"

@@ -134,7 +134,7 @@ def test_activation_checkpointing_recomputes_as_bare_and_its_updates_are_watched
     tmp_path, ckpt
 ) -> None:
     model, opt, watcher = _watched(tmp_path, ckpt)
-    assert producer.LIVE.active  # the first update's ops are checked, around the checkpoints
+    assert producer.FIRST_UPDATE_WATCH.active  # the first update's ops, around the checkpoints
     _fit(model, opt, 4)  # a different saved-tensor count in the recomputation would raise
     assert [r["step"] for r in watcher.monitor.trace.records] == [1, 2, 3, 4]
     _still_watched(model, opt, watcher)
@@ -147,7 +147,7 @@ def test_torch_func_transforms_of_a_watched_model_see_no_nanscope(tmp_path) -> N
     def sample_loss(params, xi, yi):
         return nn.functional.mse_loss(functional_call(model, params, (xi[None],)), yi[None])
 
-    assert producer.LIVE.active
+    assert producer.FIRST_UPDATE_WATCH.active
     for _ in range(3):
         opt.zero_grad()
         nn.functional.mse_loss(model(x), y).backward()
@@ -157,7 +157,7 @@ def test_torch_func_transforms_of_a_watched_model_see_no_nanscope(tmp_path) -> N
         per_sample = vmap(grad(sample_loss), in_dims=(None, 0, 0))(params, x, y)
         assert per_sample["head.weight"].shape == (16, 1, 8)
         opt.step()
-    assert producer.LIVE.fault is None  # it read no batched tensor inside vmap
+    assert producer.FIRST_UPDATE_WATCH.fault is None  # it read no batched tensor inside vmap
     assert not watcher.guard.faults
     first = watcher.monitor.trace.records[0]
     assert first["input_absmax"] == pytest.approx(float(x.abs().max()))  # the update's batch

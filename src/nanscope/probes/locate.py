@@ -79,8 +79,8 @@ def locate(failure: TorchFailure) -> dict[str, Any]:
     """
     live: dict[str, Any] | None = None
     try:
-        producer.LIVE.stop()
-        live = producer.LIVE.result()
+        producer.FIRST_UPDATE_WATCH.stop()
+        live = producer.FIRST_UPDATE_WATCH.result()
     except Exception:
         live = None
     try:

@@ -59,8 +59,14 @@ from nanscope.probes._tensors import (
     tensors,
 )
 
-__all__ = ["GRAPH_NODE", "HALF_MAX", "LIVE", "FirstUpdateWatch", "graph_producer",
-           "recompute_without_rows"]  # fmt: skip
+__all__ = [
+    "FIRST_UPDATE_WATCH",
+    "GRAPH_NODE",
+    "HALF_MAX",
+    "FirstUpdateWatch",
+    "graph_producer",
+    "recompute_without_rows",
+]  # fmt: skip
 
 #: ops the live watch checks at most (one update of a very large script stops being checked)
 OP_BUDGET = 200_000
@@ -478,7 +484,7 @@ def _loss_scale(fn: Any) -> float | None:
 
 
 #: the process's live watch (one: the first update of the first watched fit)
-LIVE = FirstUpdateWatch()
+FIRST_UPDATE_WATCH = FirstUpdateWatch()
 
 
 # ------------------------------------------------------------------ the loss graph, recomputed

@@ -91,7 +91,7 @@ class Guard(FaultGuard):
 #: the guard of the process-wide patches
 GUARD = Guard()
 
-_LIVE: weakref.WeakSet[Listener] = weakref.WeakSet()
+_LISTENERS: weakref.WeakSet[Listener] = weakref.WeakSet()
 
 
 def _never_compiling() -> bool:
@@ -171,7 +171,7 @@ def _quiet() -> Any:
 #: the live watchers as a tuple of weak references, what the patches read on every call (a
 #: ``WeakSet``'s ``len`` and iteration are Python calls; a tuple's are not). Remade on register,
 #: unregister and when a watcher is collected.
-_LIVE_NOW: tuple[weakref.ref[Listener], ...] = ()
+_LISTENERS_NOW: tuple[weakref.ref[Listener], ...] = ()
 _LOCK = threading.Lock()
 _INSTALLED = False
 _STATE = threading.local()
@@ -250,7 +250,7 @@ def standing_aside() -> Any:
     of the live watchers' models and optimizers (the user's own hooks stay: a weight
     parametrisation is part of the model), the patches see no live watcher, and everything is put
     back as it was. Nothing is paid on the hot path for this: it happens only around a replay."""
-    global _LIVE_NOW
+    global _LISTENERS_NOW
     from torch.nn.modules import module as module_mod
     from torch.optim import optimizer as optim_mod
 
@@ -278,11 +278,11 @@ def standing_aside() -> Any:
             for key, _ in ours:
                 del table[key]
             removed.append((table, ours, order))
-    live, _LIVE_NOW = _LIVE_NOW, ()
+    live, _LISTENERS_NOW = _LISTENERS_NOW, ()
     try:
         yield
     finally:
-        _LIVE_NOW = live
+        _LISTENERS_NOW = live
         for table, ours, order in removed:
             for key, hook in ours:
                 table[key] = hook
@@ -294,13 +294,13 @@ def standing_aside() -> Any:
 
 
 def live_watchers() -> list[Listener]:
-    return list(_LIVE)
+    return list(_LISTENERS)
 
 
 def _live() -> list[Listener]:
     """The live watchers, from the snapshot (the patches' fast path)."""
     out = []
-    for ref in _LIVE_NOW:
+    for ref in _LISTENERS_NOW:
         watcher = ref()
         if watcher is not None:
             out.append(watcher)
@@ -308,18 +308,18 @@ def _live() -> list[Listener]:
 
 
 def _refresh(_gone: Any = None) -> None:
-    global _LIVE_NOW
-    _LIVE_NOW = tuple(weakref.ref(w, _refresh) for w in list(_LIVE))
+    global _LISTENERS_NOW
+    _LISTENERS_NOW = tuple(weakref.ref(w, _refresh) for w in list(_LISTENERS))
 
 
 def register(watcher: Listener) -> None:
     install()
-    _LIVE.add(watcher)
+    _LISTENERS.add(watcher)
     _refresh()
 
 
 def unregister(watcher: Listener) -> None:
-    _LIVE.discard(watcher)
+    _LISTENERS.discard(watcher)
     _refresh()
 
 
@@ -372,7 +372,7 @@ def _notify_backward(tensors: Any) -> None:
         if not isinstance(tensor, torch.Tensor) or tensor.numel() != 1:
             return
         site = user_site(3)
-        for ref in _LIVE_NOW:
+        for ref in _LISTENERS_NOW:
             watcher = ref()
             if watcher is not None:
                 watcher.on_backward(tensor, site)
@@ -409,7 +409,7 @@ def _notifying(backward: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(backward)
     def notifying(tensors: Any, *args: Any, **kwargs: Any) -> Any:
-        if _LIVE_NOW and not getattr(_STATE, "inside", False):
+        if _LISTENERS_NOW and not getattr(_STATE, "inside", False):
             _notify_backward(tensors)
             _STATE.inside = True
             try:
@@ -427,10 +427,10 @@ def _patch_loss() -> None:
     call = torch.nn.Module.__call__
 
     def loss_call(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if _LIVE_NOW and "loss module" not in GUARD.off and not compiling() and not aside():
+        if _LISTENERS_NOW and "loss module" not in GUARD.off and not compiling() and not aside():
             try:
                 LOSS_SITE["site"] = user_site(2)  # the user's line that called the loss module
-                for ref in _LIVE_NOW:
+                for ref in _LISTENERS_NOW:
                     watcher = ref()
                     if watcher is not None:
                         watcher.on_loss_module(self, args, kwargs)
@@ -481,7 +481,7 @@ def _patch_clip() -> None:
 
     @functools.wraps(original)
     def clip_grad_norm_(*args: Any, **kwargs: Any) -> Any:
-        if not _LIVE_NOW:
+        if not _LISTENERS_NOW:
             return original(*args, **kwargs)
         # the parameters it clips (an iterator is read into a list first, which torch accepts
         # the same): a watcher whose parameters are all among them may take the finite total as
@@ -506,7 +506,7 @@ def _patch_clip() -> None:
         @functools.wraps(with_norm)
         def clip_grads_with_norm_(parameters: Any, max_norm: Any, total_norm: Any,
                                   *args: Any, **kwargs: Any) -> Any:  # fmt: skip
-            if _LIVE_NOW:
+            if _LISTENERS_NOW:
                 CLIP_CALL.clear()  # (its total was computed elsewhere: not taken as a check)
                 for watcher in _live():
                     GUARD.run("clip_grad_norm_", watcher.on_clip, total_norm)
@@ -528,7 +528,7 @@ def _patch_scaler() -> None:
     def scale_(self: Any, outputs: Any) -> Any:
         global scaling
         out = scale(self, outputs)
-        if _LIVE_NOW and isinstance(out, torch.Tensor) and out is not outputs:
+        if _LISTENERS_NOW and isinstance(out, torch.Tensor) and out is not outputs:
             with contextlib.suppress(TypeError):
                 _SCALED[out] = self
                 scaling = True
@@ -536,7 +536,7 @@ def _patch_scaler() -> None:
 
     @functools.wraps(step)
     def step_(self: Any, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
-        watchers = [w for w in _live() if w.owns(optimizer)] if _LIVE_NOW else []
+        watchers = [w for w in _live() if w.owns(optimizer)] if _LISTENERS_NOW else []
         for watcher in watchers:
             watcher.scaler_step_begin(self)
         out = step(self, optimizer, *args, **kwargs)

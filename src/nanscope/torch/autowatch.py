@@ -201,9 +201,11 @@ def enable() -> None:
     _widen()
     _patch_compile(torch)
     del torch
-    from nanscope.probes.producer import LIVE  # producer: check the ops of the first update
+    from nanscope.probes.producer import (
+        FIRST_UPDATE_WATCH,  # producer: check the ops of the first update
+    )
 
-    LIVE.start()
+    FIRST_UPDATE_WATCH.start()
     try:  # dataset rows of each batch, when the DataLoader's sampler tells them
         from nanscope.probes import rows
 

@@ -57,7 +57,7 @@ class ClosureSteps:
                 # the first update's loss and gradient were watched at the first evaluation, and
                 # the optimizer's arithmetic up to this one: watching 20 more forwards and
                 # backwards would only keep their per-op bookkeeping alive
-                _producer.LIVE.stop()
+                _producer.FIRST_UPDATE_WATCH.stop()
             self.depth += 1
             try:
                 out = closure()

@@ -121,7 +121,7 @@ class Watcher:
         if model is not None:
             self.bind_model(model, hook=hook_model)
         self.alarms.connect(monitor)
-        _producer.LIVE.start()  # producer: check every op of the first update (probes/producer.py)
+        _producer.FIRST_UPDATE_WATCH.start()  # every op of the first update (probes/producer.py)
         if hook_optimizer:
             self._handles.append(optimizer.register_step_pre_hook(self.step_pre))
             self._handles.append(optimizer.register_step_post_hook(self.step_post))
@@ -201,7 +201,7 @@ class Watcher:
         if self._closed:
             return self.monitor.diagnosis
         self._closed = True
-        _producer.LIVE.stop()
+        _producer.FIRST_UPDATE_WATCH.stop()
         with contextlib.suppress(DivergenceError):  # a stop in the last batch: already saved
             self.drain_batched()
         with contextlib.suppress(ValueError):
@@ -339,8 +339,8 @@ class Watcher:
 
     def step_post(self, optimizer: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """The optimizer's step post-hook: the update was applied."""
-        if _producer.LIVE.pushed:  # the first update's op watch (every later step: nothing)
-            _producer.LIVE.stop()
+        if _producer.FIRST_UPDATE_WATCH.pushed:  # (every later step: nothing to stop)
+            _producer.FIRST_UPDATE_WATCH.stop()
         self.precision.on_step()
         self.closures.step_done(self.monitor, self.step)
         window = self.window
