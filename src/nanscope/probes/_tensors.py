@@ -10,6 +10,7 @@ import (nanscope imports without torch).
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import sys
 from collections.abc import Callable
@@ -88,9 +89,7 @@ def saved_tensors(node: Any) -> dict[str, Any]:
     import torch
 
     saved: dict[str, Any] = {}
-    for attr in dir(node):
-        if not attr.startswith("_saved_") or attr.endswith(("_sym_sizes", "_sizes", "_strides")):
-            continue
+    for attr in _saved_names(type(node)):
         try:
             value = getattr(node, attr)
         except RuntimeError:
@@ -100,6 +99,13 @@ def saved_tensors(node: Any) -> dict[str, Any]:
         if isinstance(value, torch.Tensor) and value.is_floating_point() and value.numel():
             saved[attr[len("_saved_"):]] = value
     return saved
+
+
+@functools.cache
+def _saved_names(kind: Any) -> tuple[str, ...]:
+    """The ``_saved_*`` attributes of a node type (``dir`` is slow; a type's never change)."""
+    return tuple(a for a in dir(kind) if a.startswith("_saved_")
+                 and not a.endswith(("_sym_sizes", "_sizes", "_strides")))  # fmt: skip
 
 
 def custom_saved(node: Any) -> dict[str, Any]:
