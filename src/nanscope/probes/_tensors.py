@@ -10,7 +10,6 @@ import (nanscope imports without torch).
 from __future__ import annotations
 
 import contextlib
-import functools
 import math
 import sys
 from collections.abc import Callable
@@ -101,11 +100,19 @@ def saved_tensors(node: Any) -> dict[str, Any]:
     return saved
 
 
-@functools.cache
+#: node type -> its ``_saved_*`` attribute names
+_SAVED_NAMES: dict[Any, tuple[str, ...]] = {}
+
+
 def _saved_names(kind: Any) -> tuple[str, ...]:
     """The ``_saved_*`` attributes of a node type (``dir`` is slow; a type's never change)."""
-    return tuple(a for a in dir(kind) if a.startswith("_saved_")
-                 and not a.endswith(("_sym_sizes", "_sizes", "_strides")))  # fmt: skip
+    names = _SAVED_NAMES.get(kind)
+    if names is None:
+        names = _SAVED_NAMES[kind] = tuple(
+            a for a in dir(kind)
+            if a.startswith("_saved_") and not a.endswith(("_sym_sizes", "_sizes", "_strides"))
+        )
+    return names
 
 
 def custom_saved(node: Any) -> dict[str, Any]:
