@@ -294,3 +294,34 @@ def test_a_hand_written_loop_calls_no_model_and_its_batch_is_still_read(tmp_path
     assert d is not None, proc.stderr
     assert d["cause"] == "extreme_batch", d["evidence"]
     assert d["rows"] and d["rows"][0]["batch_row"] == 77 - 64 and d["rows"][0]["column"] == 2
+
+
+SCALER_SKIPS_EVERY_STEP = """
+import torch
+from torch import nn
+
+torch.manual_seed(0)
+X = torch.randn(64, 4)
+y = torch.randn(64, 1)
+X[:, 1] = float("inf")  # every batch: every scaled gradient holds inf or NaN
+model = nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+scaler = torch.amp.GradScaler("cpu")
+for i in range(0, 64, 8):
+    opt.zero_grad()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = nn.functional.mse_loss(model(X[i:i + 8]), y[i:i + 8])
+    scaler.scale(loss).backward()
+    scaler.step(opt)  # skips optimizer.step every time: the gradients are never finite
+    scaler.update()
+print("done")
+"""
+
+
+def test_a_scaler_that_skips_every_step_is_watched_though_the_optimizer_never_steps(tmp_path):
+    # nanscope run makes an optimizer's watcher at its first step; a GradScaler that skips
+    # every one never runs it: the watcher is made at the scaler's step instead
+    proc, d = _run(tmp_path, SCALER_SKIPS_EVERY_STEP)
+    assert d is not None, proc.stderr
+    assert d["verdict"] == "nonfinite" and d["cause"] != "unknown", d["evidence"]
+    assert d["first_nonfinite"]["step"] == 1

@@ -517,6 +517,12 @@ def _patch_clip() -> None:
             setattr(clip_mod, "clip_grads_with_norm_", clip_grads_with_norm_)  # noqa: B010
 
 
+#: called with the optimizer before each ``GradScaler.step``: a scaler that skips every step
+#: (its scale collapsing in float16) never runs ``optimizer.step``, whose pre-hook is where
+#: ``nanscope run`` makes an optimizer's watcher
+SCALER_STEP: list[Any] = []
+
+
 def _patch_scaler() -> None:
     scaler_cls = getattr(torch.amp, "GradScaler", None)
     if scaler_cls is None:  # pragma: no cover - very old torch
@@ -536,6 +542,9 @@ def _patch_scaler() -> None:
 
     @functools.wraps(step)
     def step_(self: Any, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
+        if _LISTENERS_NOW:
+            for hook in SCALER_STEP:  # (nanscope run: a watcher for an optimizer never stepped)
+                GUARD.run("GradScaler.step", hook, optimizer)
         watchers = [w for w in _live() if w.owns(optimizer)] if _LISTENERS_NOW else []
         for watcher in watchers:
             watcher.scaler_step_begin(self)

@@ -120,6 +120,8 @@ def disarm() -> None:
         if _hooks is not None:
             _hooks.unregister(_COLLECTOR)  # (else every backward still walks the graph for them)
             _hooks.unregister(_MANUAL)
+            with contextlib.suppress(ValueError):
+                _hooks.SCALER_STEP.remove(_scaler_step)
         _SEEN.clear()
         _BOUND.clear()
         _ENABLED = False
@@ -196,6 +198,8 @@ def enable() -> None:
     _hooks.install()
     _hooks.register(_COLLECTOR)
     _hooks.register(_MANUAL)
+    if _scaler_step not in _hooks.SCALER_STEP:
+        _hooks.SCALER_STEP.append(_scaler_step)
     _HANDLES.append(optimizer_mod.register_optimizer_step_pre_hook(_step_pre))
     _HANDLES.append(optimizer_mod.register_optimizer_step_post_hook(_step_post))
     _widen()
@@ -416,6 +420,20 @@ def _step_pre(optimizer: Any, args: Any, kwargs: Any) -> Any:
     if watcher is None:
         return None
     return watcher.step_pre(optimizer, args, kwargs)
+
+
+def _scaler_step(optimizer: Any) -> None:
+    """``scaler.step(optimizer)`` is about to run: the optimizer gets its watcher now, so that a
+    step the scaler skips is recorded even when the optimizer has never stepped yet."""
+    if not _ENABLED:
+        return
+    watcher = _WATCHERS.get(optimizer)
+    if watcher is None or watcher.model is None:
+        _MANUAL.optimizer_stepped = True
+        _watcher_for(optimizer)
+        for _, forwards in _SEEN.values():
+            del forwards[:-1]
+        _COLLECTOR.reset()  # (handed over: the step that follows may be skipped)
 
 
 def _step_post(optimizer: Any, args: Any, kwargs: Any) -> None:
