@@ -116,11 +116,11 @@ def run(name: str, rounds: int, block: int, warm: int) -> dict[str, float]:
                 for handle in watcher._handles:
                     hooks = handle.hooks_dict_ref()
                     paused.append((hooks, handle.id, hooks.pop(handle.id)))
-                paused.append(_hooks._LIVE_NOW)
-                _hooks._LIVE_NOW = ()
+                paused.append(_hooks._LISTENERS_NOW)
+                _hooks._LISTENERS_NOW = ()
 
             def resume() -> None:
-                _hooks._LIVE_NOW = paused.pop()
+                _hooks._LISTENERS_NOW = paused.pop()
                 for hooks, key, hook in paused:
                     hooks[key] = hook
                 paused.clear()
