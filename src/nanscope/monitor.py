@@ -532,6 +532,9 @@ class _Policy(_Measures):
                 continue
             if reason:
                 self.record_event("held", step=alarm.step, kind=alarm.kind, text=str(reason))
+                # the data stepped up: the detectors measure from the new stage on, so a real
+                # divergence later in the run is still caught (a fired detector stays silent)
+                self.reset_detectors()
                 return True
         return False
 

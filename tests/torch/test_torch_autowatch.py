@@ -325,3 +325,25 @@ def test_a_scaler_that_skips_every_step_is_watched_though_the_optimizer_never_st
     assert d is not None, proc.stderr
     assert d["verdict"] == "nonfinite" and d["cause"] != "unknown", d["evidence"]
     assert d["first_nonfinite"]["step"] == 1
+
+
+def test_a_held_step_up_leaves_the_detectors_watching_the_rest_of_the_run(tmp_path):
+    # with snapshots 43 updates apart, the warm-up's first climb is held as the data's step (the
+    # weights from before it, frozen, give the same higher loss); the divergence that follows at
+    # the peak lr must still be stopped and replayed, not run to the end unseen
+    case = ROOT / "tests" / "zoo" / "torch" / "step_size_warmup_peak_momentum.py"
+    (tmp_path / "sitecustomize.py").write_text(
+        "import nanscope.torch.history as history\nhistory.SNAPSHOT_EVERY = 43\n")
+    out = tmp_path / "diagnosis.json"
+    env = {**os.environ, "NANSCOPE_DIR": str(tmp_path / "runs"),
+           "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT / "src")])}  # fmt: skip
+    env.pop("PYTHONWARNINGS", None)
+    proc = subprocess.run([sys.executable, "-m", "nanscope.cli", "run", "--json", str(out), "--",
+                           "python", str(case)], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
+    d = json.loads(out.read_text()) if out.exists() else None
+    assert d is not None, proc.stderr
+    trace = (Path(d["run"]["trace"])).read_text()
+    assert '"event": "held"' in trace or '"event":"held"' in trace
+    assert (d["verdict"], d["cause"]) == ("diverging", "step_size_too_large")
+    assert d["confidence"] >= 0.9
