@@ -116,8 +116,7 @@ def decide(entries: Sequence[Mapping[str, Any]], priors: Sequence[tuple[str, flo
     if "without_rows" in fixed:
         # the rows broke it; how they did is the rules' word when they saw the op that made
         # their NaN (a log of a zero count in the loop, an overflow in half precision)
-        borne = [(c, p) for c, p in priors if c in _ROW_BORNE and p >= 0.5
-                 and not (c == "extreme_batch" and rows_nonfinite)]  # (NaN/inf: no finite row)
+        borne = [(c, p) for c, p in priors if c in _ROW_BORNE and p >= 0.5]
         cause = borne[0][0] if borne else ("nonfinite_input" if rows_nonfinite
                                            else "extreme_batch")  # fmt: skip
     elif "float32" in fixed:
