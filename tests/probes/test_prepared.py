@@ -5,12 +5,19 @@ loss op that met it."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
+
+import nanscope
 
 pytest.importorskip("torch")
 pytestmark = pytest.mark.slow
@@ -52,38 +59,46 @@ def test_a_log_of_zero_counts_in_the_data_preparation_is_the_producer(tmp_path: 
     assert located["replay"]["op"]  # the op the replay saw meet the -inf is kept beside it
 
 
+@contextlib.contextmanager
+def _numpy_errors_recorded() -> Iterator[None]:
+    """numpy's errors are recorded from the first Monitor on: one made and gone, warnings off."""
+    import gc
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        nanscope.Monitor(write=False).close()
+        gc.collect()
+        yield
+
+
+def _least_squares(X: Any, y: Any, batch: int) -> Any:
+    """Least squares by gradient descent under a Monitor (policy warn), batch by batch in order;
+    its diagnosis."""
+    w = np.zeros(X.shape[1])
+    monitor = nanscope.Monitor(write=False, policy="warn")
+    for start in range(0, len(X), batch):
+        idx = np.arange(start, start + batch)
+        r = X[idx] @ w - y[idx]
+        g = X[idx].T @ r / batch
+        monitor.update(float(np.mean(r**2)), params={"w": w}, grads={"w": g}, lr=0.1,
+                       inputs=X[idx], targets=y[idx], index=idx)  # fmt: skip
+        w = w - 0.1 * g
+    return monitor.close()
+
+
 def test_another_files_numpy_error_is_not_this_runs_data_preparation(tmp_path) -> None:
     # a log of zero made by another file with no Monitor running (another fit, another test)
     # is not pinned on this run's NaN row, which is read from its own data
-    import gc
     import runpy
-    import warnings
-
-    import numpy as np
-
-    import nanscope
 
     other = tmp_path / "other_fit.py"
     other.write_text("import numpy as np\nlog_counts = np.log(np.zeros(3))\n")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        nanscope.Monitor(write=False).close()  # (numpy's errors are recorded from the first)
-        gc.collect()
+    with _numpy_errors_recorded():
         runpy.run_path(str(other))
         rng = np.random.default_rng(0)
         X = rng.normal(size=(64, 2))
         X[40, 1] = np.nan
-        y = X @ np.array([1.0, -1.0])
-        w = np.zeros(2)
-        monitor = nanscope.Monitor(write=False, policy="warn")
-        for step in range(8):
-            idx = np.arange(8 * step, 8 * step + 8)
-            r = X[idx] @ w - y[idx]
-            g = X[idx].T @ r / 8
-            monitor.update(float(np.mean(r**2)), params={"w": w}, grads={"w": g}, lr=0.1,
-                           inputs=X[idx], targets=y[idx], index=idx)  # fmt: skip
-            w = w - 0.1 * g
-        diagnosis = monitor.close()
+        diagnosis = _least_squares(X, X @ np.array([1.0, -1.0]), 8)
     assert diagnosis.cause == "nonfinite_input"
     assert (diagnosis.located or {}).get("op") != "log"
 
@@ -91,30 +106,11 @@ def test_another_files_numpy_error_is_not_this_runs_data_preparation(tmp_path) -
 def test_a_standardisation_of_data_that_already_held_an_inf_made_no_nan_of_its_own() -> None:
     # the mean and std of a column holding -inf are NaN: numpy reports an invalid value in std,
     # but the std only propagated a value the data already held, so the rows are the cause
-    import gc
-    import warnings
-
-    import numpy as np
-
-    import nanscope
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        nanscope.Monitor(write=False).close()  # (numpy's errors are recorded from the first)
-        gc.collect()
+    with _numpy_errors_recorded():
         rng = np.random.default_rng(2)
         X = rng.normal(size=(64, 3))
         y = X @ np.array([1.0, -1.0, 0.5])
         X[21, 1] = -np.inf
         X = (X - X.mean(axis=0)) / X.std(axis=0)
-        w = np.zeros(3)
-        monitor = nanscope.Monitor(write=False, policy="warn")
-        for step in range(4):
-            idx = np.arange(16 * step, 16 * step + 16)
-            r = X[idx] @ w - y[idx]
-            g = X[idx].T @ r / 16
-            monitor.update(float(np.mean(r**2)), params={"w": w}, grads={"w": g}, lr=0.1,
-                           inputs=X[idx], targets=y[idx], index=idx)  # fmt: skip
-            w = w - 0.1 * g
-        diagnosis = monitor.close()
+        diagnosis = _least_squares(X, y, 16)
     assert diagnosis.cause == "nonfinite_input", diagnosis.message()
