@@ -18,11 +18,13 @@ pytest.importorskip("torch")
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _run(tmp_path: Path, body: str, *, arm_directly: bool = False, timeout: int = 120):
+def _run(tmp_path: Path, body: str, *, arm_directly: bool = False, timeout: int = 120,
+         path: tuple[Path, ...] = ()):
     script = tmp_path / "train.py"
     script.write_text(textwrap.dedent(body))
     out = tmp_path / "diagnosis.json"
-    env = {**os.environ, "NANSCOPE_DIR": str(tmp_path / "runs"), "PYTHONPATH": str(ROOT / "src")}
+    python_path = os.pathsep.join(str(p) for p in (*path, ROOT / "src"))
+    env = {**os.environ, "NANSCOPE_DIR": str(tmp_path / "runs"), "PYTHONPATH": python_path}
     env.pop("PYTHONWARNINGS", None)
     if arm_directly:
         cmd = [sys.executable, str(script)]
@@ -332,16 +334,11 @@ def test_a_held_step_up_leaves_the_detectors_watching_the_rest_of_the_run(tmp_pa
     # weights from before it, frozen, give the same higher loss); the divergence that follows at
     # the peak lr must still be stopped and replayed, not run to the end unseen
     case = ROOT / "tests" / "zoo" / "torch" / "step_size_warmup_peak_momentum.py"
-    (tmp_path / "sitecustomize.py").write_text(
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
         "import nanscope.torch.history as history\nhistory.SNAPSHOT_EVERY = 43\n")
-    out = tmp_path / "diagnosis.json"
-    env = {**os.environ, "NANSCOPE_DIR": str(tmp_path / "runs"),
-           "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT / "src")])}  # fmt: skip
-    env.pop("PYTHONWARNINGS", None)
-    proc = subprocess.run([sys.executable, "-m", "nanscope.cli", "run", "--json", str(out), "--",
-                           "python", str(case)], cwd=tmp_path, env=env, capture_output=True,
-                          text=True, timeout=300)  # fmt: skip
-    d = json.loads(out.read_text()) if out.exists() else None
+    proc, d = _run(tmp_path, case.read_text(), path=(site,), timeout=300)
     assert d is not None, proc.stderr
     trace = (Path(d["run"]["trace"])).read_text()
     assert '"event": "held"' in trace or '"event":"held"' in trace
