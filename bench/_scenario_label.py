@@ -80,12 +80,29 @@ def judge(losses: list[float] | None) -> dict[str, Any]:
                                          f"{end / first:.3g}x its first value")  # fmt: skip
     elif end < start and peak < SPIKE * first:
         out.update(outcome="trained", why=f"the loss went from {start:.4g} to {end:.4g}")
+        spike = _step_up(losses, start, k)
+        if spike is not None:
+            out["step_up"] = spike
+            out["why"] += (f", after a step-up to {losses[spike - 1]:.4g} at update {spike} "
+                           "that it came back from")  # fmt: skip
     elif end < start:
         why = f"the loss came back down after a spike {peak / first:.3g}x its first value"
         out.update(outcome="unclear", why=why)
     else:
         out.update(outcome="unclear", why=f"the loss ended at {end / start:.3g}x its start")
     return out
+
+
+def _step_up(losses: list[float], start: float, k: int) -> int | None:
+    """The first update (1-based) whose loss went back above the start and ``SPIKE`` times its
+    recent level (the median of the ``k`` losses before it), or None. A fit that trained after
+    such a step-up is healthy, but a verdict of ``suspect`` on it is right too (the issue: a loss
+    that stepped up and descended again is at most suspect, and is never stopped)."""
+    for i in range(k, len(losses)):
+        recent = statistics.median(losses[i - k : i])
+        if losses[i] >= start and recent > 0 and losses[i] >= SPIKE * recent:
+            return i + 1
+    return None
 
 
 def warm_up() -> None:
@@ -178,6 +195,11 @@ def _child(text: str, out_fd: int) -> dict[str, Any]:
     namespace: dict[str, Any] = {"__name__": "__main__", "__file__": "script.py",
                                  "__builtins__": builtins}  # fmt: skip
     sys.argv = ["script.py"]
+    steps = [0]
+    if torch is not None:  # counted in this forked child only: the hook dies with it
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+
+        register_optimizer_step_post_hook(lambda *_: steps.__setitem__(0, steps[0] + 1))
     error = None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -190,7 +212,10 @@ def _child(text: str, out_fd: int) -> dict[str, Any]:
     values = None
     if isinstance(losses, list):
         values = [float(v) for v in losses]
-    return {"losses": values, "error": error}
+    result: dict[str, Any] = {"losses": values, "error": error}
+    if torch is not None and any(isinstance(v, torch.optim.Optimizer) for v in namespace.values()):
+        result["optimizer_steps"] = steps[0]
+    return result
 
 
 def _summary(run: dict[str, Any]) -> dict[str, Any]:
@@ -199,6 +224,9 @@ def _summary(run: dict[str, Any]) -> dict[str, Any]:
         "outcome": "raised", "why": run["error"]}  # fmt: skip
     if run.get("error") and run.get("losses"):
         verdict["losses_before_error"] = len(run["losses"])
+    if run.get("optimizer_steps") == 0 and verdict["outcome"] == "trained":
+        # its weights never changed: a loss that wandered down by noise, not a fit that trained
+        verdict.update(outcome="unclear", why="the optimizer never stepped: no weight changed")
     verdict["seconds"] = run.get("seconds")
     return verdict
 
@@ -272,6 +300,9 @@ def decide(spec: Spec, bare: dict[str, Any], runs: dict[str, dict[str, Any]]) ->
       x0.001) that trains is ``step_size_too_large``; else nothing removed the failure: dropped.
     """
     if bare["outcome"] == "trained":
+        if bare.get("step_up"):
+            return {"label": "healthy", "step_up": bare["step_up"],
+                    "rule": f"the bare run trained after a step-up at update {bare['step_up']}"}
         return {"label": "healthy", "rule": "the bare run trained"}
     if bare["outcome"] == "raised":
         return {"label": None, "dropped": "bare run raised", "rule": bare["why"]}

@@ -186,6 +186,7 @@ def run_one(seed: int, version: str, relabel: bool = False, keep: Path | None = 
     result: dict[str, Any] = {
         "seed": seed, "family": spec.family, "injected": spec.injected,
         "label": label.get("label"), "dropped": label.get("dropped"), "rule": label.get("rule"),
+        "step_up": label.get("step_up"),
         "bare": label.get("bare"), "counterfactuals": label.get("counterfactuals"),
         "spec": spec.to_dict(),
     }  # fmt: skip
@@ -207,7 +208,7 @@ def run_one(seed: int, version: str, relabel: bool = False, keep: Path | None = 
         step=diagnosis.get("step"), why=(crash or _why(diagnosis)).replace(f"{folder}/", ""),
         crash=crash,
         exit_code=leg["exit_code"], nanscope_seconds=leg["seconds"],
-        right=answer == result["label"],
+        right=_right(answer, diagnosis, leg["exit_code"], label, spec.accum),
         warnings=[line for line in leg["stderr"].splitlines()
                   if line.startswith("nanscope: warning")][:5],
         confirmation=diagnosis.get("confirmation"),
@@ -217,6 +218,20 @@ def run_one(seed: int, version: str, relabel: bool = False, keep: Path | None = 
     if crash:
         result["stderr_tail"] = leg["stderr"][-2000:]
     return result
+
+
+def _right(answer: str | None, diagnosis: dict[str, Any], exit_code: int,
+           label: dict[str, Any], accum: int) -> bool:  # fmt: skip
+    """The answer is the label; or, for a healthy fit that came back from a step-up of its loss,
+    a ``suspect`` verdict at that step-up that did not stop the run (a loss that stepped up and
+    descended again is at most suspect, and never stopped)."""
+    if answer == label.get("label"):
+        return True
+    step_up, step = label.get("step_up"), diagnosis.get("step")
+    if not step_up or diagnosis.get("verdict") != "suspect" or exit_code != 0 or step is None:
+        return False
+    update = -(-step_up // accum)  # the losses are per micro-batch, the steps per update
+    return abs(int(step) - update) <= 2
 
 
 def _keep(spec: Any, folder: Path) -> None:
@@ -253,7 +268,7 @@ def summarise(results: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "right": sum(bool(r.get("right")) for r in labelled),
         "labelled": len(labelled),
-        "healthy_false_alarms": sum(r.get("answer") != "healthy" for r in healthy),
+        "healthy_false_alarms": sum(not r.get("right") for r in healthy),
         "healthy": len(healthy),
         "crashes": sum(bool(r.get("crash")) for r in labelled),
         "dropped": len(results) - len(labelled),
@@ -287,7 +302,7 @@ def report(results: list[dict[str, Any]], seconds: float) -> str:
         done = [r for r in group if r.get("label") is not None]
         right = sum(bool(r.get("right")) for r in done)
         healthy = [r for r in done if r["label"] == "healthy"]
-        alarms = sum(r.get("answer") != "healthy" for r in healthy)
+        alarms = sum(not r.get("right") for r in healthy)
         crashes = sum(bool(r.get("crash")) for r in done)
         share = f"{right / len(done):.0%}" if done else "-"
         lines.append(f"  {family:12s} {right:4d}/{len(done):<4d} {share:>5s}   "
