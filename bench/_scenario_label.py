@@ -29,7 +29,8 @@ from typing import Any
 
 from _scenario_gen import FAMILIES, Change, Spec, applicable, generate, render
 
-__all__ = ["DIVERGED", "SPIKE", "decide", "establish", "judge", "run_script", "warm_up"]
+__all__ = ["DIVERGED", "SPIKE", "decide", "establish", "judge", "right_answer", "run_script",
+           "summarise_run", "warm_up"]
 
 #: a run whose loss ends this many times above its first loss failed ("orders of magnitude")
 DIVERGED = 10.0
@@ -218,7 +219,7 @@ def _child(text: str, out_fd: int) -> dict[str, Any]:
     return result
 
 
-def _summary(run: dict[str, Any]) -> dict[str, Any]:
+def summarise_run(run: dict[str, Any]) -> dict[str, Any]:
     """What the label record keeps of one run: its verdict and numbers, not every loss."""
     verdict = judge(run.get("losses")) if not run.get("error") else {
         "outcome": "raised", "why": run["error"]}  # fmt: skip
@@ -236,14 +237,14 @@ def establish(
 ) -> dict[str, Any]:
     """Run the bare script and, when it failed, every intervention that applies; decide."""
     bare_run = runner(render(spec, _bare()))
-    bare = _summary(bare_run)
+    bare = summarise_run(bare_run)
     record: dict[str, Any] = {"bare": bare, "bare_stdout": bare_run.get("stdout", ""),
                               "counterfactuals": {}}  # fmt: skip
     changes = applicable(spec)
     if bare["outcome"] == "trained" and "standard_init" in changes:
         # a loss that "descends" from 3e25 to 2e25 did not train: what the same fit reaches from
         # the framework's own initialisation says whether the bare level was a fit at all
-        run = _summary(runner(render(spec, _bare(changes["standard_init"]))))
+        run = summarise_run(runner(render(spec, _bare(changes["standard_init"]))))
         record["counterfactuals"]["standard_init"] = run
         reached = run.get("end", 0) if run["outcome"] in ("trained", "unclear") else 0
         if bare["end"] >= ABSURD * reached > 0:
@@ -253,7 +254,7 @@ def establish(
     if bare["outcome"] == "failed":
         for name, change in changes.items():
             if name not in record["counterfactuals"]:
-                record["counterfactuals"][name] = _summary(runner(render(spec, _bare(change))))
+                record["counterfactuals"][name] = summarise_run(runner(render(spec, _bare(change))))
         _absurd_is_no_fix(record["counterfactuals"])
     record.update(decide(spec, bare, record["counterfactuals"]))
     return record
@@ -336,3 +337,17 @@ def decide(spec: Spec, bare: dict[str, Any], runs: dict[str, dict[str, Any]]) ->
         return {"label": "step_size_too_large", "rule": rule}
     return {"label": None, "dropped": "no intervention removes the failure",
             "rule": "; ".join(f"{n}: {r.get('outcome')}" for n, r in runs.items())}  # fmt: skip
+
+
+def right_answer(answer: str | None, diagnosis: dict[str, Any], exit_code: int,
+           label: dict[str, Any], accum: int) -> bool:  # fmt: skip
+    """The answer is the label; or, for a healthy fit that came back from a step-up of its loss,
+    a ``suspect`` verdict at that step-up that did not stop the run (a loss that stepped up and
+    descended again is at most suspect, and never stopped)."""
+    if answer == label.get("label"):
+        return True
+    step_up, step = label.get("step_up"), diagnosis.get("step")
+    if not step_up or diagnosis.get("verdict") != "suspect" or exit_code != 0 or step is None:
+        return False
+    update = -(-step_up // accum)  # the losses are per micro-batch, the steps per update
+    return abs(int(step) - update) <= 2

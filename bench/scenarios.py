@@ -181,6 +181,8 @@ def _own_lines(text: str) -> list[str]:
 def run_one(seed: int, version: str, relabel: bool = False, keep: Path | None = None,
             labels_only: bool = False, cache: Path = OUT) -> dict[str, Any]:  # fmt: skip
     """Label one scenario (cached) and, when it has a label, run it under nanscope."""
+    import _scenario_label
+
     spec = generate(seed)
     label = _label(seed, version, relabel, cache)
     result: dict[str, Any] = {
@@ -208,7 +210,7 @@ def run_one(seed: int, version: str, relabel: bool = False, keep: Path | None = 
         step=diagnosis.get("step"), why=(crash or _why(diagnosis)).replace(f"{folder}/", ""),
         crash=crash,
         exit_code=leg["exit_code"], nanscope_seconds=leg["seconds"],
-        right=_right(answer, diagnosis, leg["exit_code"], label, spec.accum),
+        right=_scenario_label.right_answer(answer, diagnosis, leg["exit_code"], label, spec.accum),
         warnings=[line for line in leg["stderr"].splitlines()
                   if line.startswith("nanscope: warning")][:5],
         confirmation=diagnosis.get("confirmation"),
@@ -218,20 +220,6 @@ def run_one(seed: int, version: str, relabel: bool = False, keep: Path | None = 
     if crash:
         result["stderr_tail"] = leg["stderr"][-2000:]
     return result
-
-
-def _right(answer: str | None, diagnosis: dict[str, Any], exit_code: int,
-           label: dict[str, Any], accum: int) -> bool:  # fmt: skip
-    """The answer is the label; or, for a healthy fit that came back from a step-up of its loss,
-    a ``suspect`` verdict at that step-up that did not stop the run (a loss that stepped up and
-    descended again is at most suspect, and never stopped)."""
-    if answer == label.get("label"):
-        return True
-    step_up, step = label.get("step_up"), diagnosis.get("step")
-    if not step_up or diagnosis.get("verdict") != "suspect" or exit_code != 0 or step is None:
-        return False
-    update = -(-step_up // accum)  # the losses are per micro-batch, the steps per update
-    return abs(int(step) - update) <= 2
 
 
 def _keep(spec: Any, folder: Path) -> None:

@@ -80,13 +80,13 @@ def test_a_run_trained_when_it_ends_below_its_start_with_no_spike(label):
 
 def test_a_fit_that_came_back_from_a_step_up_above_its_start_trained_and_says_where(label):
     descending = [2.0 / (1 + 0.1 * i) for i in range(60)]
-    stepped = descending[:40] + [5.0] + descending[40:]
+    stepped = [*descending[:40], 5.0, *descending[40:]]
     judged = label.judge(stepped)
     assert judged["outcome"] == "trained" and judged["step_up"] == 41
     decided = label.decide(None, judged, {})
     assert decided == {"label": "healthy", "step_up": 41, "rule": decided["rule"]}
     # a batch-to-batch wobble that stays below where the fit started is no step-up
-    wobbly = descending[:40] + [1.5] + descending[40:]
+    wobbly = [*descending[:40], 1.5, *descending[40:]]
     assert "step_up" not in label.judge(wobbly)
     assert "step_up" not in label.judge(descending)
 
@@ -110,25 +110,23 @@ def test_a_fit_whose_optimizer_never_stepped_did_not_train(label):
     )
     stuck = label.run_script(never.format(step="(i + 1) % 64 == 0"))
     assert stuck["optimizer_steps"] == 0
-    assert label._summary(stuck)["outcome"] == "unclear"
+    assert label.summarise_run(stuck)["outcome"] == "unclear"
     stepping = label.run_script(never.format(step="True"))
     assert stepping["optimizer_steps"] == 30
-    assert label._summary(stepping)["outcome"] == "trained"
+    assert label.summarise_run(stepping)["outcome"] == "trained"
 
 
-def test_a_suspect_verdict_at_the_step_up_of_a_healthy_fit_is_right_and_a_stop_is_not():
-    sys.path.insert(0, str(BENCH))
-    import scenarios
-
+def test_a_suspect_verdict_at_the_step_up_of_a_healthy_fit_is_right_and_a_stop_is_not(label):
     label = {"label": "healthy", "step_up": 41}
     suspect = {"verdict": "suspect", "cause": "extreme_batch", "step": 41}
-    assert scenarios._right("extreme_batch", suspect, 0, label, accum=1)
-    assert scenarios._right("healthy", {"verdict": "healthy"}, 0, label, accum=1)
-    assert not scenarios._right("extreme_batch", dict(suspect, verdict="nonfinite"), 3, label, 1)
-    assert not scenarios._right("extreme_batch", dict(suspect, step=7), 0, label, accum=1)
+    assert label.right_answer("extreme_batch", suspect, 0, label, accum=1)
+    assert label.right_answer("healthy", {"verdict": "healthy"}, 0, label, accum=1)
+    stopped = dict(suspect, verdict="nonfinite")
+    assert not label.right_answer("extreme_batch", stopped, 3, label, accum=1)
+    assert not label.right_answer("extreme_batch", dict(suspect, step=7), 0, label, accum=1)
     # the losses are per micro-batch: with 4 of them an update, micro-batch 41 is update 11
-    assert scenarios._right("extreme_batch", dict(suspect, step=11), 0, label, accum=4)
-    assert not scenarios._right("extreme_batch", suspect, 0, {"label": "healthy"}, accum=1)
+    assert label.right_answer("extreme_batch", dict(suspect, step=11), 0, label, accum=4)
+    assert not label.right_answer("extreme_batch", suspect, 0, {"label": "healthy"}, accum=1)
 
 
 # --- the decision ---------------------------------------------------------------------------
