@@ -74,12 +74,16 @@ import numpy as np
 
 from nanscope.errors import TraceError
 
+#: the meta ``optimizer`` of a torch loop that updates its weights by hand (``w -= lr * g``)
+HAND_WRITTEN_SGD = "manual update (no torch.optim)"
+
 try:  # the fast encoder of the common line; the standard library's where it is missing
     import orjson
 except ImportError:  # pragma: no cover - a dependency, but never a reason to stop a run
     orjson = None  # type: ignore[assignment]
 
 __all__ = [
+    "HAND_WRITTEN_SGD",
     "NUMERIC_KEYS",
     "RECORD_KEYS",
     "TRACE_SCHEMA",

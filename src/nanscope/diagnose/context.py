@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from nanscope.outcome import Outcome, judge
-from nanscope.trace import Trace
+from nanscope.trace import HAND_WRITTEN_SGD, Trace
 
 __all__ = ["LIVE_SOURCES", "Context", "Rise"]
 
@@ -184,6 +184,13 @@ class Context:
         nothing of its size)."""
         un = self.trace.column("update_norm")
         wn = self.trace.column("weight_norm")
+        if self.trace.meta.get("optimizer") == HAND_WRITTEN_SGD:
+            # a loop that updates by hand: w -= lr * g, its lr read off the update (carried by
+            # the record after it) and g the gradient the update before applied
+            lr, gn = self.trace.column("lr"), self.trace.column("grad_norm")
+            sgd = np.full_like(un, np.nan)
+            sgd[1:] = np.abs(lr[1:]) * gn[:-1]
+            un = np.where(np.isfinite(un), un, sgd)
         for j in (index, index - 1):
             if 0 <= j < self.n and math.isfinite(un[j]):
                 before = wn[:j][np.isfinite(wn[:j])]

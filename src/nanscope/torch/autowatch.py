@@ -28,10 +28,12 @@ When they changed and no optimizer stepped in between, the script updates by han
 every backward is an update, checked right after it (the gradient fresh, the weights not yet
 changed) by a :class:`~nanscope.torch.watcher.Watcher` on a stand-in optimizer
 (:class:`ManualUpdate`).
-The first update's loss is kept; its gradient was not. The learning rate is read off the update
-and the gradient before it, ``lr = -<dw, g> / <g, g>`` on the samples, so each record carries the
-lr of the update before it. A script that calls ``clip_grad_norm_`` is checked right after the
-clip instead (its update applies the clipped gradient; the recorded norm is the pre-clip one).
+The first update's loss, batch, gradient and initial weights are read at its own backward
+(:mod:`nanscope.torch.first_update`), before the script applies it. The learning rate is read
+off the update and the gradient before it, ``lr = -<dw, g> / <g, g>`` on the samples, so each
+record carries the lr of the update before it. A script that calls ``clip_grad_norm_`` is
+checked right after the clip instead (its update applies the clipped gradient; the recorded norm
+is the pre-clip one).
 With gradient accumulation by hand, an update is recorded at its first micro-batch (a backward
 that follows no change of the weights adds to the update already recorded).
 """
@@ -50,7 +52,8 @@ from typing import TYPE_CHECKING, Any
 
 from nanscope._meta_path import spec_elsewhere
 from nanscope.probes._tensors import loss_before_scale, weighted_inputs
-from nanscope.torch import graph
+from nanscope.torch import first_update, graph
+from nanscope.trace import HAND_WRITTEN_SGD
 
 if TYPE_CHECKING:  # (torch is imported by the script, not by arming the hooks)
     from nanscope.torch.watcher import Watcher
@@ -61,7 +64,7 @@ __all__ = ["ManualUpdate", "arm", "backwards_without_step", "disarm", "enable", 
 #: the ``source`` of the runs it watches, in the Monitor's meta
 RUN_SOURCE = "torch (nanscope run)"
 #: the ``optimizer`` of a loop that updates by hand
-MANUAL_OPTIMIZER = "manual update (no torch.optim)"
+MANUAL_OPTIMIZER = HAND_WRITTEN_SGD
 
 _LOCK = threading.Lock()
 _ENABLED = False
@@ -369,6 +372,8 @@ class _Collector:
         self.losses: list[tuple[Any, Any, Any]] = []
         self.loss_module: tuple[Any, tuple[Any, ...], dict[str, Any]] | None = None
         self.clip: Any = None
+        #: with no module called: the data the last loss applied its leaves to (its batch)
+        self.inputs: tuple[Any, ...] = ()
 
     def owns(self, optimizer: Any) -> bool:
         return False
@@ -383,6 +388,9 @@ class _Collector:
             self.unstepped += 1
             if len(self.losses) < 64:  # (before the scale: its graph is freed by the backward)
                 self.losses.append((tensor, site, loss_before_scale(tensor)))
+                grad_fn = getattr(tensor, "grad_fn", None)
+                if not _SEEN and grad_fn is not None:  # no model: read before the backward
+                    self.inputs = weighted_inputs(grad_fn, graph.leaves(grad_fn))
 
     def on_loss_module(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         self.loss_module = (module, args, kwargs)
@@ -397,6 +405,12 @@ class _Collector:
         pass
 
     def hand_over(self, watcher: Watcher) -> None:
+        if watcher.model is None and self.inputs:
+            # weights on bare tensors: their scale now, before the first step, is the initial
+            scale = first_update.initial_weight_scale(watcher.params(), self.inputs)
+            if scale:
+                watcher.monitor.evidence["initial_weight_scale"] = scale
+            watcher.on_forward(self.inputs, {})
         for tensor, site, value in self.losses:
             watcher.on_backward(tensor, site, value)
         if self.loss_module is not None:
@@ -467,6 +481,7 @@ def _watcher_for(optimizer: Any) -> Watcher | None:
     _WATCHERS[optimizer] = watcher
     _bind(watcher)
     if watcher.model is None:
+        watcher.graph_inputs = True  # (until a model is found: then its forward gives the batch)
         _widen()
     _COLLECTOR.hand_over(watcher)
     for callback in list(on_watcher):
@@ -534,6 +549,9 @@ class _ManualUpdates:
         self._inputs: tuple[Any, ...] = ()
         self._backwards = 0
         self._first: float | None = None
+        #: update 1's record beyond its loss, and its initial weights' scale (first_update)
+        self._first_record: dict[str, Any] = {}
+        self._initial_scale: dict[str, Any] = {}
         self._lr: float | None = None
         self.clips = False
         self._pending = False
@@ -627,6 +645,12 @@ class _ManualUpdates:
                     self.off = True  # backward calls that never change the weights: not ours
                 if self._first is None:
                     self._first = _loss_value(self._loss)  # update 1, its first micro-batch
+                    self._first_record = {**first_update.batch_record(self._inputs),
+                                          **first_update.weight_record(self._params)}
+                    self._initial_scale = first_update.initial_weight_scale(self._params,
+                                                                            self._inputs)
+                # the gradient so far: its last micro-batch's is what update 1 applies
+                self._first_record.update(first_update.gradient_record(self._params))
                 self._grads = self._grad_sample()
                 return
             self._start()
@@ -668,7 +692,9 @@ class _ManualUpdates:
             _guard().run("autowatch on_watcher", callback, watcher)
         # the update before this one: its loss is known, its gradient is gone
         # (every backward before the weights first changed belonged to that first update)
-        watcher.first_update(self._first)
+        if self._initial_scale:
+            watcher.monitor.evidence["initial_weight_scale"] = self._initial_scale
+        watcher.first_update(self._first, self._first_record)
         watcher.on_backward(self._loss, self._site)  # it registered after this backward began
 
 

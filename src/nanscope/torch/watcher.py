@@ -92,6 +92,9 @@ class Watcher:
         self.guard.faults = self.monitor.trace.meta.setdefault("hook_faults", faults)
         self.optimizer = optimizer
         self.model: Any = None
+        #: no model calls this optimizer's weights (a loop on bare tensors): the batch is read
+        #: off each loss's graph at its backward (set by ``nanscope run``)
+        self.graph_inputs = False
         #: the model's forward hooks are this watcher's own (not ``nanscope run``'s global ones)
         self.model_hooked = False
         self.step = 0
@@ -188,12 +191,13 @@ class Watcher:
         """Fields for the next record's ``extra`` (a trainer's own logged values)."""
         self.records.add_extra(extra)
 
-    def first_update(self, loss: float | None) -> None:
+    def first_update(self, loss: float | None, measured: dict[str, Any] | None = None) -> None:
         """Update 1 happened before this watcher existed (``nanscope run`` finds a loop that
-        updates by hand at its second): its loss alone is recorded, its gradient is gone."""
+        updates by hand at its second): its loss is recorded with what was ``measured`` of it at
+        its backward (batch, gradient; :mod:`nanscope.torch.first_update`)."""
         if loss is not None:
-            self.monitor.observe({"step": 1, "loss": loss, "nf_loss": 0 if math.isfinite(loss)
-                                  else 1})  # fmt: skip
+            record = {"step": 1, "loss": loss, "nf_loss": 0 if math.isfinite(loss) else 1}
+            self.monitor.observe({**(measured or {}), **record})
         self.step = 1
 
     def close(self) -> Any:
@@ -295,6 +299,8 @@ class Watcher:
         if scaler is not None:
             self.precision.scaler = scaler
         self.window.on_backward(tensor, site, scaler, self._inspect_live_graph, value)
+        if self.graph_inputs and self.model is None:
+            self.guard.run("graph inputs", _batch_from_graph, self, tensor)
 
     def _inspect_live_graph(
         self, tensor: torch.Tensor, site: CallSite | None
@@ -465,3 +471,14 @@ def _monitor_for(
             f"policy={policy!r} conflicts with the monitor's policy {monitor.policy!r}"
         )
     return monitor
+
+
+def _batch_from_graph(watcher: Watcher, tensor: torch.Tensor) -> None:
+    """The data this loss applied the watcher's weights to (``xb`` of ``xb @ w``), as the batch
+    of a loop that calls no model."""
+    from nanscope.probes._tensors import weighted_inputs
+
+    if tensor.grad_fn is not None:
+        inputs = weighted_inputs(tensor.grad_fn, watcher.params())
+        if inputs:
+            watcher.on_forward(inputs, {})

@@ -1,0 +1,123 @@
+"""What a hand-written loop's first update showed, read before the loop was found.
+
+``nanscope run`` knows a loop updates by hand only once its weights changed, at the second
+backward: the first update has been applied by then. Its loss, batch, gradient and initial
+weights are still readable at the end of its own backward (an autograd engine callback, before
+the script's update), so :class:`~nanscope.torch.autowatch._ManualUpdates` reads them there and
+update 1 gets the record every other update gets. Without it, a loop whose first loss is already
+absurd or inf could not be told apart: weights scaled up at initialisation, a column in raw units
+or a typo in the first batch all look the same from the loss alone.
+
+Costs are paid only until the loop is found (a few backward calls).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+# torch and the measures are imported in the calls: ``nanscope run`` imports this module before
+# the script imports torch (and a script that never does must not pay for it)
+
+__all__ = ["batch_record", "gradient_record", "initial_weight_scale", "weight_record"]
+
+
+def batch_record(inputs: tuple[Any, ...]) -> dict[str, Any]:
+    """``input_absmax`` (or ``nf_inputs``) and, for a table, the scale of its largest column
+    against the median column's, over the data the loss applied the weights to."""
+    from nanscope.torch.measure import batch_stats, column_scale
+    from nanscope.torch.records import count_nonfinite
+
+    record: dict[str, Any] = {}
+    absmax, bad = 0.0, 0
+    for x in inputs:
+        stats = batch_stats(x)
+        if stats is None:
+            continue
+        lo, hi = (float(v) for v in stats.float().tolist())
+        value = max(abs(lo), abs(hi))
+        if math.isfinite(value):
+            absmax = max(absmax, value)
+        else:
+            bad += count_nonfinite(x)
+        if "input_scale_ratio" not in record:
+            scales = column_scale(x)
+            if scales is not None:
+                record["input_scale_ratio"], record["input_scale_column"] = scales
+    if not inputs or (not absmax and not bad):
+        return {}
+    record["nf_inputs"] = bad
+    if not bad:
+        record["input_absmax"] = absmax
+    return record
+
+
+def weight_record(params: list[Any]) -> dict[str, Any]:
+    """``weight_norm`` of the weights before any update (float64), the norm the first step's
+    size is measured against."""
+    import torch
+
+    total = 0.0
+    with torch.no_grad():
+        for p in params:
+            if p.is_floating_point():
+                total += float(torch.linalg.vector_norm(p.detach().double())) ** 2
+    return {"weight_norm": math.sqrt(total)} if math.isfinite(total) else {}
+
+
+def gradient_record(params: list[Any]) -> dict[str, Any]:
+    """``grad_norm`` (in float64: a float32 sum of squares overflows on finite elements) and
+    ``nf_grads`` of the gradients the update is about to apply."""
+    import torch
+
+    total, bad, seen = 0.0, 0, False
+    with torch.no_grad():
+        for p in params:
+            g = p.grad
+            if g is None or not g.is_floating_point():
+                continue
+            seen = True
+            bad += int((~torch.isfinite(g)).sum())
+            # a NaN or inf element makes the norm NaN or inf, as every other record's does
+            total += float(torch.linalg.vector_norm(g.detach().double())) ** 2
+    if not seen:
+        return {}
+    return {"grad_norm": math.sqrt(total), "nf_grads": bad}
+
+
+def initial_weight_scale(params: list[Any], inputs: tuple[Any, ...]) -> dict[str, Any]:
+    """``std(W) * sqrt(fan_in)`` of each weight matrix before any update (about 0.5 to 1.5 for
+    a standard initialiser), in the shape the probes' ``weight_scale`` has.
+
+    A hand-written ``xb @ w`` contracts the input with the first dimension, ``F.linear`` with the
+    second: which one a matrix's fan-in is cannot always be read, so each matrix gets the more
+    charitable of the two (the ratio nearer 1). A scale far from 1 is then far whichever way the
+    matrix is used."""
+    import torch
+
+    layers: list[dict[str, Any]] = []
+    widths = {x.shape[-1] for x in inputs if isinstance(x, torch.Tensor) and x.dim() >= 1}
+    with torch.no_grad():
+        for i, p in enumerate(params):
+            if p.dim() != 2 or not p.is_floating_point() or p.numel() < 2:
+                continue
+            w = p.detach().double()
+            if not bool(torch.isfinite(w).all()):
+                continue
+            std = float(w.std())
+            fans = [f for f in p.shape if f >= 2]
+            if p.shape[0] in widths:
+                fans = [p.shape[0]]  # the first batch is multiplied into this dimension
+            if not fans or std == 0.0:
+                continue
+            ratios = [std * math.sqrt(f) for f in fans]
+            ratio = min(ratios, key=lambda r: abs(math.log(r)))
+            fan_in = fans[ratios.index(ratio)]
+            shape = "x".join(str(s) for s in p.shape)
+            layers.append({"param": f"the {shape} weight (leaf {i + 1} of {len(params)})",
+                           "fan_in": int(fan_in), "ratio": ratio})  # fmt: skip
+    if not layers:
+        return {}
+    ratios = sorted(x["ratio"] for x in layers)
+    return {"layers": layers, "median_ratio": ratios[len(ratios) // 2],
+            "max_ratio": ratios[-1], "min_ratio": ratios[0]}  # fmt: skip

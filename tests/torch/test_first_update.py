@@ -1,0 +1,144 @@
+"""A loop on bare tensors, found by `nanscope run` only after its first update, still gets that
+update's batch, gradient and initial weights: a first loss that is already absurd or inf is told
+apart by them (weights scaled up, a column in dollars, one oversized first step)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.torch.test_torch_autowatch import _run
+
+pytestmark = pytest.mark.slow  # nanscope run in subprocesses
+
+pytest.importorskip("torch")
+
+#: a Poisson regression written by hand: an ``exp`` head on counts, plain SGD
+LOOP = """
+import numpy as np
+import torch
+
+torch.manual_seed(3)
+rng = np.random.default_rng(3)
+n, d = 256, 6
+X = rng.normal(size=(n, d))
+y = rng.poisson(np.exp(0.8 * X @ rng.normal(size=d) / np.sqrt(d))).astype(np.float64)
+{data}
+X = torch.tensor(X, dtype=torch.float32)
+y = torch.tensor(y, dtype=torch.float32).unsqueeze(1)
+
+w = (torch.randn(d, 1) * {scale}).requires_grad_()
+b = torch.zeros(1, requires_grad=True)
+{optimizer}
+for epoch in range(3):
+    perm = torch.randperm(n)
+    for start in range(0, n, 32):
+        idx = perm[start:start + 32]
+        out = X[idx] @ w + b
+        loss = (torch.exp(out) - y[idx] * out).mean()
+        loss.backward()
+        {update}
+print("done")
+"""
+
+BY_HAND = """with torch.no_grad():
+            for p in (w, b):
+                p -= 0.02 * p.grad
+                p.grad.zero_()"""
+
+CUSTOM = """
+class PlainSGD(torch.optim.Optimizer):
+    def __init__(self, params, lr):
+        super().__init__(params, dict(lr=lr))
+
+    @torch.no_grad()
+    def step(self):
+        for group in self.param_groups:
+            for p in group["params"]:
+                p.add_(p.grad, alpha=-group["lr"])
+
+
+opt = PlainSGD([w, b], lr=0.02)
+"""
+
+
+def _loop(*, scale: str, data: str = "", custom: bool = False) -> str:
+    update = "opt.step()\n        opt.zero_grad()" if custom else BY_HAND
+    return LOOP.format(scale=scale, data=data, optimizer=CUSTOM if custom else "",
+                       update=update)  # fmt: skip
+
+
+def _first_record(tmp_path) -> dict:
+    trace = next((tmp_path / "runs").rglob("trace.jsonl"))
+    return json.loads(trace.read_text().splitlines()[1])
+
+
+@pytest.mark.parametrize("custom", [False, True], ids=["by_hand", "torch_optim_subclass"])
+def test_weights_scaled_up_on_bare_tensors_are_named_from_their_measured_scale(tmp_path, custom):
+    # randn * 30 on 6 inputs: std(W) * sqrt(fan_in) = 73, and exp of the first output is inf
+    proc, d = _run(tmp_path, _loop(scale="30.0", custom=custom))
+    assert d is not None, proc.stderr
+    assert d["cause"] == "bad_initialization", d["evidence"]
+    assert d["step"] == 1
+    scale = [e for e in d["evidence"] if "sqrt(fan_in)" in e["text"]]
+    assert scale and 30 < scale[0]["data"]["ratio"] < 150, d["evidence"]
+    first = _first_record(tmp_path)
+    assert first["step"] == 1 and first["nf_inputs"] == 0 and first["input_absmax"] < 10
+
+
+def test_a_first_loss_made_by_a_column_in_dollars_is_no_bad_initialisation(tmp_path):
+    # a standard init (1/sqrt(d)) meets an income column: the first loss is absurd, and the
+    # first batch was measured in raw units, so the weights are not blamed
+    income = "X[:, 0] = 5000.0 + 1000.0 * X[:, 0]  # income, in dollars\ny = np.log1p(y)"
+    proc, d = _run(tmp_path, _loop(scale="(1 / d ** 0.5)", data=income).replace(
+        "(torch.exp(out) - y[idx] * out)", "((out - y[idx]) ** 2)"))
+    assert d is not None, proc.stderr
+    assert d["cause"] == "step_size_too_large", d["evidence"]
+    assert all(e["rule"] != "D010" for e in d["evidence"]), d["evidence"]
+    first = _first_record(tmp_path)
+    assert first["input_absmax"] > 5000 and first["grad_norm"] > 0 and first["weight_norm"] > 0
+
+
+LEAKED = """
+import numpy as np
+import torch
+
+torch.manual_seed(5)
+rng = np.random.default_rng(5)
+n, d = 384, 5
+X = rng.normal(size=(n, d))
+y = (X @ rng.normal(size=d) > 0).astype(np.float64)
+X[:, 0] = 3.0 * (2 * y - 1) + 0.5 * rng.normal(size=n)  # recorded after the outcome
+X = torch.tensor(X, dtype=torch.float32)
+y = torch.tensor(y, dtype=torch.float32).unsqueeze(1)
+
+w = (torch.randn(d, 1) / d ** 0.5).requires_grad_()
+b = torch.zeros(1, requires_grad=True)
+for epoch in range(5):
+    perm = torch.randperm(n)
+    for start in range(0, n, 64):
+        idx = perm[start:start + 64]
+        p = torch.sigmoid(X[idx] @ w + b)
+        loss = -(y[idx] * torch.log(p) + (1 - y[idx]) * torch.log(1 - p)).mean()
+        loss.backward()
+        with torch.no_grad():
+            for q in (w, b):
+                q -= {lr} * q.grad
+                q.grad.zero_()
+print("done")
+"""
+
+
+def test_a_log_of_zero_right_after_one_step_that_multiplied_the_weights_is_the_step(tmp_path):
+    # the first step moves the weights by many times their norm (lr 7): at update 2 the
+    # sigmoid saturates and the log meets 0. The log is seen, the step made what it met
+    proc, d = _run(tmp_path, LEAKED.format(lr=7.0))
+    assert d is not None, proc.stderr
+    assert d["cause"] == "step_size_too_large", d["evidence"]
+    assert d["first_nonfinite"]["step"] == 2
+    assert any(a["cause"] == "log_of_zero" for a in d["alternatives"]) or any(
+        c["cause"] == "log_of_zero" for c in d["contributing"]), d
+    # a tenth of that step trains
+    proc, d = _run(tmp_path, LEAKED.format(lr=0.7))
+    assert d is not None and d["verdict"] == "healthy", d and d["evidence"]
