@@ -46,6 +46,10 @@ UNCONFIRMED = 0.7
 #: bad initialisation
 INIT_SCALE_FAR = 8.0
 
+#: a replay whose loss climbed this many times above its first value leapt (an order of
+#: magnitude, the labels' and the detectors' measure of a blow-up)
+LEAP = 10.0
+
 #: causes a bad row can carry: leaving the rows out removes each of them
 _ROW_BORNE = ("nonfinite_input", "extreme_batch", "log_of_zero", "zero_division", "fp16_overflow")
 
@@ -128,9 +132,11 @@ def decide(entries: Sequence[Mapping[str, Any]], priors: Sequence[tuple[str, flo
         # saturated by a logit in dollars): the scale, not the op. Where no smaller step helps
         # and an epsilon does, no step made them: the op met its 0 from the first forward on
         cause = "step_size_too_large"
-    elif "eps" in fixed and not (lr_fixed and prior.get("step_size_too_large", 0.0) >= 0.5):
+    elif "eps" in fixed and not (lr_fixed and (prior.get("step_size_too_large", 0.0) >= 0.5
+                                               or _leapt_only_with(ran, "eps", lr_fixed))):
         # an epsilon that cures it while a smaller step does too, after a growth phase the rules
-        # saw: the op only met what the oversized steps made
+        # saw, or while the loss still leapt an order of magnitude with the epsilon and not at
+        # the smaller step: the op only met what the oversized steps made
         op_cause = "log_of_zero" if prior.get("log_of_zero", 0.0) >= prior.get(
             "zero_division", 0.0) else "zero_division"
         cause = _eps_cause(entries) or op_cause
@@ -173,6 +179,23 @@ def decide(entries: Sequence[Mapping[str, Any]], priors: Sequence[tuple[str, flo
     decision.unknown = not fixed
     decision.evidence = [str(e.get("text")) for e in ran]
     return decision
+
+
+def _leapt_only_with(ran: Sequence[Mapping[str, Any]], change: str,
+                     lr_fixed: Sequence[str]) -> bool:  # fmt: skip
+    """The replay with ``change`` kept the loss finite but still leapt ``LEAP`` times above its
+    first value, while a smaller step that removed the failure did not: ``change`` removed the
+    non-finite value, not the failure."""
+    by_change = {str(e.get("change")): e for e in ran}
+    return _leapt(by_change.get(change)) and any(
+        not _leapt(by_change.get(c)) for c in lr_fixed if c in by_change)
+
+
+def _leapt(entry: Mapping[str, Any] | None) -> bool:
+    losses = [v for v in (entry or {}).get("losses") or [] if isinstance(v, (int, float))]
+    if len(losses) < 2 or not losses[0] > 0:
+        return False
+    return max(losses) >= LEAP * losses[0]
 
 
 def _single_update_fixes(entries: Sequence[Mapping[str, Any]], ran: list[Mapping[str, Any]],

@@ -47,16 +47,13 @@ import numpy as np
 
 from nanscope.diagnose.context import Context
 from nanscope.diagnose.diagnosis import Evidence, Finding
-from nanscope.diagnose.rules._common import num
+from nanscope.diagnose.rules._common import SCALE_FAR, num, unscaled_columns
 from nanscope.diagnose.rules._producer import Producer, producer_of
-from nanscope.outcome import UNSCALED_RATIO
 
 CODE = "D009"
 CAUSE = "bad_initialization"
 TITLE = "Bad initialisation: absurd from the first update"
 
-#: std(W) * sqrt(fan_in) this far from 1 (either way) is not a standard initialiser
-SCALE_FAR = 8.0
 #: activations growing this much from the first to the last layer on the first batch
 GROWTH = 1e3
 #: the failure must come within this many updates of the start
@@ -75,15 +72,6 @@ def _early_break(ctx: Context) -> int | None:
     if ctx.fail is not None and ctx.fail < EARLY:
         return ctx.fail
     return None
-
-
-def _unscaled(ctx: Context) -> bool:
-    """The first batches hold a column in raw units (its scale against the median column's)."""
-    for record in ctx.records[:8]:
-        ratio = record.get("input_scale_ratio")
-        if isinstance(ratio, (int, float)) and ratio >= UNSCALED_RATIO:
-            return True
-    return False
 
 
 @dataclass(frozen=True)
@@ -135,7 +123,7 @@ def fingerprint(ctx: Context) -> Fingerprint | None:
     half_only = str(located.get("dtype")) == "float16" and inputs == "past the half range"
     # the first forward says something of the initial weights only on inputs in a sane scale:
     # a raw-unit column overflows any initialiser (that is the column's story, D001's)
-    first_forward = i == 0 and not _unscaled(ctx)
+    first_forward = i == 0 and not unscaled_columns(ctx)
     prod = producer_of(located)
     overflow = None
     if (first_forward and prod is not None and prod.observed

@@ -8,13 +8,28 @@ from typing import Any
 from nanscope.diagnose.context import Context
 from nanscope.formatting import number
 from nanscope.formatting import row as row_words
+from nanscope.outcome import UNSCALED_RATIO
 
-__all__ = ["OUTLIER_Z", "num", "row_text", "tenfold_action", "unit"]
+__all__ = ["OUTLIER_Z", "SCALE_FAR", "num", "row_text", "tenfold_action", "unit",
+           "unscaled_columns"]  # fmt: skip
 
 
 #: a row this many robust standard deviations out is an outlier worth naming (heavy tails reach
 #: ~20 routinely); at the batch where the loss jumped, it is what threw it
 OUTLIER_Z = 50.0
+#: weights whose std(W) * sqrt(fan_in) is this far from 1 (either way) are not a standard
+#: initialiser's (those give about 0.5 to 1.5)
+SCALE_FAR = 8.0
+
+
+def unscaled_columns(ctx: Context) -> bool:
+    """The first batches hold a column in raw units (its max |x| ``UNSCALED_RATIO`` times the
+    median column's)."""
+    for record in ctx.records[:8]:
+        ratio = record.get("input_scale_ratio")
+        if isinstance(ratio, (int, float)) and ratio >= UNSCALED_RATIO:
+            return True
+    return False
 
 
 def num(value: Any) -> str:
