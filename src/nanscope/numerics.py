@@ -15,7 +15,8 @@ import math
 from typing import Any
 
 __all__ = ["BF16_MAX", "DIVISION_OPS", "FLOAT_MAX", "GROWTH_OPS", "HALF_MAX", "HALF_TINY",
-           "LOG_OPS", "NAME_FIXES", "RAW_UNITS", "finite_float", "op_name"]  # fmt: skip
+           "LOG_OPS", "NAME_FIXES", "OUTLIER_Z", "RAW_UNITS", "finite_float",
+           "op_name"]  # fmt: skip
 
 #: the largest finite float16
 HALF_MAX = 65504.0
@@ -23,6 +24,9 @@ HALF_MAX = 65504.0
 HALF_TINY = 5.960464477539063e-08
 #: a data value this large is not in standardised units (10 standard deviations out)
 RAW_UNITS = 10.0
+#: a row this many robust standard deviations out is an outlier worth naming (heavy tails reach
+#: ~20 routinely); at the batch where the loss jumped, it is what threw it
+OUTLIER_Z = 50.0
 #: the largest finite bfloat16
 BF16_MAX = 3.3895313892515355e38
 #: the largest finite value of each floating dtype, by torch's name for it

@@ -151,3 +151,46 @@ def test_a_relu_recurrence_at_the_identity_is_the_gradient_not_the_step() -> Non
     runs = _window(d)
     assert runs["clipped"]["fixed"] and not runs["lr_x0.1"]["fixed"]
     assert d.cause == "exploding_gradients"
+
+
+TYPO = """
+import torch
+from torch import nn
+
+torch.manual_seed(1)
+n = 256
+X = torch.randn(n, 4)
+y = X @ torch.randn(4, 1)
+{typo}
+model = nn.Sequential(nn.Linear(4, 32), nn.ReLU(), nn.Linear(32, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(X, y), batch_size=32)
+for epoch in range(5):
+    for i, (xb, yb) in enumerate(loader):
+        loss = ((model(xb) - yb) ** 2).mean()
+        (loss / 2).backward()
+        if i % 2 == 1:
+            opt.step()
+            opt.zero_grad()
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("typo", ["X[5, 0] = 3e8", "y[37, 0] = 3e8"], ids=["feature", "target"])
+def test_a_typo_row_in_the_first_batches_is_left_out_and_its_column_is_not_standardised(
+    tmp_path, typo: str
+) -> None:
+    # a 3e8 typo in one row of the first update's batches (a feature, or the target of a loss
+    # written as an expression; the target's in the second micro-batch): the first step throws
+    # the weights out and no smaller step helps. The typo is an outlier of its column, not the
+    # column's units: the replay leaves its row out and standardises nothing for it
+    from tests.torch.test_torch_autowatch import _run
+
+    proc, d = _run(tmp_path, TYPO.format(typo=typo))
+    assert d is not None, proc.stderr
+    runs = {c["change"]: c for c in d["confirmation"] if c.get("scope") == "window"}
+    assert runs["control"]["reproduced"]
+    assert runs["without_rows"]["fixed"], runs["without_rows"]["text"]
+    assert "standardised" not in runs
+    assert not runs["lr_x0.1"]["fixed"]
+    assert d["cause"] == "extreme_batch" and d["confidence"] >= 0.9

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from tests.torch.test_torch_autowatch import _run
 
 pytestmark = pytest.mark.slow  # nanscope run in subprocesses

@@ -37,7 +37,8 @@ import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from nanscope.numerics import RAW_UNITS
+from nanscope.capture.arrays import robust_rows
+from nanscope.numerics import OUTLIER_Z, RAW_UNITS
 from nanscope.outcome import FAR, judge
 from nanscope.probes._tensors import loss_before_scale
 from nanscope.probes.failure import TorchFailure
@@ -354,15 +355,20 @@ class _Replay(_ReplayedModel):
         return changes
 
     def _suspect_rows(self, window: list[Any]) -> dict[int, list[int]]:
-        """``{update: [batch rows]}``: every row of a kept batch that holds NaN/inf (read here,
-        in full), and the extreme rows the probes named."""
+        """``{update: [batch rows]}``: every row of a kept batch that holds NaN/inf or an outlier
+        (read here, in full), and the extreme rows the probes named."""
         steps = {u.step for u in window}
         out: dict[int, list[int]] = {}
         for update in window:
             bad: set[int] = set()
-            for it in update.iterations:
+            outliers = False
+            for i, it in enumerate(update.iterations):
                 bad |= set(_nonfinite_rows(it.forwards, it.values))
-            if bad:
+                found = _outlier_rows(it.forwards, it.values)
+                outliers = outliers or bool(found)
+                if i == len(update.iterations) - 1:  # (the earlier ones': _rows_for reads them)
+                    bad |= set(found)
+            if bad or outliers:
                 out[update.step] = sorted(bad)
         for row in [*(self.found.get("rows") or []), *(self.f.extra.get("rows") or [])]:
             if not isinstance(row, dict) or row.get("why") not in ("nonfinite", "nan", "inf",
@@ -382,10 +388,19 @@ class _Replay(_ReplayedModel):
         torch = self.torch
         top: Any = None
         for update in window:
-            for args, _ in update.forwards:
-                x = args[0] if args else None
-                if isinstance(x, torch.Tensor) and x.dim() == 2 and x.is_floating_point():
+            for it in update.iterations:
+                # a typo's row is an outlier, not the column's units (it is left out instead)
+                outliers = _outlier_rows(it.forwards, it.values)
+                for args, _ in it.forwards:
+                    x = args[0] if args else None
+                    if not (isinstance(x, torch.Tensor) and x.dim() == 2
+                            and x.is_floating_point()):  # fmt: skip
+                        continue
                     col = torch.nan_to_num(x.detach().abs().double(), nan=0.0, posinf=0.0)
+                    if outliers and len(outliers) < col.shape[0]:
+                        keep = torch.ones(col.shape[0], dtype=torch.bool, device=col.device)
+                        keep[outliers] = False
+                        col = col[keep]
                     col = col.amax(dim=0).cpu()
                     top = col if top is None or top.shape != col.shape else torch.maximum(top, col)
         columns = [] if top is None else [int(i) for i in torch.nonzero(top > RAW_UNITS).flatten()]
@@ -558,12 +573,14 @@ class _Replay(_ReplayedModel):
 
     def _rows_for(self, setup: dict[str, Any], update: Any, index: int,
                   iteration: Any) -> list[int] | None:  # fmt: skip
-        """The rows to leave out of this iteration's batch: those holding NaN/inf in it, and
-        the extreme rows the probes named in the update's last iteration."""
+        """The rows to leave out of this iteration's batch: those holding NaN/inf in it or an
+        outlier (:func:`_outlier_rows`), and the extreme rows the probes named in the update's
+        last iteration."""
         rows_by_step = setup.get("rows")
         if not rows_by_step or update.step not in rows_by_step:
             return None
         rows = set(_nonfinite_rows(iteration.forwards, iteration.values))
+        rows |= set(_outlier_rows(iteration.forwards, iteration.values))
         if index == len(update.iterations) - 1:
             rows |= set(rows_by_step[update.step])
         size = _batch_size(iteration.forwards)
@@ -622,6 +639,29 @@ def _batch_size(forwards: list[Any]) -> int | None:
             if isinstance(a, torch.Tensor) and a.dim() >= 1:
                 return int(a.shape[0])
     return None
+
+
+def _outlier_rows(forwards: list[Any], values: dict[str, Any]) -> list[int]:
+    """The rows of the batch (the forwards' tensors and the captured ones of the batch's size:
+    inputs, targets) holding a finite value past ``RAW_UNITS`` that is ``OUTLIER_Z`` robust
+    standard deviations from its column's median: a typo, 5e7 among values of order one. None
+    when they are more than an eighth of the batch: a column in raw units moves every row, not a
+    few. Images are left out (a bright pixel is no typo)."""
+    import torch
+
+    size = _batch_size(forwards)
+    if size is None or size < 4:
+        return []
+    rows: set[int] = set()
+    for value in [*(a for args, kw in forwards for a in (*args, *kw.values())),
+                  *values.values()]:  # fmt: skip
+        if not (isinstance(value, torch.Tensor) and value.is_floating_point()
+                and 1 <= value.dim() <= 3 and value.shape[0] == size):  # fmt: skip
+            continue
+        table = value.detach().float().reshape(size, -1).cpu().numpy()
+        _, found = robust_rows(table, "batch", threshold=OUTLIER_Z, limit=size)
+        rows |= {int(r["batch_row"]) for r in found if abs(r["value"]) > RAW_UNITS}
+    return sorted(rows) if len(rows) <= max(1, size // 8) else []
 
 
 def _holds_nonfinite(window: list[Any]) -> bool:
@@ -721,7 +761,8 @@ def _describe(change: str, setup: dict[str, Any], snap: Any, window: list[Any], 
     what = {
         "without_rows": ("without the rows holding NaN/inf (and any extreme ones) "
                          if setup.get("nonfinite") else "without the suspect rows ")
-        + ", ".join(f"{rows} of update {s}" for s, rows in (setup.get("rows") or {}).items()),
+        + ", ".join(f"{rows or '(in an earlier micro-batch)'} of update {s}"
+                    for s, rows in (setup.get("rows") or {}).items()),
         "standardised": f"with input column(s) {setup.get('columns')} standardised",
         "eps": (f"with the {setup.get('op')} op masked where its divisor is exactly 0"
                 if setup.get("op") in ("div", "true_divide", "divide")

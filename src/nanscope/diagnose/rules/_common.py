@@ -8,15 +8,13 @@ from typing import Any
 from nanscope.diagnose.context import Context
 from nanscope.formatting import number
 from nanscope.formatting import row as row_words
+from nanscope.numerics import OUTLIER_Z
 from nanscope.outcome import UNSCALED_RATIO
 
 __all__ = ["OUTLIER_Z", "SCALE_FAR", "num", "row_text", "tenfold_action", "unit",
            "unscaled_columns"]  # fmt: skip
 
 
-#: a row this many robust standard deviations out is an outlier worth naming (heavy tails reach
-#: ~20 routinely); at the batch where the loss jumped, it is what threw it
-OUTLIER_Z = 50.0
 #: weights whose std(W) * sqrt(fan_in) is this far from 1 (either way) are not a standard
 #: initialiser's (those give about 0.5 to 1.5)
 SCALE_FAR = 8.0
