@@ -117,15 +117,15 @@ def test_a_fit_whose_optimizer_never_stepped_did_not_train(label):
 
 
 def test_a_suspect_verdict_at_the_step_up_of_a_healthy_fit_is_right_and_a_stop_is_not(label):
-    label = {"label": "healthy", "step_up": 41}
+    healthy = {"label": "healthy", "step_up": 41}
     suspect = {"verdict": "suspect", "cause": "extreme_batch", "step": 41}
-    assert label.right_answer("extreme_batch", suspect, 0, label, accum=1)
-    assert label.right_answer("healthy", {"verdict": "healthy"}, 0, label, accum=1)
+    assert label.right_answer("extreme_batch", suspect, 0, healthy, accum=1)
+    assert label.right_answer("healthy", {"verdict": "healthy"}, 0, healthy, accum=1)
     stopped = dict(suspect, verdict="nonfinite")
-    assert not label.right_answer("extreme_batch", stopped, 3, label, accum=1)
-    assert not label.right_answer("extreme_batch", dict(suspect, step=7), 0, label, accum=1)
+    assert not label.right_answer("extreme_batch", stopped, 3, healthy, accum=1)
+    assert not label.right_answer("extreme_batch", dict(suspect, step=7), 0, healthy, accum=1)
     # the losses are per micro-batch: with 4 of them an update, micro-batch 41 is update 11
-    assert label.right_answer("extreme_batch", dict(suspect, step=11), 0, label, accum=4)
+    assert label.right_answer("extreme_batch", dict(suspect, step=11), 0, healthy, accum=4)
     assert not label.right_answer("extreme_batch", suspect, 0, {"label": "healthy"}, accum=1)
 
 

@@ -202,13 +202,21 @@ def _loop_file() -> str | None:
 
 
 def _batch_recorded(monitor: Any, step: int) -> bool:
-    """Update ``step``'s record says whether its inputs or targets were finite."""
+    """Update ``step``'s record says whether its targets were finite (and its inputs, where it
+    has any: a loop on bare tensors records the data its weights multiplied, not the targets
+    its loss compares them with)."""
     trace = getattr(monitor, "trace", None)
     records = getattr(trace, "records", None) or []
     for record in reversed(records[-8:]):
         if record.get("step") == step:
-            return "nf_inputs" in record or "nf_targets" in record
+            return "nf_targets" in record or ("nf_inputs" in record and not _bare(monitor))
     return False
+
+
+def _bare(monitor: Any) -> bool:
+    """A loop on bare tensors (no model): its batch is read off the loss's graph."""
+    meta = getattr(monitor, "meta", None) or {}
+    return str(meta.get("source") or "").startswith("torch") and not meta.get("model")
 
 
 def _batch_nonfinite(monitor: Any, step: int) -> bool:

@@ -47,7 +47,12 @@ import numpy as np
 
 from nanscope.diagnose.context import Context
 from nanscope.diagnose.diagnosis import Evidence, Finding
-from nanscope.diagnose.rules._common import SCALE_FAR, num, unscaled_columns
+from nanscope.diagnose.rules._common import (
+    SCALE_FAR,
+    initial_weights_sane,
+    num,
+    unscaled_columns,
+)
 from nanscope.diagnose.rules._producer import Producer, producer_of
 
 CODE = "D009"
@@ -112,6 +117,8 @@ def fingerprint(ctx: Context) -> Fingerprint | None:
     i = _early_break(ctx)
     if i is None:
         return None
+    if initial_weights_sane(ctx):
+        return None  # measured before the first update: zero, or a standard scale
     nf = ctx.nonfinite
     upto = i + 1
     if np.any(nf["inputs"][:upto] > 0) or np.any(nf["targets"][:upto] > 0):

@@ -21,7 +21,7 @@ Fingerprint
     magnitude afterwards (or the log ends before it could show it). Not when the first batch
     was measured in raw units (a value past 10, or a column 100 times the median one): the data
     made the start, and bad initialisation is named only with evidence about the weights. Not
-    when the initial weights were measured at a standard scale.
+    when the initial weights were measured all zero or at a standard scale.
 
 Evidence
     The first loss and gradient norm against the scale a standard start has; how far the loss
@@ -46,7 +46,7 @@ import numpy as np
 
 from nanscope.diagnose.context import Context
 from nanscope.diagnose.diagnosis import Evidence, Finding
-from nanscope.diagnose.rules._common import SCALE_FAR, num, unit, unscaled_columns
+from nanscope.diagnose.rules._common import initial_weights_sane, num, unit, unscaled_columns
 from nanscope.diagnose.rules._logs import from_log
 from nanscope.numerics import RAW_UNITS
 
@@ -87,8 +87,8 @@ def fingerprint(ctx: Context) -> Fingerprint | None:
         # the first batch was measured in raw units (or holds a typo): the data made the large
         # start, and nothing says the weights did (the column's story is the step size's, D001)
         return None
-    if _standard_weights(ctx):
-        return None  # the initial weights were measured, at a standard scale
+    if initial_weights_sane(ctx):
+        return None  # the initial weights were measured: zero, or at a standard scale
     loss = ctx.loss
     grad = ctx.trace.column("grad_norm")
     first_loss = float(loss[0])
@@ -174,16 +174,6 @@ def _raw_data(ctx: Context) -> bool:
         if value.size and math.isfinite(float(value[0])) and float(value[0]) > RAW_UNITS:
             return True
     return unscaled_columns(ctx)
-
-
-def _standard_weights(ctx: Context) -> bool:
-    """The initial weights were measured (a hand-written loop's, at its first backward) and
-    every matrix is within ``SCALE_FAR`` of a standard initialiser's scale."""
-    scale = ctx.evidence.get("initial_weight_scale") or {}
-    worst, least = scale.get("max_ratio"), scale.get("min_ratio")
-    if not isinstance(worst, (int, float)) or not isinstance(least, (int, float)):
-        return False
-    return worst < SCALE_FAR and least > 1 / SCALE_FAR
 
 
 def _came_down(values: np.ndarray, first: float) -> bool:

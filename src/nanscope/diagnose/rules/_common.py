@@ -11,8 +11,8 @@ from nanscope.formatting import row as row_words
 from nanscope.numerics import OUTLIER_Z
 from nanscope.outcome import UNSCALED_RATIO
 
-__all__ = ["OUTLIER_Z", "SCALE_FAR", "num", "row_text", "tenfold_action", "unit",
-           "unscaled_columns"]  # fmt: skip
+__all__ = ["OUTLIER_Z", "SCALE_FAR", "initial_weights_sane", "num", "row_text",
+           "tenfold_action", "unit", "unscaled_columns"]  # fmt: skip
 
 
 #: weights whose std(W) * sqrt(fan_in) is this far from 1 (either way) are not a standard
@@ -28,6 +28,20 @@ def unscaled_columns(ctx: Context) -> bool:
         if isinstance(ratio, (int, float)) and ratio >= UNSCALED_RATIO:
             return True
     return False
+
+
+def initial_weights_sane(ctx: Context) -> bool:
+    """The weights were measured before the first update (a loop on bare tensors, at its first
+    backward) and could not have made its values: all zero (their output is the bias), or every
+    matrix within ``SCALE_FAR`` of a standard initialiser's scale."""
+    first = ctx.records[0] if ctx.records else {}
+    if first.get("step") == 1 and first.get("weight_norm") == 0.0:
+        return True
+    scale = ctx.evidence.get("initial_weight_scale") or {}
+    worst, least = scale.get("max_ratio"), scale.get("min_ratio")
+    if not isinstance(worst, (int, float)) or not isinstance(least, (int, float)):
+        return False
+    return worst < SCALE_FAR and least > 1 / SCALE_FAR
 
 
 def num(value: Any) -> str:
