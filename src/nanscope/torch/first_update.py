@@ -16,6 +16,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from nanscope.numerics import OUTLIER_Z, RAW_UNITS
+
 # torch and the measures are imported in the calls: ``nanscope run`` imports this module before
 # the script imports torch (and a script that never does must not pay for it)
 
@@ -49,7 +51,27 @@ def batch_record(inputs: tuple[Any, ...]) -> dict[str, Any]:
     record["nf_inputs"] = bad
     if not bad:
         record["input_absmax"] = absmax
+    if absmax > RAW_UNITS:
+        rows = _outliers(inputs)
+        if rows:
+            record["rows"] = rows
     return record
+
+
+def _outliers(inputs: tuple[Any, ...]) -> list[dict[str, Any]]:
+    """The rows of a table-shaped first batch holding a value past ``RAW_UNITS`` that is
+    ``OUTLIER_Z`` robust standard deviations out (a typo), as the Monitor's rows read."""
+    import torch
+    from nanscope.capture.arrays import robust_rows
+
+    for x in inputs:
+        if isinstance(x, torch.Tensor) and x.is_floating_point() and 1 <= x.dim() <= 2:
+            _, rows = robust_rows(x.detach().double().cpu().numpy(), "inputs",
+                                  threshold=OUTLIER_Z)  # fmt: skip
+            rows = [dict(r, step=1) for r in rows if abs(r["value"]) > RAW_UNITS]
+            if rows:
+                return rows
+    return []
 
 
 def weight_record(params: list[Any]) -> dict[str, Any]:

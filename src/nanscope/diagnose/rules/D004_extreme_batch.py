@@ -13,7 +13,9 @@ Why is this bad?
 
 Fingerprint
     Loss descends for many updates, then one spike to inf/NaN with no growth phase before it,
-    or one jump to a plateau the run never comes back from (the weights thrown far out).
+    or one jump to a plateau the run never comes back from (the weights thrown far out). Or the
+    fit broke within its first three updates and the batch of update 1 holds a row 50 robust
+    standard deviations out: there is no loss before it to jump from, and the row was seen.
 
 Evidence
     The spike (its ratio to the recent loss), how long the descent lasted, and the extreme row:
@@ -49,6 +51,8 @@ CAUSE = "extreme_batch"
 TITLE = "One extreme batch after a long descent"
 
 SPIKE = 10.0
+#: a fit that broke within this many updates of its start, on a first batch holding an outlier
+EARLY = 3
 
 
 def _departed(ctx: Context) -> bool:
@@ -100,7 +104,12 @@ class Fingerprint:
 
 
 def fingerprint(ctx: Context) -> Fingerprint | None:
-    """The jump and its batch, or None when the loss grew into it or broke early."""
+    """The jump and its batch (or the first batch's outlier that broke the fit at once), or
+    None when the loss grew into it or broke early with no outlier seen."""
+    return _jump(ctx) or _first_batch(ctx)
+
+
+def _jump(ctx: Context) -> Fingerprint | None:
     k = _spike_index(ctx)
     if k is None:
         return None
@@ -143,6 +152,24 @@ def fingerprint(ctx: Context) -> Fingerprint | None:
     )
 
 
+def _first_batch(ctx: Context) -> Fingerprint | None:
+    """The fit broke (or was stopped) within ``EARLY`` updates of its start, and the batch of
+    update 1 holds an outlier row: there is no loss before it to jump from, and the row, seen,
+    is what threw the first update (a typo of 5e7 among values of order one)."""
+    end = ctx.fail if ctx.fail is not None else ctx.stop
+    if end is None or end >= EARLY:
+        return None
+    rows = [r for r in ctx.rows_near(0, ("extreme",), back=0) if (r.get("z") or 0) >= OUTLIER_Z]
+    if not rows:
+        return None
+    overflow, at_row = _overflow(ctx, rows)
+    first = float(ctx.loss[0])
+    return Fingerprint(spike=end, onset=0, at=end, descended=False, first=first, last=first,
+                       jumped_to=first, filtered=bool(ctx.filtered_nan[0]), ratio=math.nan,
+                       broke=ctx.fail is not None, departed=False, rows=tuple(rows),
+                       inputs_measured=True, overflow=overflow, at_row=at_row)  # fmt: skip
+
+
 def _overflow(ctx: Context, rows: list[dict[str, Any]]) -> tuple[Producer | None, bool]:
     """Where the extreme row's value overflowed: an op that got finite (huge) inputs, or one
     whose non-finite output was in the extreme row's own batch row."""
@@ -170,22 +197,31 @@ def check(ctx: Context) -> Finding | None:
     each = unit(ctx)
     trend = "descended" if found.descended else "held steady"
     jumped_to = "NaN (logged as 0.0 by a NaN filter)" if found.filtered else num(found.jumped_to)
-    evidence = [
-        Evidence(
-            CODE,
-            f"the loss {trend} for {found.onset} {each}s ({num(found.first)} -> "
-            f"{num(found.last)}), then jumped to {jumped_to} at {each} "
-            f"{ctx.step_at(found.onset)}"
-            + (f" ({num(found.ratio)}x the recent loss)"
-               if math.isfinite(found.ratio) and not found.filtered else ""),
-            {"descent_updates": found.onset, "spike_step": ctx.step_at(found.onset),
-             "spike_ratio": found.ratio},
-        )
-    ]  # fmt: skip
+    if found.onset == 0:
+        broke = "broke" if found.broke else "was stopped"
+        evidence = [Evidence(
+            CODE, f"the fit {broke} at {each} {ctx.step_at(found.at)}, {found.at} {each}(s) from "
+            f"the start (first loss {num(found.first)}), with no loss before to jump from",
+            {"descent_updates": 0, "spike_step": ctx.step_at(found.at)})]  # fmt: skip
+    else:
+        evidence = [
+            Evidence(
+                CODE,
+                f"the loss {trend} for {found.onset} {each}s ({num(found.first)} -> "
+                f"{num(found.last)}), then jumped to {jumped_to} at {each} "
+                f"{ctx.step_at(found.onset)}"
+                + (f" ({num(found.ratio)}x the recent loss)"
+                   if math.isfinite(found.ratio) and not found.filtered else ""),
+                {"descent_updates": found.onset, "spike_step": ctx.step_at(found.onset),
+                 "spike_ratio": found.ratio},
+            )
+        ]  # fmt: skip
     actions: list[str] = []
     alternatives: list[tuple[str, float]] = []
     if rows:
         confidence = 0.85 if found.broke else 0.7
+        if found.onset == 0:
+            confidence = 0.7  # no jump seen: the row is observed, that it threw the fit is not
         evidence.extend(_row_evidence(found))
         top = rows[0]
         where = f"batch row {top.get('batch_row')}"

@@ -43,7 +43,7 @@ import numpy as np
 
 from nanscope.diagnose.context import Context, Rise
 from nanscope.diagnose.diagnosis import Evidence, Finding
-from nanscope.diagnose.rules._common import num, unit
+from nanscope.diagnose.rules._common import OUTLIER_Z, num, row_text, unit
 from nanscope.diagnose.rules._producer import Producer, producer_of
 
 CODE = "D005"
@@ -130,6 +130,19 @@ def fingerprint(ctx: Context) -> Fingerprint | None:
     )
 
 
+def _outlier_row(ctx: Context, found: Fingerprint) -> dict[str, Any] | None:
+    """The finite outlier row (``OUTLIER_Z`` robust standard deviations out) of the failing
+    update's own batch, when the loss broke there without a climb before it."""
+    if found.computed:
+        return None  # the log was the data preparation's: its 0 was in the data
+    rise = found.rise
+    if rise is not None and rise.length >= 3 and rise.growth >= 10:
+        return None
+    rows = [r for r in ctx.rows_near(found.fail, ("extreme",), back=0)
+            if (r.get("z") or 0) >= OUTLIER_Z]  # fmt: skip
+    return max(rows, key=lambda r: r.get("z") or 0) if rows else None
+
+
 def _log_producer(located: dict[str, Any]) -> tuple[dict[str, Any], Producer | None, bool]:
     """The located producer, its view and whether it is a log; when it is not, another
     producer of the same update that was a log at 0 takes its place (it is the log's story)."""
@@ -189,6 +202,17 @@ def check(ctx: Context) -> Finding | None:
             CODE, f"but the step into that update moved the weights by {num(found.moved)}x their "
             "own norm: a step that size saturates the scores, and the log met the 0 it made",
             {"update_to_weight": found.moved}))  # fmt: skip
+    outlier = _outlier_row(ctx, found)
+    if outlier is not None:
+        # a typo in the batch (5e7 among values of order one) saturated the scores at once: the
+        # log met the 0 that row made, and leaving the row out is the cure, not an epsilon
+        confidence = min(confidence, 0.5)
+        alternatives.insert(0, ("extreme_batch", 0.8))
+        evidence.append(Evidence(
+            CODE, f"but the batch of that update holds an outlier, {row_text(outlier)} "
+            f"({num(outlier.get('z'))} robust standard deviations out), and the loss was not "
+            "climbing before: that row's scores saturated, and the log met the 0 it made",
+            {"row": outlier}))  # fmt: skip
     actions = list(ACTIONS)
     if prod is not None and found.log and prod.phase == "backward" and prod.observed:
         # the forward was finite (xlogy / entr are 0 at 0): the log is in the op's gradient
