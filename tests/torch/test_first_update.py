@@ -141,3 +141,66 @@ def test_a_log_of_zero_right_after_one_step_that_multiplied_the_weights_is_the_s
     # a tenth of that step trains
     proc, d = _run(tmp_path, LEAKED.format(lr=0.7))
     assert d is not None and d["verdict"] == "healthy", d and d["evidence"]
+
+
+#: an Adam fit on a ReLU RNN, warm-up and accumulation, as the scenario bench drew it (seed 1172)
+ADAM_RNN = """
+import numpy as np
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+torch.set_num_threads(1)
+torch.manual_seed(1172)
+
+rng = np.random.default_rng(1172)
+n, T, f = 192, 10, 3
+X = rng.normal(size=(n, T, f))
+y = X[:, -5:, 0].mean(axis=1) + 0.5 * X[:, :, 1].mean(axis=1)
+
+X = torch.tensor(X, dtype=torch.float32)
+y = torch.tensor(y, dtype=torch.float32)
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.rnn = nn.RNN(3, 32, nonlinearity="relu", batch_first=True)
+        self.head = nn.Linear(32, 1)
+
+    def forward(self, x):
+        out, _ = self.rnn(x)
+        return self.head(out[:, -1]).squeeze(1)
+
+
+model = Net()
+opt = torch.optim.Adam(model.parameters(), lr={lr})
+loss_fn = nn.MSELoss()
+loader = DataLoader(TensorDataset(X, y), batch_size=32, shuffle=True)
+sched = torch.optim.lr_scheduler.LambdaLR(
+    opt, lambda i: min(1.0, (i + 1) / 5))
+
+losses = []
+for epoch in range(4):
+    for i, (xb, yb) in enumerate(loader):
+        out = model(xb)
+        loss = loss_fn(out, yb)
+        (loss / 2).backward()
+        if (i + 1) % 2 == 0:
+            opt.step()
+            opt.zero_grad()
+            sched.step()
+        losses.append(loss.item())
+    print(f"epoch {{epoch}}: loss {{losses[-1]:.4g}}")
+"""
+
+
+def test_a_gradient_that_climbs_under_adam_is_the_step_size_adam_took(tmp_path):
+    # Adam at lr 0.49: the gradient norm climbs 1e9x at update 3, but Adam's step is about lr
+    # per weight whatever the gradient's size (clipping does not cure this fit; lr / 100 does)
+    proc, d = _run(tmp_path, ADAM_RNN.format(lr=0.49))
+    assert d is not None, proc.stderr
+    assert d["verdict"] != "healthy" and d["cause"] == "step_size_too_large", d["evidence"]
+    assert any(c["cause"] == "exploding_gradients" for c in d["contributing"]) or any(
+        a["cause"] == "exploding_gradients" for a in d["alternatives"]), d
+    proc, d = _run(tmp_path, ADAM_RNN.format(lr=0.0049))
+    assert d is not None and d["verdict"] == "healthy", d and d["evidence"]

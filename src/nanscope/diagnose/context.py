@@ -19,10 +19,12 @@ import numpy as np
 from nanscope.outcome import Outcome, judge
 from nanscope.trace import HAND_WRITTEN_SGD, Trace
 
-__all__ = ["LIVE_SOURCES", "Context", "Rise"]
+__all__ = ["ADAPTIVE_OPTIMIZERS", "LIVE_SOURCES", "Context", "Rise"]
 
 #: what a watched run writes as its trace's ``source`` (a log reader writes the file's kind)
 LIVE_SOURCES = ("monitor", "torch", "keras", "lightning", "transformers")
+#: names (lower case, in part) of optimizers whose step is normalised per weight
+ADAPTIVE_OPTIMIZERS = ("adam", "rmsprop", "adagrad", "adadelta", "adafactor", "lion")
 
 
 @dataclass(frozen=True)
@@ -64,6 +66,14 @@ class Context:
         self.granularity = trace.granularity
         self.loss = trace.column("loss")
         self.steps = trace.steps()
+
+    @cached_property
+    def adaptive(self) -> bool:
+        """The optimizer normalises each weight's step by the gradient's running size (Adam,
+        AdamW, RMSprop, Adagrad and kin): its step is about lr per weight whatever the
+        gradient's scale, so a gradient that grew 1e9x does not make a step 1e9x larger."""
+        name = str(self.trace.meta.get("optimizer") or "").lower()
+        return any(k in name for k in ADAPTIVE_OPTIMIZERS)
 
     # ------------------------------------------------------------------ the failure
 

@@ -13,7 +13,9 @@ Why is this bad?
 Fingerprint
     The gradient norm rises 100x or more above its history while the loss has barely moved, or
     the gradient goes non-finite while the loss is still finite. When the loss grows as fast as
-    the square of the gradient, it is a step size too large instead.
+    the square of the gradient, it is a step size too large instead. Under an optimizer that
+    normalises each weight's step (Adam, RMSprop, Adagrad) a finite climb of the gradient is
+    weaker evidence: the gradient's scale does not set the step there, the lr does.
 
 Evidence
     The gradient-norm ratio against the run's median, the loss ratio over the same span, the layer
@@ -222,6 +224,17 @@ def check(ctx: Context) -> Finding | None:
     if found.scaler_collapsed:
         confidence = min(confidence, 0.5)  # the loss scaler overflowed there: D008's story
     evidence = _evidence(ctx, found)
+    alternatives = [("step_size_too_large", 0.3)] if not found.elastic else []
+    if ctx.adaptive and not found.sudden:
+        # the gradient's scale does not set this optimizer's step: a step as large as the lr
+        # took the weights where the gradient is large, and clipping would change little
+        confidence = min(confidence, 0.55)
+        alternatives = [("step_size_too_large", 0.6)]
+        evidence.append(Evidence(
+            CODE, f"but {ctx.trace.meta.get('optimizer')} normalises each weight's step (about "
+            "lr whatever the gradient's size): the gradient's growth did not make the steps "
+            "larger, and clipping it bounds little; the step size set by the lr is the likelier "
+            "cause", {"adaptive": True}))  # fmt: skip
     if found.clip is not None:
         clip = found.clip
         evidence.append(
@@ -251,7 +264,7 @@ def check(ctx: Context) -> Finding | None:
             "weights; lower the learning rate if the gradient stays large after clipping.",
         ]
     return Finding(CODE, CAUSE, confidence, evidence, actions, step=ctx.step_at(found.at),
-                   alternatives=[("step_size_too_large", 0.3)] if not found.elastic else [])
+                   alternatives=alternatives)
 
 
 def _evidence(ctx: Context, found: Fingerprint) -> list[Evidence]:
