@@ -15,7 +15,8 @@ Fingerprint
     the gradient goes non-finite while the loss is still finite. When the loss grows as fast as
     the square of the gradient, it is a step size too large instead. Under an optimizer that
     normalises each weight's step (Adam, RMSprop, Adagrad) a finite climb of the gradient is
-    weaker evidence: the gradient's scale does not set the step there, the lr does.
+    weaker evidence: the gradient's scale does not set the step there, the lr does (a gradient
+    that overflows while the loss is still finite is the backward's own, under any optimizer).
 
 Evidence
     The gradient-norm ratio against the run's median, the loss ratio over the same span, the layer
@@ -225,9 +226,11 @@ def check(ctx: Context) -> Finding | None:
         confidence = min(confidence, 0.5)  # the loss scaler overflowed there: D008's story
     evidence = _evidence(ctx, found)
     alternatives = [("step_size_too_large", 0.3)] if not found.elastic else []
-    if ctx.adaptive and not found.sudden:
+    if ctx.adaptive and not found.sudden and not found.grad_first:
         # the gradient's scale does not set this optimizer's step: a step as large as the lr
-        # took the weights where the gradient is large, and clipping would change little
+        # took the weights where the gradient is large, and clipping would change little (a
+        # gradient that overflowed on its own while the loss held is the backward's, whatever
+        # the optimizer)
         confidence = min(confidence, 0.55)
         alternatives = [("step_size_too_large", 0.6)]
         evidence.append(Evidence(
