@@ -81,11 +81,11 @@ def judge(losses: list[float] | None) -> dict[str, Any]:
                                          f"{end / first:.3g}x its first value")  # fmt: skip
     elif end < start and peak < SPIKE * first:
         out.update(outcome="trained", why=f"the loss went from {start:.4g} to {end:.4g}")
-        spike = _step_up(losses, start, k)
-        if spike is not None:
-            out["step_up"] = spike
-            out["why"] += (f", after a step-up to {losses[spike - 1]:.4g} at update {spike} "
-                           "that it came back from")  # fmt: skip
+        ups = _step_ups(losses, start, k)
+        if ups:
+            out["step_up"] = ups
+            out["why"] += (f", after step-ups at updates {ups[:8]} (the first to "
+                           f"{losses[ups[0] - 1]:.4g}) that it came back from")  # fmt: skip
     elif end < start:
         why = f"the loss came back down after a spike {peak / first:.3g}x its first value"
         out.update(outcome="unclear", why=why)
@@ -94,16 +94,18 @@ def judge(losses: list[float] | None) -> dict[str, Any]:
     return out
 
 
-def _step_up(losses: list[float], start: float, k: int) -> int | None:
-    """The first update (1-based) whose loss went back above the start and ``SPIKE`` times its
-    recent level (the median of the ``k`` losses before it), or None. A fit that trained after
-    such a step-up is healthy, but a verdict of ``suspect`` on it is right too (the issue: a loss
-    that stepped up and descended again is at most suspect, and is never stopped)."""
+def _step_ups(losses: list[float], start: float, k: int) -> list[int]:
+    """The updates (1-based) whose loss went back above the start and ``SPIKE`` times its
+    recent level (the median of the ``k`` losses before it): a batch with a typo, met once an
+    epoch. A fit that trained after such step-ups is healthy, but a verdict of ``suspect`` at
+    one of them is right too (the issue: a loss that stepped up and descended again is at most
+    suspect, and is never stopped)."""
+    ups = []
     for i in range(k, len(losses)):
         recent = statistics.median(losses[i - k : i])
         if losses[i] >= start and recent > 0 and losses[i] >= SPIKE * recent:
-            return i + 1
-    return None
+            ups.append(i + 1)
+    return ups
 
 
 def warm_up() -> None:
@@ -303,7 +305,7 @@ def decide(spec: Spec, bare: dict[str, Any], runs: dict[str, dict[str, Any]]) ->
     if bare["outcome"] == "trained":
         if bare.get("step_up"):
             return {"label": "healthy", "step_up": bare["step_up"],
-                    "rule": f"the bare run trained after a step-up at update {bare['step_up']}"}
+                    "rule": f"the bare run trained after step-ups at updates {bare['step_up']}"}
         return {"label": "healthy", "rule": "the bare run trained"}
     if bare["outcome"] == "raised":
         return {"label": None, "dropped": "bare run raised", "rule": bare["why"]}
@@ -341,13 +343,13 @@ def decide(spec: Spec, bare: dict[str, Any], runs: dict[str, dict[str, Any]]) ->
 
 def right_answer(answer: str | None, diagnosis: dict[str, Any], exit_code: int,
            label: dict[str, Any], accum: int) -> bool:  # fmt: skip
-    """The answer is the label; or, for a healthy fit that came back from a step-up of its loss,
-    a ``suspect`` verdict at that step-up that did not stop the run (a loss that stepped up and
+    """The answer is the label; or, for a healthy fit that came back from step-ups of its loss,
+    a ``suspect`` verdict at one of them that did not stop the run (a loss that stepped up and
     descended again is at most suspect, and never stopped)."""
     if answer == label.get("label"):
         return True
-    step_up, step = label.get("step_up"), diagnosis.get("step")
-    if not step_up or diagnosis.get("verdict") != "suspect" or exit_code != 0 or step is None:
+    ups, step = label.get("step_up"), diagnosis.get("step")
+    if not ups or diagnosis.get("verdict") != "suspect" or exit_code != 0 or step is None:
         return False
-    update = -(-step_up // accum)  # the losses are per micro-batch, the steps per update
-    return abs(int(step) - update) <= 2
+    # the losses are per micro-batch, the steps per update
+    return any(abs(int(step) - -(-up // accum)) <= 2 for up in ups)

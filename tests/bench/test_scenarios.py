@@ -82,9 +82,12 @@ def test_a_fit_that_came_back_from_a_step_up_above_its_start_trained_and_says_wh
     descending = [2.0 / (1 + 0.1 * i) for i in range(60)]
     stepped = [*descending[:40], 5.0, *descending[40:]]
     judged = label.judge(stepped)
-    assert judged["outcome"] == "trained" and judged["step_up"] == 41
+    assert judged["outcome"] == "trained" and judged["step_up"] == [41]
     decided = label.decide(None, judged, {})
-    assert decided == {"label": "healthy", "step_up": 41, "rule": decided["rule"]}
+    assert decided == {"label": "healthy", "step_up": [41], "rule": decided["rule"]}
+    # the same typo met again each epoch: each step-up is one
+    again = [*stepped[:50], 5.0, *stepped[50:]]
+    assert label.judge(again)["step_up"] == [41, 51]
     # a batch-to-batch wobble that stays below where the fit started is no step-up
     wobbly = [*descending[:40], 1.5, *descending[40:]]
     assert "step_up" not in label.judge(wobbly)
@@ -117,7 +120,7 @@ def test_a_fit_whose_optimizer_never_stepped_did_not_train(label):
 
 
 def test_a_suspect_verdict_at_the_step_up_of_a_healthy_fit_is_right_and_a_stop_is_not(label):
-    healthy = {"label": "healthy", "step_up": 41}
+    healthy = {"label": "healthy", "step_up": [20, 41]}
     suspect = {"verdict": "suspect", "cause": "extreme_batch", "step": 41}
     assert label.right_answer("extreme_batch", suspect, 0, healthy, accum=1)
     assert label.right_answer("healthy", {"verdict": "healthy"}, 0, healthy, accum=1)
