@@ -121,6 +121,9 @@ def decide(entries: Sequence[Mapping[str, Any]], priors: Sequence[tuple[str, flo
         # the rows broke it; how they did is the rules' word when they saw the op that made
         # their NaN (a log of a zero count in the loop, an overflow in half precision)
         borne = [(c, p) for c, p in priors if c in _ROW_BORNE and p >= 0.5]
+        if _only_nonfinite_rows(ran):
+            # the rows left out held NaN/inf and no finite outlier: no extreme row was the cure
+            borne = [(c, p) for c, p in borne if c != "extreme_batch"]
         cause = borne[0][0] if borne else ("nonfinite_input" if rows_nonfinite
                                            else "extreme_batch")  # fmt: skip
     elif "float32" in fixed:
@@ -179,6 +182,14 @@ def decide(entries: Sequence[Mapping[str, Any]], priors: Sequence[tuple[str, flo
     decision.unknown = not fixed
     decision.evidence = [str(e.get("text")) for e in ran]
     return decision
+
+
+def _only_nonfinite_rows(ran: Sequence[Mapping[str, Any]]) -> bool:
+    """The window rerun without the suspect rows left out rows holding NaN/inf, and none that
+    held a finite outlier (``rows_extreme`` false: the replay read every kept batch in full)."""
+    return any(e.get("change") == "without_rows" and e.get("scope") == "window"
+               and e.get("rows_nonfinite") and e.get("rows_extreme") is False
+               for e in ran)  # fmt: skip
 
 
 def _leapt_only_with(ran: Sequence[Mapping[str, Any]], change: str,

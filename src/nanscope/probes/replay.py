@@ -332,7 +332,8 @@ class _Replay(_ReplayedModel):
         # rows that are the whole batch (a column broken in every row) cannot be left out
         rows = {s: r for s, r in rows.items() if len(r) < (sizes.get(s) or len(r) + 1)}
         if rows:
-            changes.append(("without_rows", {"rows": rows, "nonfinite": _holds_nonfinite(window)}))
+            changes.append(("without_rows", {"rows": rows, "nonfinite": _holds_nonfinite(window),
+                                             "extreme": self._holds_extreme(window)}))
         columns = self._unscaled_columns(window)
         if columns and snap.step == 1:
             changes.append(("standardised", {"columns": columns}))
@@ -380,6 +381,16 @@ class _Replay(_ReplayedModel):
                 if batch_row not in out[step]:
                     out[step].append(batch_row)
         return out
+
+    def _holds_extreme(self, window: list[Any]) -> bool:
+        """A kept batch of the window holds a finite outlier row, or the probes named an
+        extreme row at one of its updates."""
+        steps = {u.step for u in window}
+        named = [*(self.found.get("rows") or []), *(self.f.extra.get("rows") or [])]
+        if any(isinstance(r, dict) and r.get("why") == "extreme"
+               and r.get("step", self.f.step) in steps for r in named):  # fmt: skip
+            return True
+        return any(_outlier_rows(it.forwards, it.values) for u in window for it in u.iterations)
 
     def _unscaled_columns(self, window: list[Any]) -> list[int]:
         """The columns of a table-shaped model input that are not in standardised units: a
@@ -460,6 +471,8 @@ class _Replay(_ReplayedModel):
                                  f"snapshot reproduce the failure ({judged.text()})")
             return entry
         entry.update({"rows_nonfinite": True} if setup.get("nonfinite") else {})
+        if "extreme" in setup:
+            entry["rows_extreme"] = bool(setup["extreme"])
         if setup.get("clip"):
             setup = {**setup, "clip_to": self._clip_level(snap.step)}
         if setup.get("reinit"):
