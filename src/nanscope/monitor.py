@@ -66,6 +66,7 @@ from nanscope.capture.arrays import (
     nonfinite_rows,
     robust_rows,
 )
+from nanscope.capture.init_scale import weight_scale
 from nanscope.detectors import Alarm, AlarmKind, Detector, default_detectors
 from nanscope.errors import DivergenceError, UsageError
 from nanscope.numerics import finite_float
@@ -307,6 +308,22 @@ class _Measures(_RunFiles):
     _targets: BatchChecker
     _recent: deque[tuple[int, Any, Any, Any]]
     _last_good: dict[str, np.ndarray]
+    _count: int
+    evidence: dict[str, Any]
+
+    def _initial_scale(self, params: Mapping[str, np.ndarray], inputs: Any) -> None:
+        """The weights of the first update, before its step: their scale against a standard
+        initialiser's (the rules' evidence about the initialisation)."""
+        def read() -> None:
+            widths: set[int] = set()
+            if inputs is not None:
+                shape = as_array(inputs, "inputs").shape
+                widths = {int(shape[-1])} if shape else set()
+            scale = weight_scale(params.items(), widths)
+            if scale:
+                self.evidence["initial_weight_scale"] = scale
+
+        self.guard.run("initial weight scale", read)
 
     def _measure(
         self,
@@ -333,6 +350,8 @@ class _Measures(_RunFiles):
                 raise UsageError(f"lr must be a non-negative number, got {lr!r}")
         named_params = as_named(params, "params") if params is not None else {}
         named_grads = as_named(grads, "grads") if grads is not None else {}
+        if named_params and self._count == 0 and "initial_weight_scale" not in self.evidence:
+            self._initial_scale(named_params, inputs)
         record: dict[str, Any] = {"step": step, "loss": loss_value, "nf_loss": nf_loss}
         if lr is not None:
             record["lr"] = float(lr)

@@ -109,37 +109,16 @@ def gradient_record(params: list[Any]) -> dict[str, Any]:
 
 def initial_weight_scale(params: list[Any], inputs: tuple[Any, ...]) -> dict[str, Any]:
     """``std(W) * sqrt(fan_in)`` of each weight matrix before any update (about 0.5 to 1.5 for
-    a standard initialiser), in the shape the probes' ``weight_scale`` has.
-
-    A hand-written ``xb @ w`` contracts the input with the first dimension, ``F.linear`` with the
-    second: which one a matrix's fan-in is cannot always be read, so each matrix gets the more
-    charitable of the two (the ratio nearer 1). A scale far from 1 is then far whichever way the
-    matrix is used."""
+    a standard initialiser; :func:`nanscope.capture.init_scale.weight_scale`)."""
     import torch
+    from nanscope.capture.init_scale import weight_scale
 
-    layers: list[dict[str, Any]] = []
-    widths = {x.shape[-1] for x in inputs if isinstance(x, torch.Tensor) and x.dim() >= 1}
+    widths = {int(x.shape[-1]) for x in inputs if isinstance(x, torch.Tensor) and x.dim() >= 1}
+    matrices = []
     with torch.no_grad():
         for i, p in enumerate(params):
-            if p.dim() != 2 or not p.is_floating_point() or p.numel() < 2:
-                continue
-            w = p.detach().double()
-            if not bool(torch.isfinite(w).all()):
-                continue
-            std = float(w.std())
-            fans = [f for f in p.shape if f >= 2]
-            if p.shape[0] in widths:
-                fans = [p.shape[0]]  # the first batch is multiplied into this dimension
-            if not fans or std == 0.0:
-                continue
-            ratios = [std * math.sqrt(f) for f in fans]
-            ratio = min(ratios, key=lambda r: abs(math.log(r)))
-            fan_in = fans[ratios.index(ratio)]
-            shape = "x".join(str(s) for s in p.shape)
-            layers.append({"param": f"the {shape} weight (leaf {i + 1} of {len(params)})",
-                           "fan_in": int(fan_in), "ratio": ratio})  # fmt: skip
-    if not layers:
-        return {}
-    ratios = sorted(x["ratio"] for x in layers)
-    return {"layers": layers, "median_ratio": ratios[len(ratios) // 2],
-            "max_ratio": ratios[-1], "min_ratio": ratios[0]}  # fmt: skip
+            if p.dim() == 2 and p.is_floating_point() and p.numel() >= 2:
+                shape = "x".join(str(s) for s in p.shape)
+                matrices.append((f"the {shape} weight (leaf {i + 1} of {len(params)})",
+                                 p.detach().double().cpu().numpy()))  # fmt: skip
+    return weight_scale(matrices, widths)

@@ -40,6 +40,7 @@ Example
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,6 +55,7 @@ from nanscope.diagnose.rules._common import (
     unscaled_columns,
 )
 from nanscope.diagnose.rules._producer import Producer, producer_of
+from nanscope.numerics import RAW_UNITS
 
 CODE = "D009"
 CAUSE = "bad_initialization"
@@ -63,6 +65,8 @@ TITLE = "Bad initialisation: absurd from the first update"
 GROWTH = 1e3
 #: the failure must come within this many updates of the start
 EARLY = 3
+#: a first loss this large is orders of magnitude beyond a standard start (as D010 reads it)
+ABSURD = 1e6
 
 ACTIONS = [
     "Use a standard initialiser: keep the framework's default, or nn.init.kaiming_normal_ "
@@ -151,6 +155,12 @@ def fingerprint(ctx: Context) -> Fingerprint | None:
                        weight_scale)  # fmt: skip
 
 
+def _clean_first_batch(ctx: Context) -> bool:
+    """The first update's inputs were measured finite and in standardised units."""
+    value = ctx.trace.column("input_absmax")
+    return bool(value.size) and math.isfinite(float(value[0])) and float(value[0]) <= RAW_UNITS
+
+
 def _activations(ctx: Context) -> Activations | None:
     """The first batch's layer outputs when they grow layer by layer (or overflow)."""
     acts: dict[str, Any] = ctx.evidence.get("activations") or {}
@@ -217,6 +227,15 @@ def check(ctx: Context) -> Finding | None:
     if scale is not None:
         value, layer = scale.ratio, scale.layer
         confidence = max(confidence, 0.6) + (0.15 if confidence else 0.0)
+        first = float(found.first_loss)
+        if not evidence and (not math.isfinite(first) or abs(first) >= ABSURD) and (
+            not unscaled_columns(ctx) and _clean_first_batch(ctx)
+        ):
+            # the loss of the weights as initialised, before any step, on clean data
+            confidence += 0.15
+            evidence.append(Evidence(
+                CODE, f"the first loss, from the initial weights before any step and on a clean "
+                f"batch, was already {num(first)}", {"first_loss": first}))  # fmt: skip
         evidence.append(
             Evidence(
                 CODE,
