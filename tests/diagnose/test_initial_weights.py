@@ -53,3 +53,65 @@ def test_the_same_fit_from_a_standard_scale_is_healthy_and_says_nothing_of_the_i
     assert d.verdict == "healthy"
     scale = monitor.evidence["initial_weight_scale"]
     assert 0.5 < scale["max_ratio"] < 2 and scale["layers"][0]["fan_in"] == 6
+
+
+#: an MLP under LBFGS at lr 280, as the scenario bench drew it (seed 666): its first step throws
+#: the weights 1e13 times past a standard scale, and update 2 breaks
+LBFGS_THROWN = """
+import numpy as np
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+torch.set_num_threads(1)
+torch.manual_seed(666)
+
+rng = np.random.default_rng(666)
+n, d = 384, 12
+X = rng.normal(size=(n, d))
+y = (X @ rng.normal(size=(d, 3))).argmax(axis=1)
+
+X = torch.tensor(X, dtype=torch.float32)
+y = torch.tensor(y, dtype=torch.long)
+
+model = nn.Sequential(
+    nn.Linear(12, 32),
+    nn.ReLU(),
+    nn.Linear(32, 32),
+    nn.ReLU(),
+    nn.Linear(32, 32),
+    nn.ReLU(),
+    nn.Linear(32, 3),
+)
+opt = torch.optim.LBFGS(model.parameters(), lr=280.0, max_iter=5, history_size=10)
+loss_fn = nn.CrossEntropyLoss()
+
+
+def closure():
+    opt.zero_grad()
+    out = model(X)
+    loss = loss_fn(out, y)
+    loss.backward()
+    return loss
+
+
+losses = []
+for epoch in range(30):
+    loss = opt.step(closure)
+    losses.append(loss.item())
+    print(f"epoch {epoch}: loss {losses[-1]:.4g}")
+"""
+
+
+@pytest.mark.slow
+def test_weights_a_step_threw_out_are_no_evidence_of_the_initialisation(tmp_path) -> None:
+    # the probes measure the model's weights at the failure of update 2: they are what the first
+    # step made (2.8e13 times a standard scale), not what the script initialised
+    pytest.importorskip("torch")
+    from tests.torch.test_torch_autowatch import _run
+
+    proc, d = _run(tmp_path, LBFGS_THROWN)
+    assert d is not None, proc.stderr
+    assert d["first_nonfinite"]["step"] == 2
+    assert d["cause"] != "bad_initialization", d["evidence"]
+    assert not any("sqrt(fan_in)" in e["text"] for e in d["evidence"]), d["evidence"]

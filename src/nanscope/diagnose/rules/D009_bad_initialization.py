@@ -144,7 +144,7 @@ def fingerprint(ctx: Context) -> Fingerprint | None:
         # weights it multiplied were still (close to) the initial ones
         overflow = prod
     activations = _activations(ctx) if first_forward else None
-    weight_scale = _weight_scale(ctx)
+    weight_scale = _weight_scale(ctx, at_start=i == 0)
     if overflow is None and activations is None and weight_scale is None:
         op = str(located.get("op") or "").lower()
         if not first_forward or not ctx.trace.has("input_absmax") or any(
@@ -174,10 +174,12 @@ def _activations(ctx: Context) -> Activations | None:
     return None
 
 
-def _weight_scale(ctx: Context) -> WeightScale | None:
-    """The layer whose weights are furthest from the standard scale, when far from it."""
+def _weight_scale(ctx: Context, at_start: bool) -> WeightScale | None:
+    """The layer whose initial weights are furthest from the standard scale, when far from it:
+    measured before the first update, or by the probes at a failure of update 1 (its weights are
+    the initial ones; after a step they are what the step made, no evidence of the init)."""
     scale: dict[str, Any] = ctx.evidence.get("initial_weight_scale") or (
-        ctx.evidence.get("weight_scale") or {}
+        (ctx.evidence.get("weight_scale") if at_start else None) or {}
     )
     worst = scale.get("max_ratio")
     least = scale.get("min_ratio")
