@@ -263,14 +263,18 @@ for epoch in range(3):
 
 
 @pytest.mark.slow
-def test_rows_left_out_that_held_only_nan_are_the_nan_whatever_the_rules_prior(tmp_path) -> None:
-    # D004 sees extreme pixels and gives extreme_batch as its prior; the replay's rows left out
-    # held a NaN and no finite outlier, and leaving them out cured it: nonfinite_input
+def test_nan_rows_and_typo_rows_in_one_window_are_told_apart_by_leaving_out_each(
+    tmp_path,
+) -> None:
+    # the failing batch holds a NaN pixel and a 3e6 pixel; D004's prior is extreme_batch. Both
+    # rows left out cure it, so the NaN rows are left out alone too: that cures it as well, and
+    # the NaN is the cause
     from tests.torch.test_torch_autowatch import _run
 
     proc, d = _run(tmp_path, PIXELS_NAN_AND_TYPOS)
     assert d is not None, proc.stderr
     runs = {c["change"]: c for c in d["confirmation"] if c.get("scope") == "window"}
     assert runs["without_rows"]["fixed"] and runs["without_rows"]["rows_nonfinite"]
-    assert runs["without_rows"]["rows_extreme"] is False
+    assert runs["without_rows"]["rows_extreme"] is True
+    assert runs["without_nonfinite_rows"]["fixed"]
     assert d["cause"] == "nonfinite_input", d["evidence"]

@@ -56,7 +56,7 @@ _ROW_BORNE = ("nonfinite_input", "extreme_batch", "log_of_zero", "zero_division"
 #: the interventions that test each cause (an entry's ``change``)
 TESTS: dict[str, tuple[str, ...]] = {
     "step_size_too_large": ("lr_x0.1", "lr_x0.01", "lr_x0.001", "standardised"),
-    "nonfinite_input": ("without_rows",),
+    "nonfinite_input": ("without_rows", "without_nonfinite_rows"),
     "extreme_batch": ("without_rows",),
     "fp16_overflow": ("float32",),
     "log_of_zero": ("eps",),
@@ -118,14 +118,7 @@ def decide(entries: Sequence[Mapping[str, Any]], priors: Sequence[tuple[str, flo
     lr_fixed = sorted((c for c in fixed if c.startswith("lr_x")), key=lambda c: -float(c[4:]))
     cause: str | None = None
     if "without_rows" in fixed:
-        # the rows broke it; how they did is the rules' word when they saw the op that made
-        # their NaN (a log of a zero count in the loop, an overflow in half precision)
-        borne = [(c, p) for c, p in priors if c in _ROW_BORNE and p >= 0.5]
-        if _only_nonfinite_rows(ran):
-            # the rows left out held NaN/inf and no finite outlier: no extreme row was the cure
-            borne = [(c, p) for c, p in borne if c != "extreme_batch"]
-        cause = borne[0][0] if borne else ("nonfinite_input" if rows_nonfinite
-                                           else "extreme_batch")  # fmt: skip
+        cause = _rows_cause(ran, fixed | failed, fixed, priors, rows_nonfinite)
     elif "float32" in fixed:
         cause = "fp16_overflow"
     elif "optimizer_eps" in fixed:
@@ -182,6 +175,24 @@ def decide(entries: Sequence[Mapping[str, Any]], priors: Sequence[tuple[str, flo
     decision.unknown = not fixed
     decision.evidence = [str(e.get("text")) for e in ran]
     return decision
+
+
+def _rows_cause(ran: Sequence[Mapping[str, Any]], tried: set[str], fixed: set[str],
+                priors: Sequence[tuple[str, float]], rows_nonfinite: bool) -> str:  # fmt: skip
+    """The cause when leaving the suspect rows out cured the failure."""
+    if "without_nonfinite_rows" in tried:
+        # NaN/inf rows and finite outliers both in the window: the NaN/inf rows left out alone
+        # decide which of them the cure was
+        return "nonfinite_input" if "without_nonfinite_rows" in fixed else "extreme_batch"
+    # the rows broke it; how they did is the rules' word when they saw the op that made their
+    # NaN (a log of a zero count in the loop, an overflow in half precision)
+    borne = [(c, p) for c, p in priors if c in _ROW_BORNE and p >= 0.5]
+    if _only_nonfinite_rows(ran):
+        # the rows left out held NaN/inf and no finite outlier: no extreme row was the cure
+        borne = [(c, p) for c, p in borne if c != "extreme_batch"]
+    if borne:
+        return borne[0][0]
+    return "nonfinite_input" if rows_nonfinite else "extreme_batch"
 
 
 def _only_nonfinite_rows(ran: Sequence[Mapping[str, Any]]) -> bool:

@@ -45,6 +45,9 @@ from nanscope.probes.failure import TorchFailure
 
 __all__ = ["MATCH", "REPLAY_SECONDS", "data_step", "experiments", "onset_of"]
 
+#: a batch tensor of more elements than this is not read for outlier rows (a large image batch)
+OUTLIER_READ = 1 << 22
+
 #: the control's first loss must be within this relative distance of the recorded one
 MATCH = 0.05
 #: all reruns of one failure together take at most this long (the fit waits for them)
@@ -332,8 +335,15 @@ class _Replay(_ReplayedModel):
         # rows that are the whole batch (a column broken in every row) cannot be left out
         rows = {s: r for s, r in rows.items() if len(r) < (sizes.get(s) or len(r) + 1)}
         if rows:
-            changes.append(("without_rows", {"rows": rows, "nonfinite": _holds_nonfinite(window),
-                                             "extreme": self._holds_extreme(window)}))
+            named = [*(self.found.get("rows") or []), *(self.f.extra.get("rows") or [])]
+            nonfinite = _holds_nonfinite(window)
+            extreme = _holds_extreme(window, named, self.f.step)
+            changes.append(("without_rows", {"rows": rows, "nonfinite": nonfinite,
+                                             "extreme": extreme}))  # fmt: skip
+            if nonfinite and extreme and _outliers_beside_nonfinite(window):
+                # both kinds, in other rows: leaving out the NaN/inf rows alone tells them apart
+                changes.append(("without_nonfinite_rows", {"rows": rows, "nonfinite": True,
+                                                           "only_nonfinite": True}))  # fmt: skip
         columns = self._unscaled_columns(window)
         if columns and snap.step == 1:
             changes.append(("standardised", {"columns": columns}))
@@ -381,16 +391,6 @@ class _Replay(_ReplayedModel):
                 if batch_row not in out[step]:
                     out[step].append(batch_row)
         return out
-
-    def _holds_extreme(self, window: list[Any]) -> bool:
-        """A kept batch of the window holds a finite outlier row, or the probes named an
-        extreme row at one of its updates."""
-        steps = {u.step for u in window}
-        named = [*(self.found.get("rows") or []), *(self.f.extra.get("rows") or [])]
-        if any(isinstance(r, dict) and r.get("why") == "extreme"
-               and r.get("step", self.f.step) in steps for r in named):  # fmt: skip
-            return True
-        return any(_outlier_rows(it.forwards, it.values) for u in window for it in u.iterations)
 
     def _unscaled_columns(self, window: list[Any]) -> list[int]:
         """The columns of a table-shaped model input that are not in standardised units: a
@@ -471,7 +471,7 @@ class _Replay(_ReplayedModel):
                                  f"snapshot reproduce the failure ({judged.text()})")
             return entry
         entry.update({"rows_nonfinite": True} if setup.get("nonfinite") else {})
-        if "extreme" in setup:
+        if setup.get("extreme") is not None:
             entry["rows_extreme"] = bool(setup["extreme"])
         if setup.get("clip"):
             setup = {**setup, "clip_to": self._clip_level(snap.step)}
@@ -593,9 +593,10 @@ class _Replay(_ReplayedModel):
         if not rows_by_step or update.step not in rows_by_step:
             return None
         rows = set(_nonfinite_rows(iteration.forwards, iteration.values))
-        rows |= set(_outlier_rows(iteration.forwards, iteration.values))
-        if index == len(update.iterations) - 1:
-            rows |= set(rows_by_step[update.step])
+        if not setup.get("only_nonfinite"):
+            rows |= set(_outlier_rows(iteration.forwards, iteration.values))
+            if index == len(update.iterations) - 1:
+                rows |= set(rows_by_step[update.step])
         size = _batch_size(iteration.forwards)
         if size is not None and len(rows) >= size:
             return None  # the whole batch: nothing to leave out (a column broken everywhere)
@@ -654,27 +655,64 @@ def _batch_size(forwards: list[Any]) -> int | None:
     return None
 
 
-def _outlier_rows(forwards: list[Any], values: dict[str, Any]) -> list[int]:
-    """The rows of the batch (the forwards' tensors and the captured ones of the batch's size:
-    inputs, targets) holding a finite value past ``RAW_UNITS`` that is ``OUTLIER_Z`` robust
-    standard deviations from its column's median: a typo, 5e7 among values of order one. None
-    when they are more than an eighth of the batch: a column in raw units moves every row, not a
-    few. Images are left out (a bright pixel is no typo)."""
+def _batch_tensors(forwards: list[Any], values: dict[str, Any]) -> tuple[int, list[Any]]:
+    """The batch's size and its floating tensors of that size (the forwards' and the captured
+    ones: inputs, targets)."""
     import torch
 
     size = _batch_size(forwards)
-    if size is None or size < 4:
+    if size is None:
+        return 0, []
+    return size, [v for v in [*(a for args, kw in forwards for a in (*args, *kw.values())),
+                              *values.values()]
+                  if isinstance(v, torch.Tensor) and v.is_floating_point() and v.dim() >= 1
+                  and v.shape[0] == size]  # fmt: skip
+
+
+def _unread(forwards: list[Any], values: dict[str, Any]) -> bool:
+    """A tensor of the batch too large for :func:`_outlier_rows` to read."""
+    return any(v.numel() > OUTLIER_READ for v in _batch_tensors(forwards, values)[1])
+
+
+def _outlier_rows(forwards: list[Any], values: dict[str, Any]) -> list[int]:
+    """The rows of the batch (the forwards' tensors and the captured ones of the batch's size:
+    inputs, targets, images pixel by pixel) holding a finite value past ``RAW_UNITS`` that is
+    ``OUTLIER_Z`` robust standard deviations from its column's median: a typo, 5e7 among values
+    of order one (a bright pixel of an 8-bit image is not: its column's spread is the batch's).
+    None when they are more than an eighth of the batch: a column in raw units moves every row,
+    not a few. Tensors of more than ``OUTLIER_READ`` elements are not read (:func:`_unread`)."""
+    size, tensors = _batch_tensors(forwards, values)
+    if size < 4:
         return []
     rows: set[int] = set()
-    for value in [*(a for args, kw in forwards for a in (*args, *kw.values())),
-                  *values.values()]:  # fmt: skip
-        if not (isinstance(value, torch.Tensor) and value.is_floating_point()
-                and 1 <= value.dim() <= 3 and value.shape[0] == size):  # fmt: skip
+    for value in tensors:
+        if value.numel() > OUTLIER_READ:
             continue
         table = value.detach().float().reshape(size, -1).cpu().numpy()
         _, found = robust_rows(table, "batch", threshold=OUTLIER_Z, limit=size)
         rows |= {int(r["batch_row"]) for r in found if abs(r["value"]) > RAW_UNITS}
     return sorted(rows) if len(rows) <= max(1, size // 8) else []
+
+
+def _holds_extreme(window: list[Any], named: list[Any], failed_at: int | None) -> bool | None:
+    """A kept batch of the window holds a finite outlier row, or the probes ``named`` an
+    extreme row at one of its updates (None: a batch too large to read, it cannot tell)."""
+    steps = {u.step for u in window}
+    if any(isinstance(r, dict) and r.get("why") == "extreme"
+           and r.get("step", failed_at) in steps for r in named):  # fmt: skip
+        return True
+    its = [it for u in window for it in u.iterations]
+    if any(_outlier_rows(it.forwards, it.values) for it in its):
+        return True
+    return None if any(_unread(it.forwards, it.values) for it in its) else False
+
+
+def _outliers_beside_nonfinite(window: list[Any]) -> bool:
+    """A batch of the window holds a finite outlier row that holds no NaN/inf (a row the loop
+    turned into inf, an ``exp`` of its huge value, is one row: leaving out either is the same)."""
+    return any(set(_outlier_rows(it.forwards, it.values))
+               - set(_nonfinite_rows(it.forwards, it.values))
+               for u in window for it in u.iterations)  # fmt: skip
 
 
 def _holds_nonfinite(window: list[Any]) -> bool:
@@ -772,6 +810,8 @@ def _describe(change: str, setup: dict[str, Any], snap: Any, window: list[Any], 
               fixed: bool) -> str:  # fmt: skip
     span = f"updates {snap.step}-{window[-1].step}"
     what = {
+        "without_nonfinite_rows": "without the rows holding NaN/inf alone (the extreme ones "
+                                  "kept)",
         "without_rows": ("without the rows holding NaN/inf (and any extreme ones) "
                          if setup.get("nonfinite") else "without the suspect rows ")
         + ", ".join(f"{rows or '(in an earlier micro-batch)'} of update {s}"
