@@ -66,7 +66,7 @@ from nanscope.capture.arrays import (
     nonfinite_rows,
     robust_rows,
 )
-from nanscope.capture.init_scale import weight_scale
+from nanscope.capture.init_scale import array_stats, weight_scale
 from nanscope.detectors import Alarm, AlarmKind, Detector, default_detectors
 from nanscope.errors import DivergenceError, UsageError
 from nanscope.numerics import finite_float
@@ -319,7 +319,7 @@ class _Measures(_RunFiles):
             if inputs is not None:
                 shape = as_array(inputs, "inputs").shape
                 widths = {int(shape[-1])} if shape else set()
-            scale = weight_scale(params.items(), widths)
+            scale = weight_scale(array_stats(params.items()), widths)
             if scale:
                 self.evidence["initial_weight_scale"] = scale
 
@@ -350,7 +350,7 @@ class _Measures(_RunFiles):
                 raise UsageError(f"lr must be a non-negative number, got {lr!r}")
         named_params = as_named(params, "params") if params is not None else {}
         named_grads = as_named(grads, "grads") if grads is not None else {}
-        if named_params and self._count == 0 and "initial_weight_scale" not in self.evidence:
+        if self._count == 0 and named_params and "initial_weight_scale" not in self.evidence:
             self._initial_scale(named_params, inputs)
         record: dict[str, Any] = {"step": step, "loss": loss_value, "nf_loss": nf_loss}
         if lr is not None:

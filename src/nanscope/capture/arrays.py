@@ -31,9 +31,11 @@ from typing import Any
 import numpy as np
 
 from nanscope.errors import UsageError
+from nanscope.numerics import OUTLIER_Z, RAW_UNITS
 from nanscope.schedule import Every, Rises
 
-__all__ = ["BatchChecker", "ParamTracker", "as_array", "as_named", "nonfinite_rows", "robust_rows"]
+__all__ = ["BatchChecker", "ParamTracker", "as_array", "as_named", "nonfinite_rows", "robust_rows",
+           "typo_rows"]  # fmt: skip
 
 #: coordinates per tensor kept for the update/cosine/sign-flip measures
 SAMPLE = 1024
@@ -559,6 +561,14 @@ def robust_rows(
             entry["dataset_row"] = int(index[r])
         out.append(entry)
     return top, out
+
+
+def typo_rows(array: np.ndarray, source: str) -> list[dict[str, Any]]:
+    """The rows of a batch holding a finite value past ``RAW_UNITS`` that is ``OUTLIER_Z``
+    robust standard deviations from its column's median: a typo, 5e7 among values of order one
+    (every row it flags, largest first; :func:`robust_rows`)."""
+    _, rows = robust_rows(array, source, threshold=OUTLIER_Z, limit=max(1, len(array)))
+    return [r for r in rows if abs(r["value"]) > RAW_UNITS]
 
 
 class BatchChecker:

@@ -16,13 +16,28 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["weight_scale"]
+__all__ = ["array_stats", "weight_scale"]
 
 
-def weight_scale(matrices: Iterable[tuple[str, np.ndarray]], widths: set[int]) -> dict[str, Any]:
+#: a weight matrix as :func:`weight_scale` reads it: its name, its shape and the std of its values
+Matrix = tuple[str, tuple[int, ...], float]
+
+
+def array_stats(params: Iterable[tuple[str, np.ndarray]]) -> list[Matrix]:
+    """``(name, shape, std)`` of each 2-d floating array whose values are all finite."""
+    out = []
+    for name, w in params:
+        if w.ndim == 2 and w.size >= 2 and np.issubdtype(w.dtype, np.floating) and (
+            np.isfinite(w).all()
+        ):
+            out.append((name, tuple(int(f) for f in w.shape), float(w.std(dtype=np.float64))))
+    return out
+
+
+def weight_scale(matrices: Iterable[Matrix], widths: set[int]) -> dict[str, Any]:
     """``{"layers": [{param, fan_in, ratio}], "median_ratio", "max_ratio", "min_ratio"}`` over
-    the 2-d floating ``matrices`` (``{}`` when there are none), the shape the probes' measure of a
-    model's weights has.
+    the weight matrices given as ``(name, shape, std)`` (``{}`` when there are none), the shape
+    the probes' measure of a model's weights has.
 
     A matrix used as ``x @ W`` contracts its first dimension with the input, ``F.linear`` its
     second: which one is its fan-in cannot always be read from a loop written by hand, so each
@@ -31,17 +46,11 @@ def weight_scale(matrices: Iterable[tuple[str, np.ndarray]], widths: set[int]) -
     is then far whichever way the matrix is used.
     """
     layers: list[dict[str, Any]] = []
-    for name, w in matrices:
-        if w.ndim != 2 or w.size < 2 or not np.issubdtype(w.dtype, np.floating):
-            continue
-        values = w.astype(np.float64, copy=False)
-        if not np.isfinite(values).all():
-            continue
-        std = float(values.std())
-        fans = [int(f) for f in w.shape if f >= 2]
-        if w.shape[0] in widths:
-            fans = [int(w.shape[0])]
-        if not fans or std == 0.0:
+    for name, shape, std in matrices:
+        fans = [f for f in shape if f >= 2]
+        if shape[0] in widths:
+            fans = [shape[0]]
+        if not fans or not std > 0.0 or not math.isfinite(std):
             continue
         ratios = [std * math.sqrt(f) for f in fans]
         ratio = min(ratios, key=lambda r: abs(math.log(r)))

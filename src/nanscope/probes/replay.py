@@ -37,8 +37,8 @@ import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from nanscope.capture.arrays import robust_rows
-from nanscope.numerics import OUTLIER_Z, RAW_UNITS
+from nanscope.capture.arrays import typo_rows
+from nanscope.numerics import RAW_UNITS
 from nanscope.outcome import FAR, judge
 from nanscope.probes._tensors import loss_before_scale
 from nanscope.probes.failure import TorchFailure
@@ -689,8 +689,7 @@ def _outlier_rows(forwards: list[Any], values: dict[str, Any]) -> list[int]:
         if value.numel() > OUTLIER_READ:
             continue
         table = value.detach().float().reshape(size, -1).cpu().numpy()
-        _, found = robust_rows(table, "batch", threshold=OUTLIER_Z, limit=size)
-        rows |= {int(r["batch_row"]) for r in found if abs(r["value"]) > RAW_UNITS}
+        rows |= {int(r["batch_row"]) for r in typo_rows(table, "batch")}
     return sorted(rows) if len(rows) <= max(1, size // 8) else []
 
 

@@ -643,14 +643,16 @@ class _ManualUpdates:
             if stepped or not changed:
                 if self._backwards >= self.GIVE_UP:
                     self.off = True  # backward calls that never change the weights: not ours
+                bare = not _SEEN  # no model called: its first update is read here or nowhere
                 if self._first is None:
                     self._first = _loss_value(self._loss)  # update 1, its first micro-batch
-                    self._first_record = {**first_update.batch_record(self._inputs),
-                                          **first_update.weight_record(self._params)}
-                    self._initial_scale = first_update.initial_weight_scale(self._params,
-                                                                            self._inputs)
-                # the gradient so far: its last micro-batch's is what update 1 applies
-                self._first_record.update(first_update.gradient_record(self._params))
+                    if bare:
+                        self._first_record = {**first_update.batch_record(self._inputs),
+                                              **first_update.weight_record(self._params)}
+                        self._initial_scale = first_update.initial_weight_scale(
+                            self._params, self._inputs)
+                if bare:  # the gradient so far: its last micro-batch's is what update 1 applies
+                    self._first_record.update(first_update.gradient_record(self._params))
                 self._grads = self._grad_sample()
                 return
             self._start()

@@ -8,7 +8,9 @@ update 1 gets the record every other update gets. Without it, a loop whose first
 absurd or inf could not be told apart: weights scaled up at initialisation, a column in raw units
 or a typo in the first batch all look the same from the loss alone.
 
-Costs are paid only until the loop is found (a few backward calls).
+Costs are paid only until the loop is found (a few backward calls), and only by a loop that
+called no model (a script with a model has its first batch in the model's forward, and most of
+them step a ``torch.optim`` optimizer: nothing here is read for them).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from nanscope.numerics import OUTLIER_Z, RAW_UNITS
+from nanscope.numerics import RAW_UNITS
 
 # torch and the measures are imported in the calls: ``nanscope run`` imports this module before
 # the script imports torch (and a script that never does must not pay for it)
@@ -59,18 +61,16 @@ def batch_record(inputs: tuple[Any, ...]) -> dict[str, Any]:
 
 
 def _outliers(inputs: tuple[Any, ...]) -> list[dict[str, Any]]:
-    """The rows of a table-shaped first batch holding a value past ``RAW_UNITS`` that is
-    ``OUTLIER_Z`` robust standard deviations out (a typo), as the Monitor's rows read."""
+    """The typo rows of a table-shaped first batch, as the Monitor's rows read
+    (:func:`nanscope.capture.arrays.typo_rows`)."""
     import torch
-    from nanscope.capture.arrays import robust_rows
+    from nanscope.capture.arrays import typo_rows
 
     for x in inputs:
         if isinstance(x, torch.Tensor) and x.is_floating_point() and 1 <= x.dim() <= 2:
-            _, rows = robust_rows(x.detach().double().cpu().numpy(), "inputs",
-                                  threshold=OUTLIER_Z)  # fmt: skip
-            rows = [dict(r, step=1) for r in rows if abs(r["value"]) > RAW_UNITS]
+            rows = [dict(r, step=1) for r in typo_rows(x.detach().double().cpu().numpy(), "inputs")]
             if rows:
-                return rows
+                return rows[:5]
     return []
 
 
@@ -109,7 +109,8 @@ def gradient_record(params: list[Any]) -> dict[str, Any]:
 
 def initial_weight_scale(params: list[Any], inputs: tuple[Any, ...]) -> dict[str, Any]:
     """``std(W) * sqrt(fan_in)`` of each weight matrix before any update (about 0.5 to 1.5 for
-    a standard initialiser; :func:`nanscope.capture.init_scale.weight_scale`)."""
+    a standard initialiser; :func:`nanscope.capture.init_scale.weight_scale`), its std taken
+    where the weights are (no copy to the host)."""
     import torch
     from nanscope.capture.init_scale import weight_scale
 
@@ -117,8 +118,10 @@ def initial_weight_scale(params: list[Any], inputs: tuple[Any, ...]) -> dict[str
     matrices = []
     with torch.no_grad():
         for i, p in enumerate(params):
-            if p.dim() == 2 and p.is_floating_point() and p.numel() >= 2:
+            if p.dim() == 2 and p.is_floating_point() and p.numel() >= 2 and bool(
+                torch.isfinite(p).all()
+            ):
                 shape = "x".join(str(s) for s in p.shape)
-                matrices.append((f"the {shape} weight (leaf {i + 1} of {len(params)})",
-                                 p.detach().double().cpu().numpy()))  # fmt: skip
+                name = f"the {shape} weight (leaf {i + 1} of {len(params)})"
+                matrices.append((name, tuple(int(f) for f in p.shape), float(p.float().std())))
     return weight_scale(matrices, widths)
