@@ -39,6 +39,9 @@ SPIKE = 10.0
 #: a "trained" bare run that ends this many times above what the same fit reaches from a
 #: standard initialisation only descended by noise at an absurd level (orders of magnitude)
 ABSURD = 1e3
+#: a fit that converged within its first tenth of updates "held" its level when it ended no more
+#: than this many times above it (the noise of a loss at its floor; a rise past it is unclear)
+FLAT = 1.1
 #: seconds one bare run may take
 RUN_TIMEOUT = 90.0
 
@@ -55,9 +58,11 @@ def judge(losses: list[float] | None) -> dict[str, Any]:
 
     failed: a non-finite loss; or a loss that ends (median of the last tenth of the updates, at
     least 3) ``DIVERGED`` times above the first loss or more; or one that reached ``DIVERGED``
-    times the first loss and never came back below it. trained: every loss finite, the end below
-    the start (median of the first tenth), and no loss on the way ``SPIKE`` times the first one.
-    Anything else neither failed nor trained: such a scenario cannot be labelled.
+    times the first loss and never came back below it. trained: every loss finite, no loss on the
+    way ``SPIKE`` times the first one, and the end below the start (median of the first tenth),
+    or, for a fit that converged within its first tenth, the end at most half the first loss
+    and no more than ``FLAT`` times the start (it held the level it fell to). Anything else
+    neither failed nor trained: such a scenario cannot be labelled.
     """
     if not losses:
         return {"outcome": "unclear", "why": "no loss was recorded", "updates": 0}
@@ -79,8 +84,12 @@ def judge(losses: list[float] | None) -> dict[str, Any]:
     elif peak >= DIVERGED * first and end > first:
         out.update(outcome="failed", why=f"the loss jumped {peak / first:.3g}x and ended "
                                          f"{end / first:.3g}x its first value")  # fmt: skip
-    elif end < start and peak < SPIKE * first:
-        out.update(outcome="trained", why=f"the loss went from {start:.4g} to {end:.4g}")
+    elif peak < SPIKE * first and (end < start or (end <= first / 2 and end <= FLAT * start)):
+        if end < start:
+            out.update(outcome="trained", why=f"the loss went from {start:.4g} to {end:.4g}")
+        else:
+            out.update(outcome="trained", why=f"the loss fell from {first:.4g} to {start:.4g} "
+                                              f"within its first tenth and held it ({end:.4g})")
         ups = _step_ups(losses, start, k)
         if ups:
             out["step_up"] = ups

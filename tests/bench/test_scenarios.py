@@ -78,6 +78,20 @@ def test_a_run_trained_when_it_ends_below_its_start_with_no_spike(label):
     assert label.judge([])["outcome"] == "unclear"
 
 
+def test_a_fit_that_converged_within_its_first_tenth_trained_when_it_held_that_level(label):
+    # a fit at its noise floor after a few updates: its start (median of the first tenth) is
+    # already the floor, so "end below the start" alone would call it unclear
+    fast = [7.8, 0.9, *[0.68] * 80, *[0.72] * 18]
+    judged = label.judge(fast)
+    assert judged["outcome"] == "trained" and "first tenth" in judged["why"]
+    assert label.judge([1.9, 1e-7, *[1.19e-7] * 40])["outcome"] == "trained"
+    # it fell and then rose again well past where it fell to: not trained
+    rising = [7.8, 0.7, 0.7, 0.7, *[0.7 + 0.05 * i for i in range(40)]]
+    assert label.judge(rising)["outcome"] == "unclear"
+    # it never fell to half its first loss: not trained
+    assert label.judge([1.0, 0.8, *[0.8] * 40])["outcome"] == "unclear"
+
+
 def test_a_fit_that_came_back_from_a_step_up_above_its_start_trained_and_says_where(label):
     descending = [2.0 / (1 + 0.1 * i) for i in range(60)]
     stepped = [*descending[:40], 5.0, *descending[40:]]
