@@ -50,6 +50,9 @@ INIT_SCALE_FAR = 8.0
 #: magnitude, the labels' and the detectors' measure of a blow-up)
 LEAP = 10.0
 
+#: the interventions that cure almost any failure (a smaller or bounded step): a cure by them
+#: alone says the step is out of scale, not why
+GENERIC = frozenset({"lr_x0.1", "lr_x0.01", "lr_x0.001", "clipped"})
 #: causes a bad row can carry: leaving the rows out removes each of them
 _ROW_BORNE = ("nonfinite_input", "extreme_batch", "log_of_zero", "zero_division", "fp16_overflow")
 
@@ -116,6 +119,15 @@ def decide(entries: Sequence[Mapping[str, Any]], priors: Sequence[tuple[str, flo
             decision.contradicted.add(tested)
     prior = dict(priors)
     lr_fixed = sorted((c for c in fixed if c.startswith("lr_x")), key=lambda c: -float(c[4:]))
+    unrun = next((e for e in window if e.get("change") == "without_rows" and not e.get("ran")),
+                 None)  # fmt: skip
+    if unrun is not None and fixed and fixed <= GENERIC and max(
+            prior.get("extreme_batch", 0.0), prior.get("nonfinite_input", 0.0)) >= 0.5:
+        # the rules see the rows, and the replay could not leave them out: a smaller or clipped
+        # step only bounds what the rows do, so it cannot decide against them
+        decision.cap = UNCONFIRMED
+        decision.note = str(unrun.get("text"))
+        return decision
     cause: str | None = None
     if "without_rows" in fixed:
         cause = _rows_cause(ran, fixed | failed, fixed, priors, rows_nonfinite)
@@ -128,11 +140,12 @@ def decide(entries: Sequence[Mapping[str, Any]], priors: Sequence[tuple[str, flo
         # saturated by a logit in dollars): the scale, not the op. Where no smaller step helps
         # and an epsilon does, no step made them: the op met its 0 from the first forward on
         cause = "step_size_too_large"
-    elif "eps" in fixed and not (lr_fixed and (prior.get("step_size_too_large", 0.0) >= 0.5
-                                               or _leapt_only_with(ran, "eps", lr_fixed))):
-        # an epsilon that cures it while a smaller step does too, after a growth phase the rules
-        # saw, or while the loss still leapt an order of magnitude with the epsilon and not at
-        # the smaller step: the op only met what the oversized steps made
+    elif "eps" in fixed and not (lr_fixed and _leapt_only_with(ran, "eps", lr_fixed)):
+        # the epsilon at the op cures it at the script's own step: the op's, even where a smaller
+        # step cures it too (a smaller step postpones or hides almost any failure); but where
+        # the loss still leapt an order of magnitude with the epsilon and not at the smaller
+        # step, the epsilon removed the NaN, not the failure: the op only met what the
+        # oversized steps made
         op_cause = "log_of_zero" if prior.get("log_of_zero", 0.0) >= prior.get(
             "zero_division", 0.0) else "zero_division"
         cause = _eps_cause(entries) or op_cause

@@ -22,6 +22,11 @@ update's check, and a kept statement that only rebinds them is skipped in the re
 value already went through it). Every other name is read from the frame when the replay runs:
 the model, the optimizer, the loss module, data tensors made before the loop.
 
+A loop that updates its parameters by hand (``with torch.no_grad(): w -= lr * w.grad``) has no
+``step()`` call: its plan is read from the line of its ``backward()`` call instead, and its update
+is the rest of the loop body: every in-place change of a tensor made under ``no_grad`` or through
+``.data`` is essential there (:func:`plan_for` with ``by_hand``).
+
 Nothing here is trusted blindly: the replay first reruns the window unchanged (the control), and
 only when that reproduces the recorded losses and the failure is any experiment believed.
 """
@@ -29,6 +34,7 @@ only when that reproduces the recorded losses and the failure is any experiment 
 from __future__ import annotations
 
 import ast
+import contextvars
 import linecache
 from dataclasses import dataclass, field
 from types import CodeType
@@ -46,6 +52,11 @@ _REPORTING = ("print", "log", "info", "debug", "warning", "write", "add_scalar",
 #: calls that draw a new batch or random numbers: what they bind is captured, not recomputed
 _DRAWING = ("next", "get_batch", "sample", "randint", "randperm", "choice", "shuffle",
             "permutation")  # fmt: skip
+
+
+#: the statements of a hand-written update being planned (ids): essential wherever they stand
+_HAND_UPDATES: contextvars.ContextVar[frozenset[int]] = contextvars.ContextVar(
+    "nanscope_hand_updates", default=frozenset())
 
 
 @dataclass
@@ -68,6 +79,7 @@ class Plan:
     fed: tuple[str, ...] = ()
     free: tuple[str, ...] = ()
     accumulates: bool = False
+    by_hand: bool = False
     reason: str | None = None
 
     @property
@@ -75,13 +87,15 @@ class Plan:
         return self.code is not None
 
 
-def plan_for(file: str, function: str, line: int, model_line: int | None = None) -> Plan:
+def plan_for(file: str, function: str, line: int, model_line: int | None = None, *,
+             by_hand: bool = False) -> Plan:  # fmt: skip
     """The plan of the update whose ``optimizer.step()`` call is at ``file:line`` in ``function``
     (``"<module>"`` for a script's top level). ``model_line``: the line in the same function that
     calls the model; the names it passes the model and reads nowhere else are not recomputed
-    (the replay feeds the model the arguments it got: ``fed``). Never raises: a plan that cannot
-    be made says why."""
-    plan = Plan(file, line)
+    (the replay feeds the model the arguments it got: ``fed``). ``by_hand``: ``line`` is the
+    ``backward()`` call of a loop that updates its parameters by hand; the update is the rest of
+    the loop body. Never raises: a plan that cannot be made says why."""
+    plan = Plan(file, line, by_hand=by_hand)
     try:
         source = "".join(linecache.getlines(file))
         if not source:
@@ -167,12 +181,26 @@ def _make(plan: Plan, tree: ast.Module, function: str, model_line: int | None) -
     # a step under a condition in the loop (gradient accumulation over loop iterations): an
     # update is several iterations, each replayed as it ran (the condition holds at its last)
     plan.accumulates = isinstance(top, ast.If) and plan.unit == "loop"
-    plan.optimizer = _step_receiver(step_stmt)
-    upto = body[: body.index(top) + 1]
     fed: set[str] = set()
-    kept = _keep(upto, plan.line, set(captured), model_line, fed)
+    if plan.by_hand:
+        # no step() call: the update is what the body changes in place after the backward
+        updates = _hand_updates(body)
+        if not updates:
+            plan.reason = "no in-place update of a tensor was found after the backward() call"
+            return
+        last = max((s.end_lineno or s.lineno) for s in body)
+        token = _HAND_UPDATES.set(frozenset(id(s) for s in updates))
+        try:
+            kept = _keep(list(body), last, set(captured), model_line, fed)
+        finally:
+            _HAND_UPDATES.reset(token)
+    else:
+        plan.optimizer = _step_receiver(step_stmt)
+        upto = body[: body.index(top) + 1]
+        kept = _keep(upto, plan.line, set(captured), model_line, fed)
     plan.fed = tuple(sorted(fed))
-    if not kept or not any(_essential(s) for s in ast.walk(ast.Module(body=kept, type_ignores=[]))
+    if not kept or not any(_training_call(s) for s in ast.walk(ast.Module(body=kept,
+                                                                          type_ignores=[]))
                            if isinstance(s, ast.stmt)):  # fmt: skip
         plan.reason = "no backward() or step() call was found in the training step"
         return
@@ -263,8 +291,15 @@ def _call_name(node: ast.AST) -> str | None:
 
 
 def _essential(stmt: ast.stmt) -> bool:
-    """A statement an update needs whatever it binds: a training call, or a bare call of the
-    user's own function (it may run the backward itself)."""
+    """A statement an update needs whatever it binds: a training call, a bare call of the
+    user's own function (it may run the backward itself), or a hand-written update's in-place
+    change (while such a loop is planned)."""
+    if id(stmt) in _HAND_UPDATES.get():
+        return True
+    return _training_call(stmt)
+
+
+def _training_call(stmt: ast.stmt) -> bool:
     if _compound(stmt):
         return False
     if _writes_grad(stmt):
@@ -306,6 +341,50 @@ def _writes_grad(stmt: ast.stmt) -> bool:
         return False
     return any(isinstance(n, ast.Attribute) and n.attr == "grad"
                for t in targets for n in ast.walk(t))  # fmt: skip
+
+
+def _hand_updates(body: list[ast.stmt], under_no_grad: bool = False) -> list[ast.stmt]:
+    """The statements of ``body`` that change a tensor in place the way a hand-written update
+    does: under ``torch.no_grad()`` an augmented assignment (``w -= lr * w.grad``) or an in-place
+    method (``p.sub_(...)``, ``p.copy_(...)``); anywhere, a write through ``.data``
+    (``p.data.add_(...)``, ``w.data = ...``)."""
+    out: list[ast.stmt] = []
+    for stmt in body:
+        if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            continue
+        if isinstance(stmt, (ast.With, ast.AsyncWith)):
+            no_grad = under_no_grad or any(
+                "no_grad" in (_dotted(i.context_expr.func if isinstance(i.context_expr, ast.Call)
+                                      else i.context_expr) or "") for i in stmt.items)
+            out.extend(_hand_updates(stmt.body, no_grad))
+            continue
+        if _compound(stmt):
+            for name in ("body", "orelse", "finalbody"):
+                inner = getattr(stmt, name, None)
+                if isinstance(inner, list):
+                    out.extend(_hand_updates([s for s in inner if isinstance(s, ast.stmt)],
+                                             under_no_grad))  # fmt: skip
+            continue
+        if _updates_in_place(stmt, under_no_grad):
+            out.append(stmt)
+    return out
+
+
+def _updates_in_place(stmt: ast.stmt, under_no_grad: bool) -> bool:
+    if isinstance(stmt, ast.AugAssign):
+        return under_no_grad or _through_data(stmt.target)
+    if isinstance(stmt, ast.Assign):
+        return any(isinstance(t, ast.Attribute) and t.attr == "data" for t in stmt.targets)
+    if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call):
+        func = stmt.value.func
+        if isinstance(func, ast.Attribute) and func.attr.endswith("_") \
+                and not func.attr.startswith("_"):  # fmt: skip
+            return under_no_grad or _through_data(func.value)
+    return False
+
+
+def _through_data(node: ast.AST) -> bool:
+    return any(isinstance(n, ast.Attribute) and n.attr == "data" for n in ast.walk(node))
 
 
 def _is_optimizer_step(func: ast.Attribute) -> bool:

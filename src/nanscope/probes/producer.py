@@ -113,6 +113,11 @@ def _is_inplace(func: Any, kwargs: dict[str, Any]) -> bool:
 # ------------------------------------------------------------------------------ the live watch
 
 
+def _records_graph(out: Any) -> bool:
+    """``out`` is a tensor an autograd graph is being built from (an update's forward)."""
+    return bool(getattr(out, "requires_grad", False)) and _torch().is_grad_enabled()
+
+
 def _multi_rank() -> bool:
     """Whether this process is one rank of several in an initialised process group."""
     dist: Any = getattr(_torch(), "distributed", None)
@@ -309,6 +314,11 @@ class FirstUpdateWatch:
             return func(*args, **kwargs)
         out = func(*args, **kwargs)
         try:
+            if self.backward_done and not self.in_backward and _records_graph(out):
+                # an op that builds a graph after the backward: the next update's forward (a
+                # loop that updates by hand has no step to stop at); the first update is over
+                self.active = False
+                return out
             self._check(func, args, kwargs, out, inplace, before)
             if self.producer is None and len(self.nodes) < 50_000:
                 self._remember_node(func, out)

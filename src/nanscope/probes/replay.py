@@ -40,8 +40,10 @@ from typing import Any
 from nanscope.capture.arrays import typo_rows
 from nanscope.numerics import RAW_UNITS
 from nanscope.outcome import FAR, judge
-from nanscope.probes._tensors import loss_before_scale
+from nanscope.probes._measure import forward_name
+from nanscope.probes._tensors import loss_before_scale, op_watch
 from nanscope.probes.failure import TorchFailure
+from nanscope.probes.stepwatch import StepWatch
 
 __all__ = ["MATCH", "REPLAY_SECONDS", "data_step", "experiments", "onset_of"]
 
@@ -63,6 +65,8 @@ NOISE = 1.0
 #: the gradient norm a clipping replay bounds to when too few updates came before the trouble
 #: to know its level: the ``max_norm`` most scripts pass to ``clip_grad_norm_``
 CLIP_DEFAULT = 1.0
+#: what a hand-written step's own tensors (a velocity) may take in copies around a replay
+STATE_COPY_BYTES = 64 * 2**20
 #: ops whose non-finite output an epsilon can prevent, and how (see ``_EpsilonMode``)
 GUARDED_LOGS = ("log", "log2", "log10", "log1p", "xlogy")
 GUARDED_DIVISIONS = ("div", "true_divide", "divide", "reciprocal", "rsqrt", "sqrt", "norm",
@@ -74,7 +78,9 @@ class _Unfed(Exception):
 
 
 def experiments(failure: TorchFailure, found: dict[str, Any]) -> list[dict[str, Any]]:
-    """The control and each intervention's outcome (``confirmation`` entries); never raises."""
+    """The control and each intervention's outcome (``confirmation`` entries); never raises.
+    ``found``: the evidence so far; where the localisation named no op and the control saw the
+    producer (:mod:`nanscope.probes.stepwatch`), it is added there as ``located``."""
     history = failure.extra.get("history")
     if history is None:
         return []
@@ -123,6 +129,9 @@ class _ReplayedModel:
         self.model = history.model
         self.optimizer = history.optimizer
         self.params = [p for g in self.optimizer.param_groups for p in g["params"]]
+        #: the script updates its parameters by hand: its own code is the step, and a smaller
+        #: step is what it applied, scaled (exact for a hand-written SGD)
+        self.by_hand = bool(getattr(self.optimizer, "by_hand", False))
 
     def _save(self) -> dict[str, Any]:
         import copy
@@ -234,7 +243,7 @@ class _Replay(_ReplayedModel):
 
     def __init__(self, failure: TorchFailure, found: dict[str, Any], history: Any) -> None:
         super().__init__(failure, history)
-        self.found = found
+        self.evidence = found
         self.h = history
         self.deadline = time.monotonic() + REPLAY_SECONDS
         self.recorded: dict[int, float] = dict(failure.extra.get("losses") or [])
@@ -254,15 +263,52 @@ class _Replay(_ReplayedModel):
         saved = self._save()
         out: list[dict[str, Any]] = []
         devices = sorted({p.device.index or 0 for p in self.params if p.device.type == "cuda"})
-        with self.torch.random.fork_rng(devices=devices):
-            self._experiments(snap, window, saved, out)
+        state = _ScriptState(self._script_tensors()) if self.by_hand else None
+        try:
+            with self.torch.random.fork_rng(devices=devices):
+                self._experiments(snap, window, saved, out, state)
+        finally:
+            if state is not None:
+                state.restore()
+        return out
+
+    def _script_tensors(self) -> list[Any]:
+        """The tensors a hand-written step reads from the script besides the weights (one level
+        into lists, tuples and dicts): its own state, a velocity, is among them."""
+        torch = self.torch
+        plan = self.h.plan
+        base = {**(self.h.frame_globals or {}), **(self.h.frame_locals or {})}
+        weights = {id(p) for p in self.params}
+        out: list[Any] = []
+        for name in plan.free if plan is not None else ():
+            value = base.get(name)
+            items = (list(value.values()) if isinstance(value, dict) else
+                     list(value) if isinstance(value, (list, tuple)) else [value])  # fmt: skip
+            out.extend(t for t in items[:256]
+                       if isinstance(t, torch.Tensor) and id(t) not in weights)  # fmt: skip
         return out
 
     def _experiments(self, snap: Any, window: list[Any], saved: dict[str, Any],
-                     out: list[dict[str, Any]]) -> None:  # fmt: skip
+                     out: list[dict[str, Any]], state: _ScriptState | None = None) -> None:
         try:
-            control = self._rerun(snap, window, "control")
+            # the op that makes the value, where the localisation could not see it (outside the
+            # model, or no model): watched while the control reruns the whole step
+            located = self.evidence.get("located") or {}
+            # (an op only guessed, not seen make the value, is replaced by one the control sees)
+            guessed = located.get("guessed") or located.get("observed") is False
+            watch = StepWatch() if not located.get("op") or guessed else None
+            control = self._rerun(snap, window, "control", {"watch": watch} if watch else None)
             out.append(control)
+            if watch is not None and watch.found is not None and control.get("reproduced"):
+                self.evidence["located"] = watch.found
+            changed = state.changed() if state is not None else []
+            if changed:
+                # a velocity or a counter of the script's own: not in the snapshot, so the
+                # control ran from today's value of it, and no rerun can be trusted
+                out.append(_not_run("replay", "no experiment: the hand-written update changes "
+                                    f"tensors besides the weights ({changed}); the snapshot "
+                                    "does not hold their earlier values"))  # fmt: skip
+                return
             if not control.get("reproduced"):
                 return
             for change, setup in self._interventions(snap, window):
@@ -335,7 +381,7 @@ class _Replay(_ReplayedModel):
         # rows that are the whole batch (a column broken in every row) cannot be left out
         rows = {s: r for s, r in rows.items() if len(r) < (sizes.get(s) or len(r) + 1)}
         if rows:
-            named = [*(self.found.get("rows") or []), *(self.f.extra.get("rows") or [])]
+            named = [*(self.evidence.get("rows") or []), *(self.f.extra.get("rows") or [])]
             nonfinite = _holds_nonfinite(window)
             extreme = _holds_extreme(window, named, self.f.step)
             changes.append(("without_rows", {"rows": rows, "nonfinite": nonfinite,
@@ -347,8 +393,10 @@ class _Replay(_ReplayedModel):
         columns = self._unscaled_columns(window)
         if columns and snap.step == 1:
             changes.append(("standardised", {"columns": columns}))
-        located = self.found.get("located") or {}
+        located = self.evidence.get("located") or {}
         op = str(located.get("op") or "").split(".")[0]
+        if op.endswith(("Backward0", "Backward1")):
+            op = forward_name(op)  # (a backward producer: LogBackward0 guards at its log)
         # (not a producer in the loop's preprocessing: the replay feeds the model the inputs it
         # got, so an epsilon there could change nothing)
         if located.get("phase") in ("forward", "loss", "backward") and (
@@ -361,7 +409,7 @@ class _Replay(_ReplayedModel):
             changes.append(("float32", {"float32": True}))
         if len(window) >= 2:
             changes.append(("clipped", {"clip": True}))
-        if snap.step == 1:
+        if snap.step == 1 and self.model is not None:
             changes.append(("standard_init", {"reinit": True}))
         return changes
 
@@ -381,7 +429,7 @@ class _Replay(_ReplayedModel):
                     bad |= set(found)
             if bad or outliers:
                 out[update.step] = sorted(bad)
-        for row in [*(self.found.get("rows") or []), *(self.f.extra.get("rows") or [])]:
+        for row in [*(self.evidence.get("rows") or []), *(self.f.extra.get("rows") or [])]:
             if not isinstance(row, dict) or row.get("why") not in ("nonfinite", "nan", "inf",
                                                                    "extreme"):  # fmt: skip
                 continue
@@ -395,7 +443,8 @@ class _Replay(_ReplayedModel):
     def _unscaled_columns(self, window: list[Any]) -> list[int]:
         """The columns of a table-shaped model input that are not in standardised units: a
         value of more than ``RAW_UNITS`` in magnitude (10 standard deviations out, were the
-        column standardised) in the window's batches, or the one the trace named."""
+        column standardised) in the window's batches, or, where none could be read, the one the
+        trace named."""
         torch = self.torch
         top: Any = None
         for update in window:
@@ -416,7 +465,9 @@ class _Replay(_ReplayedModel):
                     top = col if top is None or top.shape != col.shape else torch.maximum(top, col)
         columns = [] if top is None else [int(i) for i in torch.nonzero(top > RAW_UNITS).flatten()]
         named = self.f.extra.get("unscaled_column")
-        if isinstance(named, int) and named not in columns:
+        # (the trace names a column from its first batch's largest value, a typo's included:
+        # only where the batches could not be read here)
+        if top is None and isinstance(named, int):
             columns.append(named)
         return sorted(columns)
 
@@ -437,7 +488,11 @@ class _Replay(_ReplayedModel):
         # removed: finite, no blow-up and no excursion, and it trains: the window's own batches
         # give a lower loss on its last pass than on its first (a flipped sign only climbs more
         # slowly at a smaller step; batches of different difficulty alternate in a cycle)
-        fixed = judged.kind == "ok" and _trains(losses, len(window))
+        # (or, but for a turned-round step, which must train to count, it held the loss an
+        # order of magnitude below where the fit began: a loss at its floor, whose passes differ
+        # by noise, as a confident classifier's 0.004 and 0.016 do)
+        floor = self._fit_start() / FAR if change != "sign_flipped" else None
+        fixed = judged.kind == "ok" and _trains(losses, len(window), floor)
         first = losses[0] if losses else math.nan
         entry: dict[str, Any] = {
             "change": change,
@@ -530,12 +585,15 @@ class _Replay(_ReplayedModel):
         plan = self.h.plan
         factor = float(setup.get("lr", 1.0))
         # a smaller step is the optimizer's own lr scaled (exact for every torch optimizer, LBFGS
-        # and its line search included); a turned-round update is the applied update negated
+        # and its line search included); a turned-round update is the applied update negated,
+        # and so is a smaller one of an update written by hand (exact for its plain SGD)
+        scaled = factor <= 0 or (self.by_hand and factor != 1.0)
         scale = factor if factor > 0 else 1.0
-        for group, lr in zip(self.optimizer.param_groups, update.lrs):
-            if math.isfinite(lr):
-                group["lr"] = lr * scale
-        before = [p.detach().clone() for p in self.params] if factor <= 0 else None
+        if not self.by_hand:
+            for group, lr in zip(self.optimizer.param_groups, update.lrs):
+                if math.isfinite(lr):
+                    group["lr"] = lr * scale
+        before = [p.detach().clone() for p in self.params] if scaled else None
         self.optimizer.zero_grad(set_to_none=True)  # each update starts from no gradient
         backward: list[Any] = []
         base = {**(self.h.frame_globals or {}), **(self.h.frame_locals or {})}
@@ -550,12 +608,22 @@ class _Replay(_ReplayedModel):
             replace = bool(setup.get("replace_rows"))
             for name, value in iteration.values.items():
                 namespace[name] = value if replace else _without_rows(value, rows, size)
+            # (with no model nothing is fed: the script's code makes its batch from the names)
+            recorded = iteration.forwards if self.model is not None else []
             forwards = [(_without_rows(a, rows, size, replace=replace),
                          _without_rows(k, rows, size, replace=replace))
-                        for a, k in iteration.forwards]  # fmt: skip
-            _rows_reached(rows, forwards, namespace, iteration)
-            if stats:
+                        for a, k in recorded]  # fmt: skip
+            _rows_reached(rows, forwards, namespace, iteration, recorded)
+            if stats and self.model is not None:
                 forwards = [(_standardise(a, stats), k) for a, k in forwards]
+            elif stats:
+                # no model to feed: the tables the step reads its batch from (a slice of X made
+                # before the loop, the loop's xb), standardised where they have the batch's width
+                width = _width(iteration.forwards)
+                for name in (*plan.free, *iteration.values):
+                    value = namespace.get(name)
+                    if _is_table(value, width):
+                        namespace[name] = _standardise((value,), stats)[0]
             if setup.get("float32"):
                 forwards = [(_as_float32(a), _as_float32(k)) for a, k in forwards]
                 for name in iteration.values:
@@ -563,8 +631,15 @@ class _Replay(_ReplayedModel):
             # autocast caches its casts of the weights while any autocast region is open (the
             # check runs inside the user's step, which may be inside one): not across updates
             torch.clear_autocast_cache()
-            with _feeding(self.model, forwards), _catching(torch, backward), \
-                    _clipping(self.optimizer, clip_to), _epsilon(torch, setup.get("op")), \
+            after = _clip_after(torch, self.params, clip_to) if self.by_hand else None
+            watch = setup.get("watch")
+            # (grad mode on: a hand-written loop is checked in an autograd engine callback,
+            # where it is off)
+            with _feeding(self.model, forwards), _catching(torch, backward, after), \
+                    _clipping(None if self.by_hand else self.optimizer, clip_to), \
+                    _epsilon(torch, setup.get("op")), \
+                    op_watch(watch.note) if watch is not None else contextlib.nullcontext(), \
+                    torch.enable_grad(), \
                     _full_precision(torch, bool(setup.get("float32"))):
                 exec(plan.code, namespace)  # the user's training step, on their model
             torch.clear_autocast_cache()
@@ -617,6 +692,12 @@ class _Replay(_ReplayedModel):
                     std = float(col.std())
                     out[column] = (float(col.mean()), std if std > 0 else 1.0)
         return out
+
+    def _fit_start(self) -> float:
+        """The loss the fit began at (the median of its first three recorded updates, when the
+        record reaches back to update 1), else NaN."""
+        early = sorted(v for s, v in self.recorded.items() if s <= 3 and math.isfinite(v))
+        return early[len(early) // 2] if early and min(self.recorded) == 1 else math.nan
 
     def _clip_level(self, step: int) -> float:
         """The median gradient norm of the updates before ``step`` (at least three of them):
@@ -785,12 +866,15 @@ def _full_precision(torch: Any, on: bool) -> Iterator[None]:
         torch.autocast.__exit__ = leave  # type: ignore[method-assign]
 
 
-def _trains(losses: list[float], width: int) -> bool:
+def _trains(losses: list[float], width: int, floor: float | None = None) -> bool:
     """The last pass over the window's batches ends no higher than the first pass did, batch for
-    batch (by the mean of their logs; of the values where a loss can be negative)."""
+    batch (by the mean of their logs; of the values where a loss can be negative); or every
+    loss of it is positive and below ``floor``."""
     if width < 1 or len(losses) < 2 * width:
         return len(losses) >= 2 and losses[-1] <= losses[0]
     first, last = losses[:width], losses[len(losses) - width:]
+    if floor is not None and floor > 0 and min(last) >= 0 and max(last) <= floor:
+        return True
     if min(first + last) > 0:
         return sum(math.log(b / a) for a, b in zip(first, last)) / width <= math.log(NOISE)
     return sum(b - a for a, b in zip(first, last)) <= (NOISE - 1) * sum(abs(a) for a in first)
@@ -873,13 +957,16 @@ def _why_not_run(exc: BaseException) -> str:
 
 
 def _rows_reached(rows: list[int] | None, forwards: list[Any], namespace: dict[str, Any],
-                  iteration: Any) -> None:  # fmt: skip
+                  iteration: Any, recorded: list[Any]) -> None:  # fmt: skip
     """Raise ``_Unfed`` when rows were to be left out and nothing the replay feeds changed: the
     batch the model was fed is made inside the step, out of the replay's reach."""
-    if rows and not _changed(forwards, iteration.forwards) and not _changed(
+    if rows and not _changed(forwards, recorded) and not _changed(
             [namespace[name] for name in iteration.values], list(iteration.values.values())):
         raise _Unfed("the suspect rows could not be left out: the replay does not hold the "
-                     "batch the model was fed (a compiled model's inputs are not seen)")
+                     "batch the model was fed (a compiled model's inputs are not seen)"
+                     if recorded else "the suspect rows could not be left out: the step makes "
+                     "its batch itself (a slice of a tensor made before the loop), out of the "
+                     "replay's reach")  # fmt: skip
 
 
 def _changed(new: Any, old: Any) -> bool:
@@ -890,6 +977,24 @@ def _changed(new: Any, old: Any) -> bool:
     if isinstance(old, dict) and isinstance(new, dict):
         return any(_changed(new[k], o) for k, o in old.items() if k in new)
     return new is not old
+
+
+def _width(forwards: list[Any]) -> int | None:
+    """The number of columns of the first table (2-D floating tensor) a forward was given."""
+    import torch
+
+    for args, _ in forwards:
+        a = args[0] if args else None
+        if isinstance(a, torch.Tensor) and a.dim() == 2 and a.is_floating_point():
+            return int(a.shape[1])
+    return None
+
+
+def _is_table(value: Any, width: int | None) -> bool:
+    import torch
+
+    return (width is not None and isinstance(value, torch.Tensor) and value.dim() == 2
+            and value.is_floating_point() and int(value.shape[1]) == width)  # fmt: skip
 
 
 def _standardise(args: tuple[Any, ...], stats: dict[int, tuple[float, float]]) -> tuple[Any, ...]:
@@ -943,9 +1048,50 @@ def _feeding(model: Any, forwards: list[tuple[tuple[Any, ...], dict[str, Any]]])
                      "the replay cannot feed it the recorded batches")
 
 
+class _ScriptState:
+    """The tensors a hand-written step may change besides the weights: copied before the
+    replay (up to ``STATE_COPY_BYTES`` in all) and put back after; ``changed`` says which a
+    rerun changed in place (their version counters moved)."""
+
+    def __init__(self, tensors: list[Any]) -> None:
+        self.tensors = tensors
+        self.versions = [t._version for t in tensors]
+        self.copies: list[Any] = []
+        budget = STATE_COPY_BYTES
+        for t in tensors:
+            size = t.numel() * t.element_size()
+            self.copies.append(t.detach().clone() if size <= budget else None)
+            budget -= size if size <= budget else 0
+
+    def changed(self) -> list[str]:
+        return ["x".join(str(d) for d in t.shape) or "a scalar"
+                for t, v in zip(self.tensors, self.versions) if t._version != v]
+
+    def restore(self) -> None:
+        import torch
+
+        with torch.no_grad():
+            for t, v, c in zip(self.tensors, self.versions, self.copies):
+                if t._version != v and c is not None:
+                    t.copy_(c)
+
+
+def _clip_after(torch: Any, params: list[Any], limit: float | None) -> Callable[[], None] | None:
+    """Clipping where a hand-written update has no step to hook: right after each backward."""
+    if limit is None:
+        return None
+
+    def clip() -> None:
+        torch.nn.utils.clip_grad_norm_([p for p in params if p.grad is not None], limit)
+
+    return clip
+
+
 @contextlib.contextmanager
-def _catching(torch: Any, out: list[Any]) -> Iterator[None]:
-    """Keep the tensor each ``backward()`` of the replayed update is called on (the loss)."""
+def _catching(torch: Any, out: list[Any],
+              after: Callable[[], None] | None = None) -> Iterator[None]:  # fmt: skip
+    """Keep the tensor each ``backward()`` of the replayed update is called on (the loss);
+    ``after``: what runs once each backward is done."""
     original = torch.Tensor.backward
     autograd_backward = torch.autograd.backward
     inside = [False]  # Tensor.backward calls torch.autograd.backward: one loss, counted once
@@ -955,14 +1101,21 @@ def _catching(torch: Any, out: list[Any]) -> Iterator[None]:
             out.append(loss_before_scale(self))  # (as the record holds it)
         inside[0] = True
         try:
-            return original(self, *args, **kwargs)
+            result = original(self, *args, **kwargs)
         finally:
             inside[0] = False
+        if after is not None:
+            after()
+        return result
 
     def autograd_bw(tensors: Any, *args: Any, **kwargs: Any) -> Any:
-        if isinstance(tensors, torch.Tensor) and tensors.numel() == 1 and not inside[0]:
+        counted = isinstance(tensors, torch.Tensor) and tensors.numel() == 1 and not inside[0]
+        if counted:
             out.append(loss_before_scale(tensors))
-        return autograd_backward(tensors, *args, **kwargs)
+        result = autograd_backward(tensors, *args, **kwargs)
+        if counted and after is not None:
+            after()
+        return result
 
     torch.Tensor.backward = backward
     torch.autograd.backward = autograd_bw
@@ -975,8 +1128,9 @@ def _catching(torch: Any, out: list[Any]) -> Iterator[None]:
 
 @contextlib.contextmanager
 def _clipping(optimizer: Any, limit: float | None) -> Iterator[None]:
-    """Clip the gradient norm to ``limit`` right before each step of the replay."""
-    if limit is None:
+    """Clip the gradient norm to ``limit`` right before each step of the replay (no optimizer:
+    a hand-written update, clipped after its backward instead)."""
+    if limit is None or optimizer is None:
         yield
         return
     import torch

@@ -517,7 +517,12 @@ def _bind(watcher: Watcher) -> None:
 
 
 class ManualUpdate:
-    """Stands in for an optimizer when a script changes its parameters by hand."""
+    """Stands in for an optimizer when a script changes its parameters by hand. It holds no
+    state (what a hand-written update keeps, a velocity, is the script's): the replay saves and
+    loads the learning rate it read, and starts each replayed update from zero gradients."""
+
+    #: the update is the script's own code (the replay scales what it applied: :mod:`replay`)
+    by_hand = True
 
     def __init__(self, params: list[Any]) -> None:
         self.param_groups: list[dict[str, Any]] = [{"params": params, "lr": None}]
@@ -525,6 +530,25 @@ class ManualUpdate:
     def set_lr(self, lr: float | None) -> None:
         """The learning rate read off the update (what the next record carries)."""
         self.param_groups[0]["lr"] = lr
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"state": {}, "param_groups": [{"lr": g["lr"]} for g in self.param_groups]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for group, saved in zip(self.param_groups, state.get("param_groups") or []):
+            group["lr"] = saved.get("lr")
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Zero gradients, never None: a hand-written loop zeroes ``p.grad`` in place itself."""
+        import torch
+
+        with torch.no_grad():
+            for group in self.param_groups:
+                for p in group["params"]:
+                    if p.grad is None:
+                        p.grad = torch.zeros_like(p)
+                    else:
+                        p.grad.zero_()
 
 
 class _ManualUpdates:
@@ -555,6 +579,9 @@ class _ManualUpdates:
         self._lr: float | None = None
         self.clips = False
         self._pending = False
+        #: update 1's weights, RNG state, caller's namespace and batch, kept at its backward
+        #: (loops that called no model) for the replay's first snapshot
+        self._before: tuple[list[Any], Any, dict[str, Any], tuple[Any, ...]] | None = None
 
     # the hooks of nanscope.torch._hooks call these on every live object
     def owns(self, optimizer: Any) -> bool:
@@ -651,6 +678,7 @@ class _ManualUpdates:
                                               **first_update.weight_record(self._params)}
                         self._initial_scale = first_update.initial_weight_scale(
                             self._params, self._inputs)
+                        self._before = first_update.state_before(self._params, self._inputs)
                 if bare:  # the gradient so far: its last micro-batch's is what update 1 applies
                     self._first_record.update(first_update.gradient_record(self._params))
                 self._grads = self._grad_sample()
@@ -696,6 +724,9 @@ class _ManualUpdates:
         # (every backward before the weights first changed belonged to that first update)
         if self._initial_scale:
             watcher.monitor.evidence["initial_weight_scale"] = self._initial_scale
+        if self._before is not None:
+            before, self._before = self._before, None
+            _guard().run("manual updates history", watcher.history.begin_by_hand, *before)
         watcher.first_update(self._first, self._first_record)
         watcher.on_backward(self._loss, self._site)  # it registered after this backward began
 

@@ -23,7 +23,8 @@ from nanscope.numerics import RAW_UNITS
 # torch and the measures are imported in the calls: ``nanscope run`` imports this module before
 # the script imports torch (and a script that never does must not pay for it)
 
-__all__ = ["batch_record", "gradient_record", "initial_weight_scale", "weight_record"]
+__all__ = ["batch_record", "gradient_record", "initial_weight_scale", "state_before",
+           "weight_record"]  # fmt: skip
 
 
 def batch_record(inputs: tuple[Any, ...]) -> dict[str, Any]:
@@ -125,3 +126,31 @@ def initial_weight_scale(params: list[Any], inputs: tuple[Any, ...]) -> dict[str
                 name = f"the {shape} weight (leaf {i + 1} of {len(params)})"
                 matrices.append((name, tuple(int(f) for f in p.shape), float(p.float().std())))
     return weight_scale(matrices, widths)
+
+
+def state_before(params: list[Any], inputs: tuple[Any, ...]
+                 ) -> tuple[list[Any], Any, dict[str, Any], tuple[Any, ...]] | None:  # fmt: skip
+    """What a replay from before update 1 needs (:meth:`History.begin_by_hand`): copies of the
+    weights as update 1 found them, the CPU RNG state, the namespace of the script's frame that
+    called ``backward()`` (a shallow copy: the batch's names) and update 1's batch. None when
+    the weights are larger than a snapshot may be."""
+    import sys
+
+    import torch
+    from nanscope._frames import is_user_file
+    from nanscope.torch.history import MAX_SNAPSHOT_BYTES
+
+    if sum(p.numel() * p.element_size() for p in params) > MAX_SNAPSHOT_BYTES:
+        return None
+    frame: Any = sys._getframe(1)
+    scope: dict[str, Any] = {}
+    for _ in range(32):
+        if frame is None:
+            break
+        if is_user_file(frame.f_code.co_filename):
+            scope = dict(frame.f_locals)
+            break
+        frame = frame.f_back
+    with torch.no_grad():
+        before = [p.detach().clone() for p in params]
+    return before, torch.get_rng_state(), scope, tuple(inputs)

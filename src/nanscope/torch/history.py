@@ -185,15 +185,16 @@ class History:
         self._last_check = now
         frame = self._user_frame(frame_depth + 1)
         if self.plan is None:
-            if not isinstance(self.optimizer, torch.optim.Optimizer):
-                self.off = ("the parameters are updated by hand, without a torch.optim "
-                            "optimizer: the replay reruns an optimizer's step")  # fmt: skip
+            by_hand = bool(getattr(self.optimizer, "by_hand", False))
+            if not by_hand and not isinstance(self.optimizer, torch.optim.Optimizer):
+                self.off = (f"the parameters are updated by {type(self.optimizer).__name__}, "
+                            "not a torch.optim optimizer nor by hand")  # fmt: skip
                 return
             if _multi_rank():
                 self.off = ("the fit runs on several ranks: a replay on one rank would run the "
                             "collectives of a distributed step alone")  # fmt: skip
                 return
-            self._read_plan(frame, model_site)
+            self._read_plan(frame, model_site, by_hand)
             if self.off is not None:
                 return
             iterations = self._first_iterations(iterations)
@@ -215,6 +216,23 @@ class History:
         self._since_snapshot += 1
         if self.first is None or self._since_snapshot >= self.every:
             self._take(step)
+
+    def begin_by_hand(self, before: list[torch.Tensor], rng: torch.Tensor | None,
+                      scope: dict[str, Any], inputs: tuple[Any, ...]) -> None:  # fmt: skip
+        """A loop that updates by hand is found at its second update, once its first changed the
+        weights: update 1's weights (``before``, copied at its backward, with the RNG state
+        then), its caller's namespace and its batch become the first snapshot and the first
+        kept update, so that a failure at update 2 can be replayed from before update 1."""
+        if self.off is not None:
+            return
+        self.on_forward(inputs, {}, scope=scope)
+        self.on_check(1, 1)
+        first = self.first
+        if first is not None and first.step == 1 and len(first.params) == len(before) and all(
+                a.shape == b.shape for a, b in zip(first.params, before)):  # fmt: skip
+            first.params, first.rng = list(before), rng
+        elif first is not None and first.step == 1:
+            self.first = None  # (not the weights of update 1: no snapshot rather than a wrong one)
 
     def _first_iterations(self, forwards: list[Iteration]) -> list[Iteration]:
         """The first update's iterations, its forwards grouped by the captured names' values
@@ -280,16 +298,19 @@ class History:
             walked += 1
         return None
 
-    def _read_plan(self, frame: Any, model_site: Any) -> None:
+    def _read_plan(self, frame: Any, model_site: Any, by_hand: bool = False) -> None:
         if frame is None:
-            self.off = "the code that called optimizer.step() was not found on the stack"
+            self.off = ("the code that called " + ("backward()" if by_hand else
+                        "optimizer.step()") + " was not found on the stack")  # fmt: skip
             return
         code = frame.f_code
         model_line = None
         if model_site is not None and getattr(model_site, "file", None) == code.co_filename and (
                 getattr(model_site, "function", None) == code.co_name):  # fmt: skip
             model_line = int(model_site.line)
-        self.plan = plan_for(code.co_filename, code.co_name, frame.f_lineno, model_line)
+        # (by hand: the frame is the one that called backward(), at that line)
+        self.plan = plan_for(code.co_filename, code.co_name, frame.f_lineno, model_line,
+                             by_hand=by_hand)  # fmt: skip
         self.frame_globals = frame.f_globals
         if not self.plan.ok:
             self.off = self.plan.reason or "the training step could not be read"
