@@ -80,7 +80,7 @@ def test_weights_scaled_up_on_bare_tensors_are_named_from_their_measured_scale(t
     assert d is not None, proc.stderr
     assert d["cause"] == "bad_initialization", d["evidence"]
     assert d["step"] == 1
-    scale = [e for e in d["evidence"] if "sqrt(fan_in)" in e["text"]]
+    scale = [e for e in d["evidence"] if "sqrt(fan_in)" in e["text"] and "ratio" in e["data"]]
     assert scale and 30 < scale[0]["data"]["ratio"] < 150, d["evidence"]
     first = _first_record(tmp_path)
     assert first["step"] == 1 and first["nf_inputs"] == 0 and first["input_absmax"] < 10

@@ -153,6 +153,7 @@ class FirstUpdateWatch:
 
     def reset(self) -> None:
         self.producer: dict[str, Any] | None = None
+        self.producer_after_backward = False
         self.chain: list[dict[str, Any]] = []
         self.ops = 0
         self.modules: list[Any] = []
@@ -231,6 +232,14 @@ class FirstUpdateWatch:
             if threading.get_ident() == self.thread:
                 with contextlib.suppress(Exception):
                     _remove_mode(self.mode)
+
+    def end_by_hand(self) -> None:
+        """A loop that updates by hand was found, at the end of update 2's backward: update 1
+        ended at its own update, so a producer seen in a forward after its backward was update
+        2's (the replay's control sees it again, as what it is). Forget it, and stop."""
+        if self.producer is not None and self.producer_after_backward:
+            self.producer, self.chain = None, []
+        self.stop()
 
     def _fail(self, exc: BaseException) -> None:
         self.fault = f"{type(exc).__name__}: {exc}"
@@ -314,11 +323,6 @@ class FirstUpdateWatch:
             return func(*args, **kwargs)
         out = func(*args, **kwargs)
         try:
-            if self.backward_done and not self.in_backward and _records_graph(out):
-                # an op that builds a graph after the backward: the next update's forward (a
-                # loop that updates by hand has no step to stop at); the first update is over
-                self.active = False
-                return out
             self._check(func, args, kwargs, out, inplace, before)
             if self.producer is None and len(self.nodes) < 50_000:
                 self._remember_node(func, out)
@@ -376,6 +380,10 @@ class FirstUpdateWatch:
         if why["kind"] == "past_range" or s["dtype"] in ("float16", "bfloat16"):
             located.update(widened(func, call_args, kwargs, s["dtype"]))
         self.producer = located
+        # a graph built after a backward: another micro-batch of update 1, or, in a loop that
+        # updates by hand (no step to stop at), update 2's forward (:meth:`end_by_hand`)
+        self.producer_after_backward = self.backward_done and not self.in_backward and (
+            _records_graph(out))  # fmt: skip
 
     # ------------------------------------------------------------ the backward
 

@@ -201,6 +201,22 @@ class _ReplayedModel:
         narrow = (torch.float16, torch.bfloat16)
         return any(p.dtype in narrow for p in self.params) or self.f.autocast in narrow
 
+    def _bare_scale(self, snap: Any, window: list[Any]) -> dict[str, Any] | None:
+        """No model: the weight matrix of the snapshot farthest above a standard scale
+        (``std(W) * sqrt(fan_in)``, :func:`nanscope.capture.init_scale.weight_scale`)."""
+        from nanscope.capture.init_scale import weight_scale
+
+        matrices = [(f"{'x'.join(str(d) for d in p.shape)} weight (leaf {i + 1})",
+                     tuple(int(d) for d in p.shape), float(p.detach().double().std()))
+                    for i, p in enumerate(snap.params)
+                    if p.dim() == 2 and p.is_floating_point() and p.numel() >= 2
+                    and bool(self.torch.isfinite(p).all())]  # fmt: skip
+        scale = weight_scale(matrices, _widths(window))
+        if not scale:
+            return None
+        worst = max(scale["layers"], key=lambda x: x["ratio"])
+        return {"param": worst["param"], "ratio": round(worst["ratio"], 4)}
+
     def _initial_scale(self, snap: Any) -> dict[str, Any] | None:
         """How far the snapshot's weights sit above the framework's default initialisation of
         their module: the weight matrix whose std is the most times that of a fresh
@@ -409,7 +425,7 @@ class _Replay(_ReplayedModel):
             changes.append(("float32", {"float32": True}))
         if len(window) >= 2:
             changes.append(("clipped", {"clip": True}))
-        if snap.step == 1 and self.model is not None:
+        if snap.step == 1:
             changes.append(("standard_init", {"reinit": True}))
         return changes
 
@@ -531,7 +547,9 @@ class _Replay(_ReplayedModel):
         if setup.get("clip"):
             setup = {**setup, "clip_to": self._clip_level(snap.step)}
         if setup.get("reinit"):
-            scale = self._initial_scale(snap)
+            scale = (self._initial_scale(snap) if self.model is not None
+                     else self._bare_scale(snap, window))  # fmt: skip
+            setup = {**setup, "bare": self.model is None}
             if scale:
                 entry["initial_scale"] = scale
                 setup = {**setup, "initial_scale": scale}
@@ -555,7 +573,10 @@ class _Replay(_ReplayedModel):
     def _run_window(self, snap: Any, window: list[Any], setup: dict[str, Any]) -> list[float]:
         self._load(snap)
         if setup.get("reinit"):
-            _reinitialise(self.model)
+            if self.model is not None:
+                _reinitialise(self.model)
+            else:
+                _reinitialise_bare(self.params, _widths(window))
         if "optimizer_eps" in setup:
             for group in self.optimizer.param_groups:
                 if group.get("eps") == 0:
@@ -905,7 +926,8 @@ def _describe(change: str, setup: dict[str, Any], snap: Any, window: list[Any], 
                 else f"with an epsilon at the {setup.get('op')} op"),
         "optimizer_eps": "with the optimizer's eps set to 1e-8",
         "clipped": f"with the gradient norm clipped to {setup.get('clip_to', 1.0):.3g}",
-        "standard_init": "from the framework's default initialisation"
+        "standard_init": ("with each weight matrix drawn again at randn / sqrt(fan_in)"
+                          if setup.get("bare") else "from the framework's default initialisation")
         + (f" (the initial {setup['initial_scale']['param']} had "
            f"{setup['initial_scale']['ratio']:.3g} times the default's std)"
            if setup.get("initial_scale") else ""),
@@ -1007,6 +1029,32 @@ def _standardise(args: tuple[Any, ...], stats: dict[int, tuple[float, float]]) -
         if column < x.shape[1]:
             x[:, column] = (x[:, column] - mean) / std
     return (x, *args[1:])
+
+
+def _widths(window: list[Any]) -> set[int]:
+    """The widths of the tables the window's updates were given (a first layer's fan-in)."""
+    widths: set[int] = set()
+    for update in window:
+        width = _width(update.forwards)
+        if width is not None:
+            widths.add(width)
+    return widths
+
+
+def _reinitialise_bare(params: list[Any], widths: set[int]) -> None:
+    """Weights written by hand, at a standard scale: each matrix drawn again from
+    ``randn / sqrt(fan_in)``, its fan-in the dimension that is a width of the batch (a first
+    layer), else its first (``x @ W``, as a hand-written layer mostly reads); vectors (biases)
+    as they were."""
+    import torch
+
+    with torch.no_grad():
+        for p in params:
+            if p.dim() != 2 or not p.is_floating_point():
+                continue
+            rows, cols = int(p.shape[0]), int(p.shape[1])
+            fan_in = cols if cols in widths and rows not in widths else rows
+            p.copy_(torch.randn_like(p) / math.sqrt(max(fan_in, 1)))
 
 
 def _reinitialise(model: Any) -> None:

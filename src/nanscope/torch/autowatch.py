@@ -297,6 +297,13 @@ def _guard() -> Any:
     return _hooks_module().GUARD
 
 
+def _producer_watch() -> Any:
+    """The first-update op watch (:mod:`nanscope.probes.producer`)."""
+    from nanscope.probes.producer import FIRST_UPDATE_WATCH
+
+    return FIRST_UPDATE_WATCH
+
+
 def _compiling() -> bool:
     """True while ``torch.compile`` traces (torch is imported once these hooks run)."""
     return bool(_hooks_module().compiling())
@@ -727,6 +734,7 @@ class _ManualUpdates:
         if self._before is not None:
             before, self._before = self._before, None
             _guard().run("manual updates history", watcher.history.begin_by_hand, *before)
+        _guard().run("first-update watch", _producer_watch().end_by_hand)
         watcher.first_update(self._first, self._first_record)
         watcher.on_backward(self._loss, self._site)  # it registered after this backward began
 
