@@ -715,10 +715,10 @@ class _Replay(_ReplayedModel):
         return out
 
     def _fit_start(self) -> float:
-        """The loss the fit began at (the median of its first three recorded updates, when the
-        record reaches back to update 1), else NaN."""
-        early = sorted(v for s, v in self.recorded.items() if s <= 3 and math.isfinite(v))
-        return early[len(early) // 2] if early and min(self.recorded) == 1 else math.nan
+        """The loss the fit began at (its update 1's, when the record reaches back to it: the
+        model as initialised), else NaN."""
+        first = self.recorded.get(1, math.nan)
+        return first if math.isfinite(first) else math.nan
 
     def _clip_level(self, step: int) -> float:
         """The median gradient norm of the updates before ``step`` (at least three of them):
