@@ -214,15 +214,19 @@ print("done")
 
 
 def test_a_hand_written_loop_on_a_log_of_zero_counts_names_the_data_preparation(tmp_path):
-    # the loop updates by hand: it is found at its second update, when update 1's batch is gone;
-    # numpy saw log(0) before the loop, so the log is named, with what was inferred said so
+    # the loop updates by hand: it is found at its second update; update 1 failed and is
+    # probed then. numpy saw log(0) before the loop, so the log is named (numpy's error is what
+    # was seen); the replay of the step could not reach the data it slices, so it decides
+    # nothing and the rules' answer stays below a confirmed one
     proc, d = _run(tmp_path, MANUAL_LOG_COUNTS)
     assert d is not None, proc.stderr
     assert (d["verdict"], d["cause"], d["first_nonfinite"]) == (
         "nonfinite", "log_of_zero", {"step": 1, "what": "loss"})
     located = d["located"]
     assert (located["phase"], located["op"], located["source"]["line"]) == ("preprocess", "log", 8)
-    assert located["observed"] is False and "inferred" in located["how"]
+    assert "numpy" in located["how"]
+    control = next(c for c in d["confirmation"] if c.get("change") == "control")
+    assert control["reproduced"] and control["data_nonfinite"]
     assert d["confidence"] < 0.9
 
 

@@ -110,6 +110,12 @@ def decide(entries: Sequence[Mapping[str, Any]], priors: Sequence[tuple[str, flo
         return decision
     ran = [e for e in window if e.get("ran") and e.get("change") != "control"]
     fixed = {str(e["change"]) for e in ran if e.get("fixed")}
+    if control.get("data_nonfinite") and not fixed:
+        # NaN/inf came in with data the step reads and could not leave out: what the rules
+        # read of that data stands, capped (no rerun of the step tested it)
+        decision.cap = UNCONFIRMED
+        decision.note = str(control.get("text"))
+        return decision
     failed = {str(e["change"]) for e in ran if not e.get("fixed")}
     ran += _single_update_fixes(entries, ran, control, fixed, failed)
     decision.tried = [str(e["change"]) for e in ran]

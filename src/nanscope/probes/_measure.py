@@ -171,7 +171,12 @@ def backward_located(node: Any, gi: list[Any], go: list[Any],
     zero = any(s.get("zeros") for s in saved.values()) and (log_like or any(
         k in low for k in ("sqrt", "norm", "div", "pow", "rsqrt", "reciprocal")))
     why: dict[str, Any]
-    if zero:
+    if any(v.get("nonfinite") for v in saved.values()):
+        # what the node saved was already non-finite (data that came in with an inf): it
+        # carried that value into the gradient, it did not make it
+        why = {"kind": "nonfinite_input", "text": "a saved input of the op was already "
+                                                  "non-finite"}  # fmt: skip
+    elif zero:
         why = {"kind": "log_domain" if log_like else "zero_denominator",
                "zero": True, "text": "a saved input of the op was exactly 0"}  # fmt: skip
     elif limit is not None and dtype in ("float16", "bfloat16"):

@@ -58,9 +58,10 @@ REPLAY_SECONDS = 30.0
 PASSES = 2
 #: ... and at least this many updates in all (a window of two updates is rerun 12 times)
 MIN_UPDATES = 24
-#: a rerun whose last pass over the window's batches gives losses above this many times those
-#: of its first pass has not removed the failure: it does not train (gradient descent on the
-#: same batches lowers their loss, however small the step: the direction is what counts)
+#: a rerun whose last pass over the window's batches gives losses of this many times those of
+#: its first pass or more has not removed the failure: it does not train (gradient descent on
+#: the same batches lowers their loss, however small the step: the direction is what counts;
+#: a loss that does not move at all, its gradient cut off by a clamp, is stuck, not cured)
 NOISE = 1.0
 #: the gradient norm a clipping replay bounds to when too few updates came before the trouble
 #: to know its level: the ``max_norm`` most scripts pass to ``clip_grad_norm_``
@@ -312,10 +313,15 @@ class _Replay(_ReplayedModel):
             located = self.evidence.get("located") or {}
             # (an op only guessed, not seen make the value, is replaced by one the control sees)
             guessed = located.get("guessed") or located.get("observed") is False
-            watch = StepWatch() if not located.get("op") or guessed else None
-            control = self._rerun(snap, window, "control", {"watch": watch} if watch else None)
+            watch = StepWatch()
+            control = self._rerun(snap, window, "control", {"watch": watch})
             out.append(control)
-            if watch is not None and watch.found is not None and control.get("reproduced"):
+            if watch.data_nonfinite and control.get("reproduced"):
+                control["data_nonfinite"] = True
+                control["text"] += ("; the step read NaN/inf from data made before it (a tensor "
+                                    "it slices), which no rerun of the step changes")  # fmt: skip
+            elif (not located.get("op") or guessed) and watch.found is not None and control.get(
+                    "reproduced"):  # fmt: skip
                 self.evidence["located"] = watch.found
             changed = state.changed() if state is not None else []
             if changed:
@@ -888,17 +894,17 @@ def _full_precision(torch: Any, on: bool) -> Iterator[None]:
 
 
 def _trains(losses: list[float], width: int, floor: float | None = None) -> bool:
-    """The last pass over the window's batches ends no higher than the first pass did, batch for
+    """The last pass over the window's batches ends lower than the first pass did, batch for
     batch (by the mean of their logs; of the values where a loss can be negative); or every
     loss of it is positive and below ``floor``."""
     if width < 1 or len(losses) < 2 * width:
-        return len(losses) >= 2 and losses[-1] <= losses[0]
+        return len(losses) >= 2 and losses[-1] < losses[0]
     first, last = losses[:width], losses[len(losses) - width:]
     if floor is not None and floor > 0 and min(last) >= 0 and max(last) <= floor:
         return True
     if min(first + last) > 0:
-        return sum(math.log(b / a) for a, b in zip(first, last)) / width <= math.log(NOISE)
-    return sum(b - a for a, b in zip(first, last)) <= (NOISE - 1) * sum(abs(a) for a in first)
+        return sum(math.log(b / a) for a, b in zip(first, last)) / width < math.log(NOISE)
+    return sum(b - a for a, b in zip(first, last)) < (NOISE - 1) * sum(abs(a) for a in first)
 
 
 def _json_float(value: float) -> float | str:

@@ -34,10 +34,17 @@ class StepWatch:
 
     def __init__(self) -> None:
         self.found: dict[str, Any] | None = None
+        #: a tensor the step read that needs no gradient and was made before it (data) held
+        #: NaN/inf: the failure came in with the data, which no rerun of the step changes
+        self.data_nonfinite = False
 
     def note(self, func: Any, args: Any, kwargs: Any, out: Any) -> None:
         if self.found is not None:
             return
+        if not self.data_nonfinite:
+            data = [t for t in float_tensors(args) + float_tensors(kwargs)
+                    if t.grad_fn is None and not t.requires_grad]  # fmt: skip
+            self.data_nonfinite = bool(data) and not all_finite(data)
         outs = float_tensors(out)
         if not outs or not any(t.requires_grad for t in outs) or all_finite(outs):
             return

@@ -197,7 +197,9 @@ class Watcher:
         its backward (batch, gradient; :mod:`nanscope.torch.first_update`)."""
         if loss is not None:
             record = {"step": 1, "loss": loss, "nf_loss": 0 if math.isfinite(loss) else 1}
-            self.monitor.observe({**(measured or {}), **record})
+            # (through the alarm handlers, so that a failure here is probed and replayed: late,
+            # its weights are the step's by now)
+            self.alarms.observe({**(measured or {}), **record}, what="loss", late=True)
         self.step = 1
 
     def close(self) -> Any:
