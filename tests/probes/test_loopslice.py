@@ -93,3 +93,63 @@ def test_a_step_under_a_condition_in_the_loop_spans_several_iterations(tmp_path:
 def test_an_unreadable_source_says_why(tmp_path: Path) -> None:
     plan = plan_for(str(tmp_path / "missing.py"), "<module>", 3)
     assert not plan.ok and "cannot be read" in (plan.reason or "")
+
+
+def _plan_by_hand(tmp_path: Path, source: str):  # type: ignore[no-untyped-def]
+    path = tmp_path / "train.py"
+    text = textwrap.dedent(source)
+    path.write_text(text)
+    line = next(i + 1 for i, t in enumerate(text.splitlines()) if "backward()" in t)
+    plan = plan_for(str(path), "<module>", line, by_hand=True)
+    lines = text.splitlines()
+    return plan, [lines[n - 1].strip() for n in plan.lines]
+
+
+def test_a_loop_that_updates_by_hand_keeps_its_update_after_the_backward(tmp_path: Path) -> None:
+    plan, kept = _plan_by_hand(tmp_path, """
+        for epoch in range(3):
+            perm = torch.randperm(n)
+            for start in range(0, n, 32):
+                idx = perm[start:start + 32]
+                xb, yb = X[idx], y[idx]
+                loss = ((xb @ w + b - yb) ** 2).mean()
+                loss.backward()
+                with torch.no_grad():
+                    for p in params:
+                        p -= lr * p.grad
+                        p.grad.zero_()
+                losses.append(loss.item())
+                total += loss.item()
+            print(epoch, losses[-1])
+    """)
+    assert plan.ok and plan.by_hand and plan.optimizer is None
+    assert plan.captured == ("start",)
+    assert kept == ["idx = perm[start:start + 32]", "xb, yb = X[idx], y[idx]",
+                    "loss = ((xb @ w + b - yb) ** 2).mean()", "loss.backward()",
+                    "with torch.no_grad():", "for p in params:", "p -= lr * p.grad",
+                    "p.grad.zero_()"]  # fmt: skip
+    assert {"perm", "X", "y", "w", "b", "params", "lr"} <= set(plan.free)
+
+
+def test_an_update_through_data_needs_no_no_grad_block(tmp_path: Path) -> None:
+    plan, kept = _plan_by_hand(tmp_path, """
+        for xb, yb in batches:
+            loss = crit(xb @ w, yb)
+            loss.backward()
+            w.data.add_(w.grad, alpha=-lr)
+            running = running + 1
+            w.grad.data.zero_()
+    """)
+    assert plan.ok
+    assert kept == ["loss = crit(xb @ w, yb)", "loss.backward()",
+                    "w.data.add_(w.grad, alpha=-lr)", "w.grad.data.zero_()"]  # fmt: skip
+
+
+def test_a_backward_with_no_update_after_it_is_no_hand_written_step(tmp_path: Path) -> None:
+    plan, _ = _plan_by_hand(tmp_path, """
+        for xb, yb in batches:
+            loss = crit(model(xb), yb)
+            loss.backward()
+            print(loss.item())
+    """)
+    assert not plan.ok and "in-place update" in (plan.reason or "")

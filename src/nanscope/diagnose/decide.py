@@ -111,10 +111,18 @@ def decide(entries: Sequence[Mapping[str, Any]], priors: Sequence[tuple[str, flo
     ran = [e for e in window if e.get("ran") and e.get("change") != "control"]
     fixed = {str(e["change"]) for e in ran if e.get("fixed")}
     if control.get("data_nonfinite") and not fixed:
-        # NaN/inf came in with data the step reads and could not leave out: what the rules
-        # read of that data stands, capped (no rerun of the step tested it)
-        decision.cap = UNCONFIRMED
+        # NaN/inf came in with data the step reads, which no rerun of it could leave out: the
+        # data's (seen in the control, not cured), unless the rules saw how the data got it (a
+        # log of zero counts in the preparation): that stands, capped
         decision.note = str(control.get("text"))
+        made = [c for c, p in priors if c in _ROW_BORNE and c not in ("nonfinite_input",
+                                                                     "extreme_batch") and p >= 0.5]
+        if made:
+            decision.cap = UNCONFIRMED
+            return decision
+        decision.cause, decision.confidence = "nonfinite_input", UNCONFIRMED
+        decision.evidence = [decision.note]
+        decision.note = None
         return decision
     failed = {str(e["change"]) for e in ran if not e.get("fixed")}
     ran += _single_update_fixes(entries, ran, control, fixed, failed)

@@ -316,7 +316,9 @@ class _Replay(_ReplayedModel):
             watch = StepWatch()
             control = self._rerun(snap, window, "control", {"watch": watch})
             out.append(control)
-            if watch.data_nonfinite and control.get("reproduced"):
+            # (no model: what a model is fed is the recorded batch, which the rows experiment
+            # and the rules read; a model-less step reads its data itself)
+            if watch.data_nonfinite and control.get("reproduced") and self.model is None:
                 control["data_nonfinite"] = True
                 control["text"] += ("; the step read NaN/inf from data made before it (a tensor "
                                     "it slices), which no rerun of the step changes")  # fmt: skip

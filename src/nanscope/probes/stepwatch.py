@@ -34,21 +34,31 @@ class StepWatch:
 
     def __init__(self) -> None:
         self.found: dict[str, Any] | None = None
-        #: a tensor the step read that needs no gradient and was made before it (data) held
-        #: NaN/inf: the failure came in with the data, which no rerun of the step changes
+        #: a tensor the step read that needs no gradient and was not made by an op of the step
+        #: (data made before it) held NaN/inf: the failure came in with the data, which no
+        #: rerun of the step changes
         self.data_nonfinite = False
+        #: the ids of the non-finite tensors the step's own ops made (a division of the batch
+        #: by a zero std in the step is the step's producer, not data that came in)
+        self._made: set[int] = set()
 
     def note(self, func: Any, args: Any, kwargs: Any, out: Any) -> None:
         if self.found is not None:
             return
-        if not self.data_nonfinite:
-            data = [t for t in float_tensors(args) + float_tensors(kwargs)
-                    if t.grad_fn is None and not t.requires_grad]  # fmt: skip
-            self.data_nonfinite = bool(data) and not all_finite(data)
         outs = float_tensors(out)
-        if not outs or not any(t.requires_grad for t in outs) or all_finite(outs):
+        if not outs or all_finite(outs):
             return
         ins = float_tensors(args) + float_tensors(kwargs)
+        if not self.data_nonfinite:
+            # (a NaN row of X that this batch's slice left out does not count: only data whose
+            # NaN/inf went into a non-finite result)
+            data = [t for t in ins if t.grad_fn is None and not t.requires_grad
+                    and id(t) not in self._made]  # fmt: skip
+            self.data_nonfinite = bool(data) and not all_finite(data)
+        if len(self._made) < 4096:
+            self._made.update(id(t) for t in outs)
+        if not any(t.requires_grad for t in outs):
+            return
         if not all_finite(ins) or nonfinite_scalar(args, kwargs or {}):
             return  # it carried a value made before it
         op = op_name(func)
