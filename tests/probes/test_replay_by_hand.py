@@ -5,6 +5,8 @@ Each fit is a real one that fails the way its test says; the replay's entries ar
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from tests.torch.test_torch_autowatch import _run
 
@@ -52,6 +54,14 @@ def test_a_hand_written_sgd_at_too_large_a_step_is_replayed_from_before_its_firs
     assert (d["cause"], d["confidence"]) == ("step_size_too_large", 0.95), d["evidence"]
     runs = _window(d)
     assert runs["control"]["reproduced"] and runs["control"]["from_step"] == 1
+    # the control's first pass is the run itself, batch for batch (each update's own batch,
+    # the second's too, which is checked from inside its backward)
+    trace = next((tmp_path / "runs").rglob("trace.jsonl")).read_text().splitlines()[1:]
+    recorded = [json.loads(line)["loss"] for line in trace]
+    span = runs["control"]["to_step"]
+    replayed = runs["control"]["losses"][:span]
+    assert all(abs(a - b) <= 1e-3 * abs(b) for a, b in zip(replayed, recorded[:span])), (
+        replayed, recorded[:span])
     # a tenth of the applied update (the script's own lr, scaled) trains; turned round it does not
     assert runs["lr_x0.1"]["fixed"] and not runs["sign_flipped"]["fixed"]
     assert not runs["standard_init"]["fixed"]
