@@ -110,21 +110,9 @@ def decide(entries: Sequence[Mapping[str, Any]], priors: Sequence[tuple[str, flo
         return decision
     ran = [e for e in window if e.get("ran") and e.get("change") != "control"]
     fixed = {str(e["change"]) for e in ran if e.get("fixed")}
-    if control.get("data_nonfinite") and not fixed:
-        # NaN/inf came in with data the step reads, which no rerun of it could leave out: the
-        # data's (seen in the control, not cured), unless the rules saw how the data got it (a
-        # log of zero counts in the preparation): that stands, capped
-        decision.note = str(control.get("text"))
-        made = [c for c, p in priors if c in _ROW_BORNE and c not in ("nonfinite_input",
-                                                                     "extreme_batch") and p >= 0.5]
-        if made:
-            decision.cap = UNCONFIRMED
-            return decision
-        decision.cause, decision.confidence = "nonfinite_input", UNCONFIRMED
-        decision.evidence = [decision.note]
-        decision.note = None
-        return decision
     failed = {str(e["change"]) for e in ran if not e.get("fixed")}
+    if _out_of_reach(decision, control, window, fixed, priors):
+        return decision
     ran += _single_update_fixes(entries, ran, control, fixed, failed)
     decision.tried = [str(e["change"]) for e in ran]
     for tested, tests in TESTS.items():
@@ -133,15 +121,6 @@ def decide(entries: Sequence[Mapping[str, Any]], priors: Sequence[tuple[str, flo
             decision.contradicted.add(tested)
     prior = dict(priors)
     lr_fixed = sorted((c for c in fixed if c.startswith("lr_x")), key=lambda c: -float(c[4:]))
-    unrun = next((e for e in window if e.get("change") == "without_rows" and not e.get("ran")),
-                 None)  # fmt: skip
-    if unrun is not None and fixed and fixed <= GENERIC and max(
-            prior.get("extreme_batch", 0.0), prior.get("nonfinite_input", 0.0)) >= 0.5:
-        # the rules see the rows, and the replay could not leave them out: a smaller or clipped
-        # step only bounds what the rows do, so it cannot decide against them
-        decision.cap = UNCONFIRMED
-        decision.note = str(unrun.get("text"))
-        return decision
     cause: str | None = None
     if "without_rows" in fixed:
         cause = _rows_cause(ran, fixed | failed, fixed, priors, rows_nonfinite)
@@ -204,6 +183,38 @@ def decide(entries: Sequence[Mapping[str, Any]], priors: Sequence[tuple[str, flo
     return decision
 
 
+def _out_of_reach(decision: Decision, control: Mapping[str, Any],
+                  window: Sequence[Mapping[str, Any]], fixed: set[str],
+                  priors: Sequence[tuple[str, float]]) -> bool:  # fmt: skip
+    """Where the cause lies in data the replay could not change, fill ``decision`` and say so.
+
+    * NaN/inf came in with data the step reads (the control saw it, ``data_nonfinite``), and
+      nothing removed the failure: the data's, ``nonfinite_input``, unless the rules saw how the
+      data got it (a log of zero counts in the preparation): that stands, capped.
+    * the rules see suspect rows and the replay could not leave them out, and only a smaller or
+      clipped step removed the failure: those only bound what the rows do; the rules' answer
+      stands, capped."""
+    prior = dict(priors)
+    if control.get("data_nonfinite") and not fixed:
+        decision.note = str(control.get("text"))
+        made = [c for c, p in priors if c in _ROW_BORNE and c not in ("nonfinite_input",
+                                                                     "extreme_batch") and p >= 0.5]
+        if made:
+            decision.cap = UNCONFIRMED
+            return True
+        decision.cause, decision.confidence = "nonfinite_input", UNCONFIRMED
+        decision.evidence, decision.note = [decision.note], None
+        return True
+    unrun = next((e for e in window if e.get("change") == "without_rows" and not e.get("ran")),
+                 None)  # fmt: skip
+    if unrun is not None and fixed and fixed <= GENERIC and max(
+            prior.get("extreme_batch", 0.0), prior.get("nonfinite_input", 0.0)) >= 0.5:
+        decision.cap = UNCONFIRMED
+        decision.note = str(unrun.get("text"))
+        return True
+    return False
+
+
 def _rows_cause(ran: Sequence[Mapping[str, Any]], tried: set[str], fixed: set[str],
                 priors: Sequence[tuple[str, float]], rows_nonfinite: bool) -> str:  # fmt: skip
     """The cause when leaving the suspect rows out cured the failure."""
@@ -263,6 +274,10 @@ def _single_update_fixes(entries: Sequence[Mapping[str, Any]], ran: list[Mapping
     for e in entries:
         change = str(e.get("change"))
         single = e.get("scope") != "window" and change in ("float32", "without_rows")
+        if e.get("rows_from") == "producer" and e.get("producer_phase") == "backward":
+            # the rows where a backward op passed the range: where a growing gradient overflowed
+            # first, not rows whose data is suspect (every row's gradient was on its way)
+            continue
         if single and e.get("finite") is True and (change not in failed or change in outlasted):
             fixed.add(change)
             failed.discard(change)

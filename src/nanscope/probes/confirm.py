@@ -242,6 +242,8 @@ def _rerun(f: TorchFailure, located: dict[str, Any], change: str, *, dtype: Any 
     if drop:
         entry["rows"] = list(drop)
         entry["rows_from"] = "producer" if basis == "producer" else "probes"
+        if basis == "producer":
+            entry["producer_phase"] = located.get("phase")
     if loss is not None and isinstance(loss, torch.Tensor):
         return _with_loss(run, entry, loss)
     in_model = located.get("phase") == "backward" and located.get("module") not in (None, "loss")

@@ -80,6 +80,8 @@ class Plan:
     free: tuple[str, ...] = ()
     accumulates: bool = False
     by_hand: bool = False
+    #: the step clips its gradient itself (``clip_grad_norm_`` / ``clip_grad_value_``)
+    clips: bool = False
     reason: str | None = None
 
     @property
@@ -223,6 +225,8 @@ def _make(plan: Plan, tree: ast.Module, function: str, model_line: int | None) -
     module = ast.Module(body=[ast.copy_location(once, final[0])], type_ignores=[])
     ast.fix_missing_locations(module)
     plan.lines = sorted({s.lineno for s in _walk_statements(final)})
+    plan.clips = any(_call_name(n) in ("clip_grad_norm_", "clip_grad_value_", "clip_grad_norm")
+                     for s in final for n in ast.walk(s))  # fmt: skip
     plan.code = compile(module, plan.file, "exec")
 
 

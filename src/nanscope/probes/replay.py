@@ -128,6 +128,7 @@ class _ReplayedModel:
         self.torch = torch
         self.f = failure
         self.model = history.model
+        self.h = history
         self.optimizer = history.optimizer
         self.params = [p for g in self.optimizer.param_groups for p in g["params"]]
         #: the script updates its parameters by hand: its own code is the step, and a smaller
@@ -181,6 +182,22 @@ class _ReplayedModel:
 
     def _buffers(self) -> list[Any]:
         return list(self.model.buffers()) if self.model is not None else []
+
+    def _script_tensors(self) -> list[Any]:
+        """The tensors a hand-written step reads from the script besides the weights (one level
+        into lists, tuples and dicts): its own state, a velocity, is among them."""
+        torch = self.torch
+        plan = self.h.plan
+        base = {**(self.h.frame_globals or {}), **(self.h.frame_locals or {})}
+        weights = {id(p) for p in self.params}
+        out: list[Any] = []
+        for name in plan.free if plan is not None else ():
+            value = base.get(name)
+            items = (list(value.values()) if isinstance(value, dict) else
+                     list(value) if isinstance(value, (list, tuple)) else [value])  # fmt: skip
+            out.extend(t for t in items[:256]
+                       if isinstance(t, torch.Tensor) and id(t) not in weights)  # fmt: skip
+        return out
 
     def _widen(self) -> None:
         """The model, its buffers and the optimizer's state in float32 (from half or bf16)."""
@@ -261,7 +278,6 @@ class _Replay(_ReplayedModel):
     def __init__(self, failure: TorchFailure, found: dict[str, Any], history: Any) -> None:
         super().__init__(failure, history)
         self.evidence = found
-        self.h = history
         self.deadline = time.monotonic() + REPLAY_SECONDS
         self.recorded: dict[int, float] = dict(failure.extra.get("losses") or [])
 
@@ -287,22 +303,6 @@ class _Replay(_ReplayedModel):
         finally:
             if state is not None:
                 state.restore()
-        return out
-
-    def _script_tensors(self) -> list[Any]:
-        """The tensors a hand-written step reads from the script besides the weights (one level
-        into lists, tuples and dicts): its own state, a velocity, is among them."""
-        torch = self.torch
-        plan = self.h.plan
-        base = {**(self.h.frame_globals or {}), **(self.h.frame_locals or {})}
-        weights = {id(p) for p in self.params}
-        out: list[Any] = []
-        for name in plan.free if plan is not None else ():
-            value = base.get(name)
-            items = (list(value.values()) if isinstance(value, dict) else
-                     list(value) if isinstance(value, (list, tuple)) else [value])  # fmt: skip
-            out.extend(t for t in items[:256]
-                       if isinstance(t, torch.Tensor) and id(t) not in weights)  # fmt: skip
         return out
 
     def _experiments(self, snap: Any, window: list[Any], saved: dict[str, Any],
@@ -414,7 +414,7 @@ class _Replay(_ReplayedModel):
                 # both kinds, in other rows: leaving out the NaN/inf rows alone tells them apart
                 changes.append(("without_nonfinite_rows", {"rows": rows, "nonfinite": True,
                                                            "only_nonfinite": True}))  # fmt: skip
-        columns = self._unscaled_columns(window)
+        columns = _unscaled_columns(window, self.f.extra.get("unscaled_column"))
         if columns and snap.step == 1:
             changes.append(("standardised", {"columns": columns}))
         located = self.evidence.get("located") or {}
@@ -431,7 +431,8 @@ class _Replay(_ReplayedModel):
             changes.append(("optimizer_eps", {"optimizer_eps": 1e-8}))
         if self._narrow():
             changes.append(("float32", {"float32": True}))
-        if len(window) >= 2:
+        if len(window) >= 2 and not (self.h.plan is not None and self.h.plan.clips):
+            # (a step that clips already: a clip of the replay's own tests nothing more)
             changes.append(("clipped", {"clip": True}))
         if snap.step == 1:
             changes.append(("standard_init", {"reinit": True}))
@@ -463,37 +464,6 @@ class _Replay(_ReplayedModel):
                 if batch_row not in out[step]:
                     out[step].append(batch_row)
         return out
-
-    def _unscaled_columns(self, window: list[Any]) -> list[int]:
-        """The columns of a table-shaped model input that are not in standardised units: a
-        value of more than ``RAW_UNITS`` in magnitude (10 standard deviations out, were the
-        column standardised) in the window's batches, or, where none could be read, the one the
-        trace named."""
-        torch = self.torch
-        top: Any = None
-        for update in window:
-            for it in update.iterations:
-                # a typo's row is an outlier, not the column's units (it is left out instead)
-                outliers = _outlier_rows(it.forwards, it.values)
-                for args, _ in it.forwards:
-                    x = args[0] if args else None
-                    if not (isinstance(x, torch.Tensor) and x.dim() == 2
-                            and x.is_floating_point()):  # fmt: skip
-                        continue
-                    col = torch.nan_to_num(x.detach().abs().double(), nan=0.0, posinf=0.0)
-                    if outliers and len(outliers) < col.shape[0]:
-                        keep = torch.ones(col.shape[0], dtype=torch.bool, device=col.device)
-                        keep[outliers] = False
-                        col = col[keep]
-                    col = col.amax(dim=0).cpu()
-                    top = col if top is None or top.shape != col.shape else torch.maximum(top, col)
-        columns = [] if top is None else [int(i) for i in torch.nonzero(top > RAW_UNITS).flatten()]
-        named = self.f.extra.get("unscaled_column")
-        # (the trace names a column from its first batch's largest value, a typo's included:
-        # only where the batches could not be read here)
-        if top is None and isinstance(named, int):
-            columns.append(named)
-        return sorted(columns)
 
     # ------------------------------------------------------------------ one rerun
 
@@ -592,7 +562,7 @@ class _Replay(_ReplayedModel):
         if setup.get("float32"):
             self._widen()
         losses: list[float] = []
-        stats = self._column_stats(window, setup.get("columns") or [])
+        stats = _column_stats(window, setup.get("columns") or [])
         clip_to = self._clip_level(snap.step) if setup.get("clip") else None
         # a short window is rerun over and over, so that a failure a smaller step only delays
         # still shows (at least MIN_UPDATES updates, at least PASSES passes)
@@ -628,7 +598,7 @@ class _Replay(_ReplayedModel):
         base = {**(self.h.frame_globals or {}), **(self.h.frame_locals or {})}
         iterations = update.iterations
         for index, iteration in enumerate(iterations):
-            rows = self._rows_for(setup, update, index, iteration)
+            rows = _rows_for(setup, update, index, iteration)
             # one namespace (a comprehension in the step sees the loop's names as globals)
             namespace = dict(base)
             for name in plan.fed:  # what only the model reads: it is fed what it got
@@ -688,40 +658,6 @@ class _Replay(_ReplayedModel):
         # the sum over the micro-batches, as the record holds it: (loss / n).backward() each
         return math.fsum(values)
 
-    def _rows_for(self, setup: dict[str, Any], update: Any, index: int,
-                  iteration: Any) -> list[int] | None:  # fmt: skip
-        """The rows to leave out of this iteration's batch: those holding NaN/inf in it or an
-        outlier (:func:`_outlier_rows`), and the extreme rows the probes named in the update's
-        last iteration."""
-        rows_by_step = setup.get("rows")
-        if not rows_by_step or update.step not in rows_by_step:
-            return None
-        rows = set(_nonfinite_rows(iteration.forwards, iteration.values))
-        if not setup.get("only_nonfinite"):
-            rows |= set(_outlier_rows(iteration.forwards, iteration.values))
-            if index == len(update.iterations) - 1:
-                rows |= set(rows_by_step[update.step])
-        size = _batch_size(iteration.forwards)
-        if size is not None and len(rows) >= size:
-            return None  # the whole batch: nothing to leave out (a column broken everywhere)
-        return sorted(rows) or None
-
-    def _column_stats(self, window: list[Any], columns: list[int]) -> dict[int, tuple[float,
-                                                                                     float]]:
-        torch = self.torch
-        out: dict[int, tuple[float, float]] = {}
-        for column in columns:
-            values = [a[:, column].double() for u in window for args, _ in u.forwards
-                      for a in args[:1] if isinstance(a, torch.Tensor) and a.dim() == 2
-                      and a.is_floating_point() and a.shape[1] > column]  # fmt: skip
-            if values:
-                col = torch.cat(values)
-                col = col[torch.isfinite(col)]
-                if col.numel() > 1:
-                    std = float(col.std())
-                    out[column] = (float(col.mean()), std if std > 0 else 1.0)
-        return out
-
     def _fit_start(self) -> float:
         """The loss the fit began at (its update 1's, when the record reaches back to it: the
         model as initialised), else NaN."""
@@ -736,6 +672,72 @@ class _Replay(_ReplayedModel):
         return norms[len(norms) // 2] if len(norms) >= 3 else CLIP_DEFAULT
 
 # ------------------------------------------------------------------------------ the changes
+
+
+def _unscaled_columns(window: list[Any], named: Any) -> list[int]:
+    """The columns of a table-shaped model input that are not in standardised units: a value of
+    more than ``RAW_UNITS`` in magnitude (10 standard deviations out, were the column
+    standardised) in the window's batches, or, where none could be read, the one the trace
+    ``named`` (from its first batch's largest value, a typo's included)."""
+    import torch
+
+    top: Any = None
+    for update in window:
+        for it in update.iterations:
+            # a typo's row is an outlier, not the column's units (it is left out instead)
+            outliers = _outlier_rows(it.forwards, it.values)
+            for args, _ in it.forwards:
+                x = args[0] if args else None
+                if not (isinstance(x, torch.Tensor) and x.dim() == 2 and x.is_floating_point()):
+                    continue
+                col = torch.nan_to_num(x.detach().abs().double(), nan=0.0, posinf=0.0)
+                if outliers and len(outliers) < col.shape[0]:
+                    keep = torch.ones(col.shape[0], dtype=torch.bool, device=col.device)
+                    keep[outliers] = False
+                    col = col[keep]
+                col = col.amax(dim=0).cpu()
+                top = col if top is None or top.shape != col.shape else torch.maximum(top, col)
+    columns = [] if top is None else [int(i) for i in torch.nonzero(top > RAW_UNITS).flatten()]
+    if top is None and isinstance(named, int):
+        columns.append(named)
+    return sorted(columns)
+
+
+def _column_stats(window: list[Any], columns: list[int]) -> dict[int, tuple[float, float]]:
+    """Each column's mean and std over the window's batches (a std of 0 read as 1)."""
+    import torch
+
+    out: dict[int, tuple[float, float]] = {}
+    for column in columns:
+        values = [a[:, column].double() for u in window for args, _ in u.forwards
+                  for a in args[:1] if isinstance(a, torch.Tensor) and a.dim() == 2
+                  and a.is_floating_point() and a.shape[1] > column]  # fmt: skip
+        if values:
+            col = torch.cat(values)
+            col = col[torch.isfinite(col)]
+            if col.numel() > 1:
+                std = float(col.std())
+                out[column] = (float(col.mean()), std if std > 0 else 1.0)
+    return out
+
+
+def _rows_for(setup: dict[str, Any], update: Any, index: int,
+              iteration: Any) -> list[int] | None:  # fmt: skip
+    """The rows to leave out of this iteration's batch: those holding NaN/inf in it or an
+    outlier (:func:`_outlier_rows`), and the extreme rows the probes named in the update's last
+    iteration."""
+    rows_by_step = setup.get("rows")
+    if not rows_by_step or update.step not in rows_by_step:
+        return None
+    rows = set(_nonfinite_rows(iteration.forwards, iteration.values))
+    if not setup.get("only_nonfinite"):
+        rows |= set(_outlier_rows(iteration.forwards, iteration.values))
+        if index == len(update.iterations) - 1:
+            rows |= set(rows_by_step[update.step])
+    size = _batch_size(iteration.forwards)
+    if size is not None and len(rows) >= size:
+        return None  # the whole batch: nothing to leave out (a column broken everywhere)
+    return sorted(rows) or None
 
 
 def _same_loss(replayed: float, recorded: float) -> bool:

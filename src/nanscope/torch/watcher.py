@@ -197,8 +197,7 @@ class Watcher:
         its backward (batch, gradient; :mod:`nanscope.torch.first_update`)."""
         if loss is not None:
             record = {"step": 1, "loss": loss, "nf_loss": 0 if math.isfinite(loss) else 1}
-            # (through the alarm handlers, so that a failure here is probed and replayed: late,
-            # its weights are the step's by now)
+            # (probed and replayed like any failure; late: its weights are the step's by now)
             self.alarms.observe({**(measured or {}), **record}, what="loss", late=True)
         self.step = 1
 
