@@ -220,16 +220,13 @@ class _ReplayedModel:
         return any(p.dtype in narrow for p in self.params) or self.f.autocast in narrow
 
     def _bare_scale(self, snap: Any, window: list[Any]) -> dict[str, Any] | None:
-        """No model: the weight matrix of the snapshot farthest above a standard scale
-        (``std(W) * sqrt(fan_in)``, :func:`nanscope.capture.init_scale.weight_scale`)."""
-        from nanscope.capture.init_scale import weight_scale
+        """No model: the weight matrix of the snapshot farthest above a standard scale, measured
+        as a bare-tensor loop's first update measures it
+        (:func:`nanscope.torch.first_update.initial_weight_scale`)."""
+        from nanscope.torch.first_update import initial_weight_scale
 
-        matrices = [(f"{'x'.join(str(d) for d in p.shape)} weight (leaf {i + 1})",
-                     tuple(int(d) for d in p.shape), float(p.detach().double().std()))
-                    for i, p in enumerate(snap.params)
-                    if p.dim() == 2 and p.is_floating_point() and p.numel() >= 2
-                    and bool(self.torch.isfinite(p).all())]  # fmt: skip
-        scale = weight_scale(matrices, _widths(window))
+        tables = tuple(a for u in window for args, _ in u.forwards for a in args[:1])
+        scale = initial_weight_scale(list(snap.params), tables)
         if not scale:
             return None
         worst = max(scale["layers"], key=lambda x: x["ratio"])
@@ -938,7 +935,7 @@ def _describe(change: str, setup: dict[str, Any], snap: Any, window: list[Any], 
         "clipped": f"with the gradient norm clipped to {setup.get('clip_to', 1.0):.3g}",
         "standard_init": ("with each weight matrix drawn again at randn / sqrt(fan_in)"
                           if setup.get("bare") else "from the framework's default initialisation")
-        + (f" (the initial {setup['initial_scale']['param']} had "
+        + (f" ({setup['initial_scale']['param']}, as initialised, had "
            f"{setup['initial_scale']['ratio']:.3g} times the default's std)"
            if setup.get("initial_scale") else ""),
     }.get(change)

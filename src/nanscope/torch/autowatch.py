@@ -625,6 +625,7 @@ class _ManualUpdates:
         if self.off or _WATCHERS:
             self.off = self.off or bool(_WATCHERS)  # torch.optim steps: not a hand-made loop
             self._loss = None  # nor its graph
+            self._before = None  # nor update 1's copied weights and namespace
             return
         grad_fn = getattr(tensor, "grad_fn", None)
         if grad_fn is None:
