@@ -57,6 +57,53 @@ def test_a_column_in_dollars_is_standardised_by_the_replay_and_named_first() -> 
 
 
 @pytest.mark.slow
+def test_a_sequence_feature_in_raw_units_is_standardised_on_its_last_axis() -> None:
+    # a ReLU RNN reading sequences whose feature 1 is in raw units (mean 3000): SGD overflows the
+    # recurrence at the second update; clipping the gradient also survives, but only standardising
+    # the feature (the last axis, as the recurrent layer reads it) trains at the script's lr
+    torch.manual_seed(3)
+    n, steps = 128, 12
+    X = torch.randn(n, steps, 3)
+    X[:, :, 1] = X[:, :, 1] * 1000 + 3000
+    y = X[:, :, 0].mean(1, keepdim=True)
+
+    class Reader(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.rnn = nn.RNN(3, 16, nonlinearity="relu", batch_first=True)
+            self.head = nn.Linear(16, 1)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            out, _ = self.rnn(x)
+            return self.head(out[:, -1])
+
+    model = Reader()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    watcher = nanscope.watch(model, opt, monitor=nanscope.Monitor(write=False))
+
+    def fit() -> None:
+        for _ in range(10):
+            for i in range(0, n, 32):
+                opt.zero_grad()
+                loss = nn.functional.mse_loss(model(X[i:i + 32]), y[i:i + 32])
+                loss.backward()
+                opt.step()
+
+    try:
+        d = _stopped(fit)
+    finally:
+        watcher.close()
+    runs = _window(d)
+    assert runs["control"]["reproduced"]
+    assert runs["standardised"]["fixed"] and runs["standardised"]["columns"] == [1]
+    assert d.cause == "step_size_too_large" and d.confidence >= 0.9
+    assert d.actions[0].startswith("Standardise input column") and " 1 " in d.actions[0]
+    if not any(runs[f"lr_x{f}"]["fixed"] for f in ("0.1", "0.01", "0.001")):
+        # no smaller step alone cured it: no action may say one did
+        assert not any("replay showed a smaller step" in a for a in d.actions)
+
+
+@pytest.mark.slow
 def test_adam_with_eps_zero_is_the_division_the_optimizer_makes() -> None:
     # a dead ReLU unit has a gradient of exactly 0 at the first step: Adam divides 0 by 0
     torch.manual_seed(3)

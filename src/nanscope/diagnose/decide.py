@@ -85,6 +85,7 @@ class Decision:
     lead: str | None = None
     cap: float | None = None  # a replay was tried and could not decide: cap the rules' answer
     note: str | None = None
+    lr_cut_fixed: bool = False  # a smaller learning rate alone removed the failure
 
 
 def decide(entries: Sequence[Mapping[str, Any]], priors: Sequence[tuple[str, float]] = (),
@@ -168,6 +169,7 @@ def decide(entries: Sequence[Mapping[str, Any]], priors: Sequence[tuple[str, flo
         for e in ran:
             if e.get("fixed") or str(e.get("change")) in TESTS.get(cause, ()):
                 decision.evidence.append(str(e.get("text")))
+        decision.lr_cut_fixed = bool(lr_fixed)
         if lr_fixed and cause == "step_size_too_large":
             decision.note = f"the largest learning rate factor that removed it: {lr_fixed[0][4:]}"
         if cause == "step_size_too_large" and "standardised" in fixed:
@@ -327,8 +329,12 @@ _ACTIONS = {
 }  # fmt: skip
 
 
-def first_actions(cause: str, ctx: Any = None) -> list[str]:
-    """What to do, for a cause the replay decided without a rule's finding of its own."""
+def first_actions(cause: str, ctx: Any = None, *, lr_cut_fixed: bool = True) -> list[str]:
+    """What to do, for a cause the replay decided without a rule's finding of its own
+    (``lr_cut_fixed``: whether a smaller learning rate alone removed the failure)."""
+    if cause == "step_size_too_large" and not lr_cut_fixed:
+        return ["If it still diverges, cut the learning rate tenfold (the replay's learning rate "
+                "cuts alone did not remove the failure)."]
     action = _ACTIONS.get(cause)
     return [action] if action else []
 

@@ -283,7 +283,8 @@ def _decided(ctx: Context, findings: list[Finding]) -> tuple[list[Finding], Deci
         rest = [f for f in kept if f is not match]
     else:
         top = Finding(rule="replay", cause=decision.cause, confidence=decision.confidence,
-                      evidence=evidence, actions=first_actions(decision.cause, ctx),
+                      evidence=evidence, actions=first_actions(decision.cause, ctx,
+                                            lr_cut_fixed=decision.lr_cut_fixed),
                       step=ctx.step_at(ctx.break_index))  # fmt: skip
         rest = kept
     if decision.lead and not any(a.startswith("Standardise") for a in top.actions[:1]):

@@ -672,7 +672,8 @@ class _Replay(_ReplayedModel):
 
 
 def _unscaled_columns(window: list[Any], named: Any) -> list[int]:
-    """The columns of a table-shaped model input that are not in standardised units: a value of
+    """The columns (last axis) of a table or sequence model input that are not in standardised
+    units: a value of
     more than ``RAW_UNITS`` in magnitude (10 standard deviations out, were the column
     standardised) in the window's batches, or, where none could be read, the one the trace
     ``named`` (from its first batch's largest value, a typo's included)."""
@@ -685,14 +686,14 @@ def _unscaled_columns(window: list[Any], named: Any) -> list[int]:
             outliers = _outlier_rows(it.forwards, it.values)
             for args, _ in it.forwards:
                 x = args[0] if args else None
-                if not (isinstance(x, torch.Tensor) and x.dim() == 2 and x.is_floating_point()):
+                if _features(x) is None:
                     continue
                 col = torch.nan_to_num(x.detach().abs().double(), nan=0.0, posinf=0.0)
                 if outliers and len(outliers) < col.shape[0]:
                     keep = torch.ones(col.shape[0], dtype=torch.bool, device=col.device)
                     keep[outliers] = False
                     col = col[keep]
-                col = col.amax(dim=0).cpu()
+                col = col.reshape(-1, col.shape[-1]).amax(dim=0).cpu()
                 top = col if top is None or top.shape != col.shape else torch.maximum(top, col)
     columns = [] if top is None else [int(i) for i in torch.nonzero(top > RAW_UNITS).flatten()]
     if top is None and isinstance(named, int):
@@ -706,9 +707,8 @@ def _column_stats(window: list[Any], columns: list[int]) -> dict[int, tuple[floa
 
     out: dict[int, tuple[float, float]] = {}
     for column in columns:
-        values = [a[:, column].double() for u in window for args, _ in u.forwards
-                  for a in args[:1] if isinstance(a, torch.Tensor) and a.dim() == 2
-                  and a.is_floating_point() and a.shape[1] > column]  # fmt: skip
+        values = [f[:, column].double() for u in window for args, _ in u.forwards
+                  for f in map(_features, args[:1]) if f is not None and f.shape[1] > column]
         if values:
             col = torch.cat(values)
             col = col[torch.isfinite(col)]
@@ -1027,15 +1027,24 @@ def _is_table(value: Any, width: int | None) -> bool:
 
 
 def _standardise(args: tuple[Any, ...], stats: dict[int, tuple[float, float]]) -> tuple[Any, ...]:
-    import torch
-
-    if not args or not isinstance(args[0], torch.Tensor) or args[0].dim() != 2:
+    if not args or _features(args[0]) is None:
         return args
     x = args[0].clone()
     for column, (mean, std) in stats.items():
-        if column < x.shape[1]:
-            x[:, column] = (x[:, column] - mean) / std
+        if column < x.shape[-1]:
+            x[..., column] = (x[..., column] - mean) / std
     return (x, *args[1:])
+
+
+def _features(x: Any) -> Any:
+    """``x`` as rows of features, ``(n, features)``, when it is a floating table ``(batch,
+    features)`` or sequence batch (features on the last axis, as a linear layer and a recurrent
+    one read them), else None (an image's last axis is its width, not a feature)."""
+    import torch
+
+    if isinstance(x, torch.Tensor) and x.dim() in (2, 3) and x.is_floating_point():
+        return x.reshape(-1, x.shape[-1])
+    return None
 
 
 def _widths(window: list[Any]) -> set[int]:
