@@ -42,6 +42,12 @@ ABSURD = 1e3
 #: a fit that converged within its first tenth of updates "held" its level when it ended no more
 #: than this many times above it (the noise of a loss at its floor; a rise past it is unclear)
 FLAT = 1.1
+#: a "trained" bare run whose loss went this many times above its first loss on the way made an
+#: excursion (it left where it started): a tenfold lr cut says whether it cost the fit anything
+EXCURSION = 2.0
+#: a tenfold lr cut that ends this many times below the bare end trained where the bare run only
+#: came back from its excursion: the bare run's label cannot be "healthy"
+CUT_BETTER = 2.0
 #: seconds one bare run may take
 RUN_TIMEOUT = 90.0
 
@@ -59,10 +65,12 @@ def judge(losses: list[float] | None) -> dict[str, Any]:
     failed: a non-finite loss; or a loss that ends (median of the last tenth of the updates, at
     least 3) ``DIVERGED`` times above the first loss or more; or one that reached ``DIVERGED``
     times the first loss and never came back below it. trained: every loss finite, no loss on the
-    way ``SPIKE`` times the first one, and the end below the start (median of the first tenth),
-    or, for a fit that converged within its first tenth, the end at most half the first loss
-    and no more than ``FLAT`` times the start (it held the level it fell to). Anything else
-    neither failed nor trained: such a scenario cannot be labelled.
+    way ``SPIKE`` times the first one, and the end below both the start (median of the first
+    tenth) and the first loss (a loss that jumped within its first tenth inflates that median: a
+    fit that ends above its untrained loss learned nothing), or, for a fit that converged within
+    its first tenth, the end at most half the first loss and no more than ``FLAT`` times the
+    start (it held the level it fell to). Anything else neither failed nor trained: such a
+    scenario cannot be labelled.
     """
     if not losses:
         return {"outcome": "unclear", "why": "no loss was recorded", "updates": 0}
@@ -84,7 +92,8 @@ def judge(losses: list[float] | None) -> dict[str, Any]:
     elif peak >= DIVERGED * first and end > first:
         out.update(outcome="failed", why=f"the loss jumped {peak / first:.3g}x and ended "
                                          f"{end / first:.3g}x its first value")  # fmt: skip
-    elif peak < SPIKE * first and (end < start or (end <= first / 2 and end <= FLAT * start)):
+    elif peak < SPIKE * first and (end < min(start, first)
+                                   or (end <= first / 2 and end <= FLAT * start)):
         if end < start:
             out.update(outcome="trained", why=f"the loss went from {start:.4g} to {end:.4g}")
         else:
@@ -262,6 +271,8 @@ def establish(
             bare["outcome"] = "failed"
             bare["why"] = (f"the loss ended at {bare['end']:.3g}, {bare['end'] / run['end']:.3g}x "
                            f"above the {run['end']:.3g} the same fit reaches from a standard init")
+    if bare["outcome"] == "trained" and bare["peak"] >= EXCURSION * bare["first"]:
+        _excursion(spec, bare, record, runner)
     if bare["outcome"] == "failed":
         for name, change in changes.items():
             if name not in record["counterfactuals"]:
@@ -269,6 +280,22 @@ def establish(
         _absurd_is_no_fix(record["counterfactuals"])
     record.update(decide(spec, bare, record["counterfactuals"]))
     return record
+
+
+def _excursion(spec: Spec, bare: dict[str, Any], record: dict[str, Any],
+               runner: Callable[[str], dict[str, Any]]) -> None:
+    """A bare run that went ``EXCURSION`` times above its first loss and came back: it trained
+    only if the excursion cost it nothing. When the same fit at a tenfold smaller lr ends
+    ``CUT_BETTER`` times lower, the bare run left its range and returned to a level the right
+    step beats by far (a step size too large that a schedule's decay rescued): neither healthy
+    nor a failure that ``judge`` sees, so ``unclear``."""
+    run = summarise_run(runner(render(spec, _bare(applicable(spec)["lr_x0.1"]))))
+    record["counterfactuals"]["lr_x0.1"] = run
+    if run["outcome"] == "trained" and run["end"] * CUT_BETTER <= bare["end"]:
+        bare["outcome"] = "unclear"
+        bare["why"] = (f"the loss went {bare['peak'] / bare['first']:.3g}x above its first value "
+                       f"and came back to {bare['end']:.4g}; a tenfold smaller lr ended at "
+                       f"{run['end']:.4g} ({bare['end'] / run['end']:.3g}x lower)")
 
 
 def _absurd_is_no_fix(runs: dict[str, dict[str, Any]]) -> None:

@@ -78,6 +78,14 @@ def test_a_run_trained_when_it_ends_below_its_start_with_no_spike(label):
     assert label.judge([])["outcome"] == "unclear"
 
 
+def test_a_fit_that_ends_above_its_first_loss_did_not_train_whatever_its_first_tenth(label):
+    # a jump at update 2 inflates the median of the first tenth: ending below that median after
+    # ending above the untrained loss is no training
+    jumped = [1.0, 6.0, 5.0, 4.5, *[2.0] * 30]
+    assert label.judge(jumped)["outcome"] == "unclear"
+    assert label.judge([1.0, 6.0, 5.0, 4.5, *[0.5] * 30])["outcome"] == "trained"
+
+
 def test_a_fit_that_converged_within_its_first_tenth_trained_when_it_held_that_level(label):
     # a fit at its noise floor after a few updates: its start (median of the first tenth) is
     # already the floor, so "end below the start" alone would call it unclear
@@ -252,12 +260,33 @@ def test_each_label_rests_on_the_intervention_that_trained(gen, warm, seed):
         assert record["dropped"] and record["rule"]
         return
     if record["label"] == "healthy":
-        assert record["bare"]["outcome"] == "trained" and not record["counterfactuals"]
+        # only an excursion above the first loss is checked against a tenfold lr cut
+        bare = record["bare"]
+        checked = {"lr_x0.1"} if bare["peak"] >= warm.EXCURSION * bare["first"] else set()
+        assert bare["outcome"] == "trained" and set(record["counterfactuals"]) == checked
         return
     assert record["bare"]["outcome"] == "failed"
     trained = {n for n, run in record["counterfactuals"].items() if run["outcome"] == "trained"}
     assert trained & PROOF[record["label"]], record
     assert set(record["counterfactuals"]) == set(gen.applicable(gen.generate(seed)))
+
+
+@pytest.mark.slow
+@pytest.mark.torch
+def test_an_excursion_a_tenfold_lr_cut_beats_by_far_is_no_healthy_fit(gen, warm):
+    # AdamW at lr 1 on the transformer: the loss leaves its range, stays out for a while and
+    # comes back under the cosine decay to just below its first loss; lr/10 trains far lower
+    spec = gen.generate(1371)
+    assert spec.family == "transformer" and spec.schedule == "warmup_cosine"
+    record = warm.establish(spec)
+    bare, cut = record["bare"], record["counterfactuals"]["lr_x0.1"]
+    assert bare["peak"] >= warm.EXCURSION * bare["first"] and bare["end"] < bare["first"]
+    assert cut["outcome"] == "trained" and cut["end"] * warm.CUT_BETTER <= bare["end"]
+    assert record["label"] is None and "tenfold smaller lr" in record["rule"]
+    # the same excursion is healthy when the cut does no better: the label follows the cut
+    kept = warm.establish(spec, runner=_sabotaged(warm, f"lr={spec.lr * 0.1:g},"))
+    assert kept["counterfactuals"]["lr_x0.1"]["outcome"] == "failed"
+    assert kept["label"] == "healthy"
 
 
 def _sabotaged(label: Any, marker: str) -> Any:
