@@ -235,3 +235,44 @@ def test_nan_targets_the_step_slices_itself_are_the_data_s_as_the_control_saw(tm
     assert runs["control"]["reproduced"] and runs["control"]["data_nonfinite"]
     assert not any(e["fixed"] for c, e in runs.items() if c != "control")
     assert d["confidence"] <= 0.7
+
+
+POISSON_BY_HAND = """
+import torch
+
+torch.manual_seed(11)
+n, d = 256, 5
+X = torch.randn(n, d)
+y = torch.poisson(torch.exp(0.8 * X @ torch.randn(d, 1) / d ** 0.5))
+w = (torch.randn(d, 1) * 3.0).requires_grad_()
+b = torch.zeros(1, requires_grad=True)
+lr = 0.07
+for epoch in range(6):
+    perm = torch.randperm(n)
+    for start in range(0, n, 16):
+        idx = perm[start:start + 16]
+        out = X[idx] @ w + b
+        loss = (torch.exp(out) - y[idx] * out).mean()
+        loss.backward()
+        with torch.no_grad():
+            for p in (w, b):
+                p.data.add_(p.grad, alpha=-lr)
+                p.grad.zero_()
+    print(epoch, loss.item())
+"""
+
+
+def test_weights_drawn_at_std_3_by_hand_are_the_init_when_a_standard_draw_cures_the_fit(
+        tmp_path):  # fmt: skip
+    # a Poisson regression's exp head with weights drawn at std 3 (6.7 times randn/sqrt(5)): the
+    # rate overflows within a few updates. The standard draw trains at the script's own lr, and
+    # the drawn scale is beyond the spread of the standard initialisers (if far short of 8, the
+    # bar a rule needs with no experiment): the init, whatever a smaller step also does
+    proc, d = _run(tmp_path, POISSON_BY_HAND)
+    assert d is not None, proc.stderr
+    runs = _window(d)
+    assert runs["standard_init"]["fixed"]
+    assert 3 <= runs["standard_init"]["initial_scale"]["ratio"] < 8
+    assert d["cause"] == "bad_initialization", d["evidence"]
+    proc, d = _run(tmp_path, POISSON_BY_HAND.replace("* 3.0)", "/ d ** 0.5)"))
+    assert d is not None and d["verdict"] == "healthy", d and d["evidence"]

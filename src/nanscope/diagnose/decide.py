@@ -42,9 +42,11 @@ __all__ = ["CONFIRMED", "INIT_SCALE_FAR", "TESTS", "UNCONFIRMED", "Decision", "d
 CONFIRMED = 0.95
 #: the most a rule's answer may claim when a replay was tried and could not decide
 UNCONFIRMED = 0.7
-#: initial weights whose std is this many times the framework default's (either way) are a
-#: bad initialisation
-INIT_SCALE_FAR = 8.0
+#: initial weights whose std is this many times the framework default's are a bad
+#: initialisation: beyond the spread of the standard initialisers themselves (He normal is
+#: sqrt(6) = 2.45 times torch's default for a linear layer, an orthogonal or identity recurrence
+#: sqrt(3) = 1.73 times an RNN's), so no standard scheme chose them
+INIT_SCALE_FAR = 3.0
 
 #: a replay whose loss climbed this many times above its first value leapt (an order of
 #: magnitude, the labels' and the detectors' measure of a blow-up)
