@@ -13,7 +13,10 @@ Why is this bad?
 
 Fingerprint
     Loss descends for many updates, then one spike to inf/NaN with no growth phase before it,
-    or one jump to a plateau the run never comes back from (the weights thrown far out). Or the
+    or one jump to a plateau the run never comes back from (the weights thrown far out), or one
+    jump whose aftermath (an update or two more of growth) ended the run or was stopped as a
+    climb: the jump's own update carries most of the growth, and a cascade of spikes is named
+    at its first update, whose batch threw the weights. Or the
     fit broke within its first three updates and the batch of update 1 holds a row 50 robust
     standard deviations out: there is no loss before it to jump from, and the row was seen.
 
@@ -79,6 +82,10 @@ def _spike_index(ctx: Context) -> int | None:
             ratio = ctx.spike_ratio(i)
             if math.isfinite(ratio) and ratio >= best_ratio:
                 best, best_ratio = i, ratio
+    # a cascade (1.09 -> 570 -> 2.7e4 -> 5.7e4) measures largest at its end, against a recent
+    # level it has not yet moved: it began at its first update, whose batch threw the weights
+    while best is not None and best >= 1 and ctx.spike_ratio(best - 1) >= SPIKE:
+        best -= 1
     return best
 
 
@@ -126,7 +133,8 @@ def _jump(ctx: Context) -> Fingerprint | None:
         return None  # a growth phase before the jump, not a sudden spike
     if not ctx.descended_before(onset) and onset < 5 and not outlier:
         return None  # neither a long descent nor a long stretch before the jump
-    if ctx.fail is None and ctx.stop is not None and not _departed(ctx):
+    stopped = ctx.fail is None and ctx.stop is not None
+    if stopped and not _departed(ctx) and not _one_jump(ctx, onset):
         return None  # stopped on a sustained climb
     rows = ctx.rows_near(k, ("extreme",), back=k - onset + 2)
     finite_loss = ctx.loss[:onset][np.isfinite(ctx.loss[:onset])]
@@ -150,6 +158,21 @@ def _jump(ctx: Context) -> Fingerprint | None:
         overflow=overflow,
         at_row=at_row,
     )
+
+
+def _one_jump(ctx: Context, onset: int) -> bool:
+    """Stopped as a climb, but the climb is one jump: the onset's own update carries most (over
+    half) of the loss's growth from before it to the stop, where an oversized step multiplies
+    the loss update after update (1.13 -> 1144 -> 2.9e4 -> 3.1e4 is a jump and its aftermath;
+    x3 an update for ten updates is a climb)."""
+    if onset < 1 or ctx.stop is None:
+        return False
+    before, at, stop = ctx.loss[onset - 1], ctx.loss[onset], ctx.loss[ctx.stop]
+    if not (math.isfinite(before) and before > 0 and math.isfinite(at) and math.isfinite(stop)):
+        return False
+    if at < SPIKE * before or stop <= before:
+        return False
+    return math.log(at / before) > 0.5 * math.log(stop / before)
 
 
 def _first_batch(ctx: Context) -> Fingerprint | None:
