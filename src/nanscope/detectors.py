@@ -732,14 +732,17 @@ def stuck_at_zero(losses: Any) -> tuple[int, int] | None:
     for NaN, a batch whose labels are all masked, or a loss saturated in float precision: nothing
     is learned any more. (A fit that separates its data at once, zero from its second update, is
     not a run that was learning and broke; nor is one that reached the float noise floor of its
-    starting loss first, where exact zeros are rounding.)"""
+    starting loss first, where exact zeros are rounding; nor one whose loss had read exactly 0
+    before and come back from it, 0 0 0.26 1.4 0: a classifier whose margins saturate the loss
+    in float precision on the batches it fits, and not on the few it does not, where a NaN
+    written as 0 or a switch that masked every label never comes back.)"""
     values = [float(v) for v in losses]
     i = len(values)
     while i > 0 and values[i - 1] == 0.0:
         i -= 1
     count = len(values) - i
     before = [v for v in values[:i] if math.isfinite(v) and v != 0.0]
-    if count < ZERO_RUN or len(before) < ZERO_RUN:
+    if count < ZERO_RUN or len(before) < ZERO_RUN or 0.0 in values[:i]:
         return None
     last = sorted(abs(v) for v in before[-ZERO_RUN:])[ZERO_RUN // 2]
     if last < NOISE_FLOOR * abs(before[0]):

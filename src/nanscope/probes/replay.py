@@ -686,7 +686,7 @@ def _unscaled_columns(window: list[Any], named: Any) -> list[int]:
             outliers = _outlier_rows(it.forwards, it.values)
             for args, _ in it.forwards:
                 x = args[0] if args else None
-                if _features(x) is None:
+                if x is None or _features(x) is None:
                     continue
                 col = torch.nan_to_num(x.detach().abs().double(), nan=0.0, posinf=0.0)
                 if outliers and len(outliers) < col.shape[0]:
