@@ -325,3 +325,41 @@ def test_nan_rows_and_typo_rows_in_one_window_are_told_apart_by_leaving_out_each
     assert runs["without_rows"]["rows_extreme"] is True
     assert runs["without_nonfinite_rows"]["fixed"]
     assert d["cause"] == "nonfinite_input", d["evidence"]
+
+
+@pytest.mark.slow
+def test_lbfgs_whose_first_step_overflows_within_its_line_of_evaluations_is_replayed() -> None:
+    # LBFGS at lr 85 on an MLP: update 1's own loss (its first closure evaluation) is finite,
+    # the later evaluations inside its step overflow at weights the step moved. The recorded
+    # loss of update 1 is the finite one, so the control is faithful; and the lr is tested
+    # although the window is that one update (the value came after the step began)
+    torch.manual_seed(1)
+    n, d = 512, 6
+    X = torch.randn(n, d)
+    y = X @ torch.randn(d, 1) + 0.1 * torch.randn(n, 1)
+    model = nn.Sequential(nn.Linear(d, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(),
+                          nn.Linear(32, 1))  # fmt: skip
+    opt = torch.optim.LBFGS(model.parameters(), lr=85.0, max_iter=5, history_size=10)
+    watcher = nanscope.watch(model, opt, monitor=nanscope.Monitor(write=False))
+
+    def closure() -> torch.Tensor:
+        opt.zero_grad()
+        loss = nn.functional.mse_loss(model(X), y)
+        loss.backward()
+        return loss
+
+    def fit() -> None:
+        for _ in range(20):
+            opt.step(closure)
+
+    try:
+        d = _stopped(fit)
+    finally:
+        watcher.close()
+    assert d.step == 1
+    runs = _window(d)
+    assert runs["control"]["reproduced"]
+    assert any(runs[f"lr_x{f}"]["fixed"] for f in ("0.1", "0.01", "0.001"))
+    assert d.cause == "step_size_too_large" and d.confidence >= 0.9
+    single = next(c for c in d.confirmation if c["change"] == "lr_x0.1" and not c.get("scope"))
+    assert "within its step" in single["text"]

@@ -276,7 +276,11 @@ class _Replay(_ReplayedModel):
         super().__init__(failure, history)
         self.evidence = found
         self.deadline = time.monotonic() + REPLAY_SECONDS
-        self.recorded: dict[int, float] = dict(failure.extra.get("losses") or [])
+        # an update's loss is its first record's: a closure step (LBFGS) whose later evaluation
+        # went non-finite records that loss again for the same update, after its own
+        self.recorded: dict[int, float] = {}
+        for step, loss in failure.extra.get("losses") or []:
+            self.recorded.setdefault(step, loss)
 
     # ------------------------------------------------------------------ the plan of runs
 
@@ -392,7 +396,11 @@ class _Replay(_ReplayedModel):
 
     def _interventions(self, snap: Any, window: list[Any]) -> list[tuple[str, Any]]:
         changes: list[tuple[str, Any]] = []
-        if len(window) >= 2:
+        # a window of one update: its loss comes before its step, which no lr changes; unless the
+        # update's own loss was finite and the non-finite value came later within its step (a
+        # closure evaluated again by LBFGS's line search, at weights the lr moved)
+        within_step = math.isfinite(self.recorded.get(window[-1].step, math.nan))
+        if len(window) >= 2 or within_step:
             for factor in (0.1, 0.01, 0.001):
                 changes.append((f"lr_x{factor:g}", {"lr": factor}))
             # the applied update turned round: what a flipped sign (w + lr * g) needs
