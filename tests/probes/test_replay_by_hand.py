@@ -276,3 +276,45 @@ def test_weights_drawn_at_std_3_by_hand_are_the_init_when_a_standard_draw_cures_
     assert d["cause"] == "bad_initialization", d["evidence"]
     proc, d = _run(tmp_path, POISSON_BY_HAND.replace("* 3.0)", "/ d ** 0.5)"))
     assert d is not None and d["verdict"] == "healthy", d and d["evidence"]
+
+
+RAW_COLUMN_AND_TARGET = """
+import numpy as np
+import torch
+
+rng = np.random.default_rng(4)
+torch.manual_seed(4)
+n, d = 384, 6
+X = rng.normal(size=(n, d))
+y = 5000.0 + 1000.0 * (X @ rng.normal(size=d))  # a price, in its own units
+X[:, 2] = 1500.0 + 400.0 * X[:, 2]  # floor area, in square feet
+X = torch.tensor(X, dtype=torch.float32)
+y = torch.tensor(y, dtype=torch.float32).unsqueeze(1)
+w = (torch.randn(d, 1) / d ** 0.5).requires_grad_()
+b = torch.zeros(1, requires_grad=True)
+opt = torch.optim.SGD([w, b], lr=0.1)
+for epoch in range(3):
+    perm = torch.randperm(n)
+    for start in range(0, n, 16):
+        idx = perm[start:start + 16]
+        xb, yb = X[idx], y[idx]
+        loss = ((xb @ w + b - yb) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    print(epoch, loss.item())
+"""
+
+
+def test_a_model_less_step_on_a_raw_column_is_cured_by_standardising_that_column_once(
+        tmp_path):  # fmt: skip
+    # a linear fit written out over a table X that the step slices itself (no module): floor
+    # area in square feet throws SGD out. The replay standardises the column in X, the name the
+    # step both reads and holds in the loop's values, once: standardised twice, the column would
+    # be a constant near -4 that throws the same step out again
+    proc, d = _run(tmp_path, RAW_COLUMN_AND_TARGET)
+    assert d is not None, proc.stderr
+    runs = _window(d)
+    assert runs["standardised"]["fixed"] and runs["standardised"]["columns"] == [2]
+    assert d["cause"] == "step_size_too_large", d["evidence"]
+    assert d["actions"][0].startswith("Standardise input column") and " 2 " in d["actions"][0]

@@ -624,7 +624,7 @@ class _Replay(_ReplayedModel):
                 # no model to feed: the tables the step reads its batch from (a slice of X made
                 # before the loop, the loop's xb), standardised where they have the batch's width
                 width = _width(iteration.forwards)
-                for name in (*plan.free, *iteration.values):
+                for name in dict.fromkeys((*plan.free, *iteration.values)):  # each name once
                     value = namespace.get(name)
                     if _is_table(value, width):
                         namespace[name] = _standardise((value,), stats)[0]
