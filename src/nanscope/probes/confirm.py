@@ -135,7 +135,7 @@ def _lr_entry(f: TorchFailure, located: dict[str, Any]) -> dict[str, Any]:
                         "with a tenth of the learning rate needs the optimizer's state, which "
                         "is not kept"}  # fmt: skip
     own = next((v for s, v in f.extra.get("losses") or [] if s == f.step), None)
-    if own is not None and math.isfinite(own):
+    if f.what == "loss" and own is not None and math.isfinite(own):
         # the update's own loss was finite: the non-finite value came from a later evaluation
         # of its closure (LBFGS's line search), at weights the step had moved
         return {"change": "lr_x0.1", "ran": False, "finite": None, "loss": None,

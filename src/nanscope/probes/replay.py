@@ -399,7 +399,8 @@ class _Replay(_ReplayedModel):
         # a window of one update: its loss comes before its step, which no lr changes; unless the
         # update's own loss was finite and the non-finite value came later within its step (a
         # closure evaluated again by LBFGS's line search, at weights the lr moved)
-        within_step = math.isfinite(self.recorded.get(window[-1].step, math.nan))
+        within_step = self.f.what == "loss" and math.isfinite(
+            self.recorded.get(window[-1].step, math.nan))
         if len(window) >= 2 or within_step:
             for factor in (0.1, 0.01, 0.001):
                 changes.append((f"lr_x{factor:g}", {"lr": factor}))
