@@ -318,3 +318,22 @@ def test_a_model_less_step_on_a_raw_column_is_cured_by_standardising_that_column
     assert runs["standardised"]["fixed"] and runs["standardised"]["columns"] == [2]
     assert d["cause"] == "step_size_too_large", d["evidence"]
     assert d["actions"][0].startswith("Standardise input column") and " 2 " in d["actions"][0]
+
+
+def test_an_epsilon_and_a_smaller_step_that_both_cure_the_window_leave_the_cause_unconfirmed(
+        tmp_path):  # fmt: skip
+    # the zoo's hand-written BCE: the log meets a saturated sigmoid's 0. In the replayed window
+    # both an epsilon at the log and a tenth of the lr remove the failure; which one the whole
+    # run needs (an epsilon that only postpones the NaN of weights thrown out by the step, or a
+    # smaller step that only postpones the log's 0) the window cannot show: the op is named, not
+    # confirmed, and the step is the alternative
+    from pathlib import Path
+
+    script = Path(__file__).parents[1] / "zoo" / "torch" / "log_of_zero_manual_bce.py"
+    proc, d = _run(tmp_path, script.read_text())
+    assert d is not None, proc.stderr
+    runs = _window(d)
+    assert runs["eps"]["fixed"] and runs["lr_x0.1"]["fixed"]
+    assert d["cause"] == "log_of_zero" and d["confidence"] <= 0.7
+    assert any(a["cause"] == "step_size_too_large" for a in d["alternatives"])
+    assert any("not confirmed over step_size_too_large" in e["text"] for e in d["evidence"])

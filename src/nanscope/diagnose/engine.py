@@ -287,6 +287,13 @@ def _decided(ctx: Context, findings: list[Finding]) -> tuple[list[Finding], Deci
                                             lr_cut_fixed=decision.lr_cut_fixed),
                       step=ctx.step_at(ctx.break_index))  # fmt: skip
         rest = kept
+    if decision.rival:
+        rival = (decision.rival, decision.confidence - 0.15)
+        note = Evidence("replay", f"not confirmed over {decision.rival}: a smaller step removed "
+                        "the failure in the replayed window too, and which of the two the whole "
+                        "run needs the window cannot show", {})  # fmt: skip
+        top = replace(top, confidence=min(top.confidence, decision.confidence),
+                      alternatives=[*top.alternatives, rival], evidence=[*top.evidence, note])
     if decision.lead and not any(a.startswith("Standardise") for a in top.actions[:1]):
         top = replace(top, actions=[decision.lead, *[a for a in top.actions
                                                      if not a.startswith("Standardise")]])

@@ -276,11 +276,7 @@ class _Replay(_ReplayedModel):
         super().__init__(failure, history)
         self.evidence = found
         self.deadline = time.monotonic() + REPLAY_SECONDS
-        # an update's loss is its first record's: a closure step (LBFGS) whose later evaluation
-        # went non-finite records that loss again for the same update, after its own
-        self.recorded: dict[int, float] = {}
-        for step, loss in failure.extra.get("losses") or []:
-            self.recorded.setdefault(step, loss)
+        self.recorded = _first_losses(failure.extra.get("losses") or [])
 
     # ------------------------------------------------------------------ the plan of runs
 
@@ -529,7 +525,7 @@ class _Replay(_ReplayedModel):
         if setup.get("extreme") is not None:
             entry["rows_extreme"] = bool(setup["extreme"])
         if setup.get("clip"):
-            setup = {**setup, "clip_to": self._clip_level(snap.step)}
+            setup = {**setup, "clip_to": _clip_level(self.f.extra, snap.step)}
         if setup.get("reinit"):
             scale = (self._initial_scale(snap) if self.model is not None
                      else self._bare_scale(snap, window))  # fmt: skip
@@ -569,7 +565,7 @@ class _Replay(_ReplayedModel):
             self._widen()
         losses: list[float] = []
         stats = _column_stats(window, setup.get("columns") or [])
-        clip_to = self._clip_level(snap.step) if setup.get("clip") else None
+        clip_to = _clip_level(self.f.extra, snap.step) if setup.get("clip") else None
         # a short window is rerun over and over, so that a failure a smaller step only delays
         # still shows (at least MIN_UPDATES updates, at least PASSES passes)
         passes = max(PASSES, math.ceil(MIN_UPDATES / max(len(window), 1)))
@@ -670,12 +666,22 @@ class _Replay(_ReplayedModel):
         first = self.recorded.get(1, math.nan)
         return first if math.isfinite(first) else math.nan
 
-    def _clip_level(self, step: int) -> float:
-        """The median gradient norm of the updates before ``step`` (at least three of them):
-        the level before the trouble; with fewer seen, 1.0, the usual ``max_norm``."""
-        norms = sorted(v for s, v in self.f.extra.get("grad_norms") or [] if s <= step and
-                       math.isfinite(v) and v > 0)  # fmt: skip
-        return norms[len(norms) // 2] if len(norms) >= 3 else CLIP_DEFAULT
+
+def _first_losses(losses: list[tuple[int, float]]) -> dict[int, float]:
+    """Each update's loss, its first record's: a closure step (LBFGS) whose later evaluation
+    went non-finite records that loss again for the same update, after its own."""
+    recorded: dict[int, float] = {}
+    for step, loss in losses:
+        recorded.setdefault(step, loss)
+    return recorded
+
+
+def _clip_level(extra: dict[str, Any], step: int) -> float:
+    """The median gradient norm of the updates before ``step`` (at least three of them): the
+    level before the trouble; with fewer seen, 1.0, the usual ``max_norm``."""
+    norms = sorted(v for s, v in extra.get("grad_norms") or [] if s <= step and
+                   math.isfinite(v) and v > 0)  # fmt: skip
+    return norms[len(norms) // 2] if len(norms) >= 3 else CLIP_DEFAULT
 
 # ------------------------------------------------------------------------------ the changes
 
