@@ -327,19 +327,15 @@ def test_nan_rows_and_typo_rows_in_one_window_are_told_apart_by_leaving_out_each
     assert d["cause"] == "nonfinite_input", d["evidence"]
 
 
-@pytest.mark.slow
-def test_lbfgs_whose_first_step_overflows_within_its_line_of_evaluations_is_replayed() -> None:
-    # LBFGS at lr 85 on an MLP: update 1's own loss (its first closure evaluation) is finite,
-    # the later evaluations inside its step overflow at weights the step moved. The recorded
-    # loss of update 1 is the finite one, so the control is faithful; and the lr is tested
-    # although the window is that one update (the value came after the step began)
+def _lbfgs_stopped(lr: float) -> nanscope.Diagnosis:
+    """An MLP fitted by LBFGS (five evaluations a step) at ``lr``, stopped by nanscope."""
     torch.manual_seed(1)
     n, d = 512, 6
     X = torch.randn(n, d)
     y = X @ torch.randn(d, 1) + 0.1 * torch.randn(n, 1)
     model = nn.Sequential(nn.Linear(d, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(),
                           nn.Linear(32, 1))  # fmt: skip
-    opt = torch.optim.LBFGS(model.parameters(), lr=85.0, max_iter=5, history_size=10)
+    opt = torch.optim.LBFGS(model.parameters(), lr=lr, max_iter=5, history_size=10)
     watcher = nanscope.watch(model, opt, monitor=nanscope.Monitor(write=False))
 
     def closure() -> torch.Tensor:
@@ -353,9 +349,30 @@ def test_lbfgs_whose_first_step_overflows_within_its_line_of_evaluations_is_repl
             opt.step(closure)
 
     try:
-        d = _stopped(fit)
+        return _stopped(fit)
     finally:
         watcher.close()
+
+
+@pytest.mark.slow
+def test_lbfgs_that_breaks_at_its_second_step_is_replayed_from_its_first() -> None:
+    # at lr 30 the second step's evaluations overflow. The first step's own later evaluations
+    # (its line of five) belong to it, not to the second update as micro-batches: the window
+    # from update 1 is complete, and a smaller step cures it
+    d = _lbfgs_stopped(30.0)
+    assert d.step == 2
+    runs = _window(d)
+    assert runs["control"]["reproduced"] and runs["control"]["from_step"] == 1
+    assert d.cause == "step_size_too_large" and d.confidence >= 0.9
+
+
+@pytest.mark.slow
+def test_lbfgs_whose_first_step_overflows_within_its_line_of_evaluations_is_replayed() -> None:
+    # LBFGS at lr 85 on an MLP: update 1's own loss (its first closure evaluation) is finite,
+    # the later evaluations inside its step overflow at weights the step moved. The recorded
+    # loss of update 1 is the finite one, so the control is faithful; and the lr is tested
+    # although the window is that one update (the value came after the step began)
+    d = _lbfgs_stopped(85.0)
     assert d.step == 1
     runs = _window(d)
     assert runs["control"]["reproduced"]

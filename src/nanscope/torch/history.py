@@ -170,12 +170,23 @@ class History:
         else:
             its.append(Iteration(values, [(args, kwargs)]))
 
+    def drop_pending(self) -> None:
+        """Forget the forwards seen since the last check: a closure step's later evaluations
+        (LBFGS's line search) are its own update's, not micro-batches of the next one."""
+        self._iterations = []
+        if self.plan is None:
+            self._first_scopes = []
+
     def on_check(self, step: int, frame_depth: int, model_site: Any = None) -> None:
         """Update ``step`` is being checked, before its step: keep its inputs, snapshot if due.
         ``frame_depth``: frames from the caller of this method up to the hook's own frame;
         ``model_site``: the user's line that called the model (a ``CallSite``), if known."""
         iterations, self._iterations = self._iterations, []
         if self.off is not None:
+            return
+        if self.updates and self.updates[-1].step == step:
+            # the same update checked again: a later closure evaluation of an LBFGS step that
+            # went non-finite, at the step's start put back. Its inputs are the first check's
             return
         now = time.perf_counter()
         if self._last_check is not None:

@@ -349,7 +349,7 @@ class Watcher:
         if _producer.FIRST_UPDATE_WATCH.pushed:  # (every later step: nothing to stop)
             _producer.FIRST_UPDATE_WATCH.stop()
         self.precision.on_step()
-        self.closures.step_done(self.monitor, self.step)
+        self.closures.step_done(self.monitor, self.step, self.history)
         window = self.window
         if window.loss_args_live or window.output is not None or window.last_loss is not None:
             window.drop_graph()  # (a lean check dropped it already)
