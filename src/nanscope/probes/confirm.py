@@ -134,10 +134,8 @@ def _lr_entry(f: TorchFailure, located: dict[str, Any]) -> dict[str, Any]:
                 "text": "not run: the weights broke in an optimizer step; replaying that step "
                         "with a tenth of the learning rate needs the optimizer's state, which "
                         "is not kept"}  # fmt: skip
-    own = next((v for s, v in f.extra.get("losses") or [] if s == f.step), None)
-    if f.what == "loss" and own is not None and math.isfinite(own):
-        # the update's own loss was finite: the non-finite value came from a later evaluation
-        # of its closure (LBFGS's line search), at weights the step had moved
+    own = f.loss_finite_before_step()
+    if own is not None:
         return {"change": "lr_x0.1", "ran": False, "finite": None, "loss": None,
                 "text": f"the {f.what} of update {f.step} went non-finite within its step (its "
                         f"own loss, {own:.4g}, was finite): the window replay tests the "

@@ -8,6 +8,7 @@ nothing for it.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,3 +58,12 @@ class TorchFailure:
     scale_history: list[float] = field(default_factory=list)
     batch_index: Any = None
     extra: dict[str, Any] = field(default_factory=dict)
+
+    def loss_finite_before_step(self) -> float | None:
+        """The failing update's own loss (its first record: a closure's first evaluation) when
+        that loss was finite and the non-finite value is a loss all the same: it came within the
+        step (a later evaluation of LBFGS's closure, at weights the step moved). Else None."""
+        if self.what != "loss":
+            return None
+        own = next((v for s, v in self.extra.get("losses") or [] if s == self.step), None)
+        return own if own is not None and math.isfinite(own) else None

@@ -395,9 +395,7 @@ class _Replay(_ReplayedModel):
         # a window of one update: its loss comes before its step, which no lr changes; unless the
         # update's own loss was finite and the non-finite value came later within its step (a
         # closure evaluated again by LBFGS's line search, at weights the lr moved)
-        within_step = self.f.what == "loss" and math.isfinite(
-            self.recorded.get(window[-1].step, math.nan))
-        if len(window) >= 2 or within_step:
+        if len(window) >= 2 or self.f.loss_finite_before_step() is not None:
             for factor in (0.1, 0.01, 0.001):
                 changes.append((f"lr_x{factor:g}", {"lr": factor}))
             # the applied update turned round: what a flipped sign (w + lr * g) needs
@@ -688,10 +686,9 @@ def _clip_level(extra: dict[str, Any], step: int) -> float:
 
 def _unscaled_columns(window: list[Any], named: Any) -> list[int]:
     """The columns (last axis) of a table or sequence model input that are not in standardised
-    units: a value of
-    more than ``RAW_UNITS`` in magnitude (10 standard deviations out, were the column
-    standardised) in the window's batches, or, where none could be read, the one the trace
-    ``named`` (from its first batch's largest value, a typo's included)."""
+    units: a value of more than ``RAW_UNITS`` in magnitude (10 standard deviations out, were the
+    column standardised) in the window's batches, or, where none could be read, the one the
+    trace ``named`` (from its first batch's largest value, a typo's included)."""
     import torch
 
     top: Any = None

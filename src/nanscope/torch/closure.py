@@ -86,15 +86,14 @@ class ClosureSteps:
         self.window.restart_losses(loss)
         return True
 
-    def step_done(self, monitor: Monitor, step: int, history: Any = None) -> None:
+    def step_done(self, monitor: Monitor, step: int, history: Any) -> None:
         """The optimizer's step ended: every evaluation's loss goes on update ``step``'s record,
         the first one first; the later evaluations' forwards are dropped from ``history`` (they
         are this update's, not micro-batches of the next)."""
         self._start = None
         if not self._losses:
             return
-        if history is not None:
-            history.drop_pending()
+        history.drop_pending()
         records = monitor.trace.records
         if records and records[-1].get("step") == step:
             first = records[-1].get("loss")
