@@ -50,8 +50,11 @@ __all__ = [
 FAR = 10.0
 #: a peak this many times above the start is an explosion even when the loss came back
 EXCURSION = 1e3
-#: the end of a curve is the median of its last updates: this share of them, at most END_MAX
+#: the end of a curve is the median of its last updates: this share of them, at least END_MIN
+#: (the last value of a short fit alone is whichever swing of an oscillation it stopped on) and
+#: at most END_MAX
 END_SHARE = 0.1
+END_MIN = 3
 END_MAX = 10
 
 
@@ -162,7 +165,7 @@ def judge(losses: Iterable[float | None], *, from_init: bool = False) -> Outcome
             )
     n = len(values)
     start = values[0]
-    k = max(1, min(END_MAX, int(n * END_SHARE)))
+    k = min(n, max(END_MIN, min(END_MAX, int(n * END_SHARE))))
     tail = sorted(values[-k:])
     end = tail[len(tail) // 2]
     peak, best = max(values), min(values)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 from tests.diagnose._fits import logreg_ascent, noisier_targets, resumed_sgd, run
 
 import nanscope
@@ -119,3 +120,52 @@ def test_a_fit_thrown_out_of_its_start_is_judged_so_from_its_first_update_only()
     # the same curve that came back below its start trained: nothing to say
     settled = losses + [losses[0] / 4] * len(losses)
     assert judge(settled, from_init=True).kind == OutcomeKind.OK
+
+
+#: LBFGS at lr 0.2 on a feature in raw units (mileage, ~8000): each step throws the loss from one
+#: wall of its valley to the other (513 -> 1.3e4 -> ... -> 2.7e3, 777, 451); the run stops on a
+#: low swing, below its first loss, while its last three updates sit 1.5 times above it
+LBFGS_SWINGING = """
+import numpy as np
+import torch
+from torch import nn
+
+torch.manual_seed(2)
+rng = np.random.default_rng(2)
+X = rng.normal(size=(256, 6))
+y = (X @ rng.normal(size=(6, 3))).argmax(axis=1)
+X[:, 2] = 8000.0 + 2500.0 * X[:, 2]
+X = torch.tensor(X, dtype=torch.float32)
+y = torch.tensor(y, dtype=torch.long)
+model = nn.Sequential(nn.Linear(6, 64), nn.ReLU(), nn.Linear(64, 3))
+opt = torch.optim.LBFGS(model.parameters(), lr=0.2, max_iter=5, history_size=10)
+loss_fn = nn.CrossEntropyLoss()
+
+
+def closure():
+    opt.zero_grad()
+    loss = loss_fn(model(X), y)
+    loss.backward()
+    return loss
+
+
+losses = [opt.step(closure).item() for _ in range(15)]
+print("losses:", " ".join(f"{v:.4g}" for v in losses))
+"""
+
+
+@pytest.mark.slow
+def test_a_short_fit_that_stops_on_a_low_swing_is_not_healthy(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    from tests.torch.test_torch_autowatch import _run
+
+    proc, d = _run(tmp_path, LBFGS_SWINGING)
+    assert d is not None, proc.stderr
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("losses:"))
+    losses = [float(v) for v in line.split()[1:]]
+    # the shape: a climb past ten times the first loss, the last loss below the first, the
+    # median of the last three above it
+    assert max(losses) > 10 * losses[0] and losses[-1] < losses[0]
+    assert sorted(losses[-3:])[1] > losses[0]
+    assert d["verdict"] != "healthy", d["evidence"]
+    assert d["cause"] == "step_size_too_large", d["evidence"]
