@@ -115,3 +115,60 @@ def test_weights_a_step_threw_out_are_no_evidence_of_the_initialisation(tmp_path
     assert d["first_nonfinite"]["step"] == 2
     assert d["cause"] != "bad_initialization", d["evidence"]
     assert not any("sqrt(fan_in)" in e["text"] for e in d["evidence"]), d["evidence"]
+
+
+#: a regression on a target in its own units (mean 200, sd ~1000), squared error written by hand,
+#: an MLP at PyTorch's default initialisation: the first loss is 1.6e7 because of the target, not
+#: the weights ({scale} multiplies the initial weights)
+RAW_TARGET = """
+import numpy as np
+import torch
+from torch import nn
+
+torch.manual_seed(3)
+rng = np.random.default_rng(3)
+X = rng.normal(size=(256, 8))
+y = X @ rng.normal(size=8) + 0.1 * rng.normal(size=256)
+y = {shift} + {spread} * y
+X = torch.tensor(X, dtype=torch.float32)
+y = torch.tensor(y, dtype=torch.float32).unsqueeze(1)
+model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 1))
+with torch.no_grad():
+    for p in model.parameters():
+        p.mul_({scale})
+opt = torch.optim.AdamW(model.parameters(), lr=0.05)
+for epoch in range(3):
+    for start in range(0, 256, 64):
+        out = model(X[start:start + 64])
+        loss = ((out - y[start:start + 64]) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+"""
+
+
+@pytest.mark.slow
+def test_a_target_in_its_own_units_is_no_evidence_of_a_bad_initialisation(tmp_path) -> None:
+    # the weights were measured at the first update, at the default scale: the loss of 1e7 is
+    # the target's, and the fit is healthy
+    pytest.importorskip("torch")
+    from tests.torch.test_torch_autowatch import _run
+
+    proc, d = _run(tmp_path, RAW_TARGET.format(shift=200.0, spread=1000.0, scale=1.0))
+    assert d is not None, proc.stderr
+    assert d["summary"]["first_loss"] > 1e6
+    assert d["cause"] != "bad_initialization", d["evidence"]
+    assert d["verdict"] == "healthy", d["evidence"]
+
+
+@pytest.mark.slow
+def test_weights_scaled_up_at_initialisation_are_still_named(tmp_path) -> None:
+    # the same fit on a standardised target with its initial weights multiplied by 30: measured
+    # far from the default scale, the absurd first loss is the initialisation's
+    pytest.importorskip("torch")
+    from tests.torch.test_torch_autowatch import _run
+
+    proc, d = _run(tmp_path, RAW_TARGET.format(shift=0.0, spread=1.0, scale=30.0))
+    assert d is not None, proc.stderr
+    assert d["summary"]["first_loss"] > 1e6
+    assert d["cause"] == "bad_initialization", d["evidence"]

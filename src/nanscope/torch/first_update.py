@@ -23,8 +23,8 @@ from nanscope.numerics import RAW_UNITS
 # torch and the measures are imported in the calls: ``nanscope run`` imports this module before
 # the script imports torch (and a script that never does must not pay for it)
 
-__all__ = ["batch_record", "gradient_record", "initial_weight_scale", "state_before",
-           "weight_record"]  # fmt: skip
+__all__ = ["batch_record", "gradient_record", "initial_weight_scale", "linear_weight_scale",
+           "state_before", "weight_record"]  # fmt: skip
 
 
 def batch_record(inputs: tuple[Any, ...]) -> dict[str, Any]:
@@ -126,6 +126,30 @@ def initial_weight_scale(params: list[Any], inputs: tuple[Any, ...]) -> dict[str
                 name = f"the {shape} weight (leaf {i + 1} of {len(params)})"
                 matrices.append((name, tuple(int(f) for f in p.shape), float(p.float().std())))
     return weight_scale(matrices, widths)
+
+
+def linear_weight_scale(model: Any) -> dict[str, Any]:
+    """``std(W) * sqrt(in_features)`` of each ``nn.Linear`` of ``model`` as it is now (the same
+    measure as :func:`initial_weight_scale`, the fan-in known from the module): read when a
+    watcher is bound before the first update, it is evidence about the initialisation, which the
+    rules otherwise have only for a loop without a model. Embeddings (drawn at std 1 by design)
+    and other modules are not read."""
+    import torch
+    from nanscope.capture.init_scale import weight_scale
+
+    matrices = []
+    with torch.no_grad():
+        for name, module in model.named_modules():
+            w = getattr(module, "weight", None)
+            if not isinstance(module, torch.nn.Linear) or not isinstance(w, torch.Tensor):
+                continue
+            if w.dim() != 2 or w.numel() < 2 or not w.is_floating_point() or w.is_meta:
+                continue
+            if not bool(torch.isfinite(w).all()):
+                continue
+            # (a 1-d shape: the fan-in is the module's in_features, not a guess between two)
+            matrices.append((f"{name}.weight", (int(w.shape[1]),), float(w.float().std())))
+    return weight_scale(matrices, set())
 
 
 def state_before(params: list[Any], inputs: tuple[Any, ...]

@@ -29,7 +29,7 @@ from nanscope.errors import DivergenceError, UsageError
 from nanscope.monitor import Monitor
 from nanscope.probes import producer as _producer
 from nanscope.probes.failure import CallSite, TorchFailure
-from nanscope.torch import _hooks, sharded
+from nanscope.torch import _hooks, first_update, sharded
 from nanscope.torch.closure import ClosureSteps
 from nanscope.torch.deferred import DeferredReads
 from nanscope.torch.failing import AlarmHandlers
@@ -163,10 +163,10 @@ class Watcher:
         self.model_hooked = False
         self.history.bind(model)
         self.records.rename(param_names(model))
+        self.guard.run("initial weight scale", _initial_scale, self)
         if hook:
             self.hook_model()
-        if not self.monitor.meta.get("model"):
-            self.monitor.meta["model"] = type(model).__name__
+        self.monitor.meta["model"] = self.monitor.meta.get("model") or type(model).__name__
 
     def hook_model(self) -> None:
         """Hook the bound model's forward (``nanscope run`` binds first, hooks once it knows)."""
@@ -472,6 +472,17 @@ def _monitor_for(
             f"policy={policy!r} conflicts with the monitor's policy {monitor.policy!r}"
         )
     return monitor
+
+
+def _initial_scale(watcher: Watcher) -> None:
+    """A model bound before its first update has its initial weights: their scale is evidence
+    about the initialisation."""
+    monitor = watcher.monitor
+    if watcher.step != 0 or watcher.model is None:
+        return
+    scale = first_update.linear_weight_scale(watcher.model)
+    if scale and "initial_weight_scale" not in monitor.evidence:
+        monitor.evidence["initial_weight_scale"] = scale
 
 
 def _batch_from_graph(watcher: Watcher, tensor: torch.Tensor) -> None:
