@@ -404,10 +404,12 @@ class _Replay(_ReplayedModel):
         sizes = {u.step: _batch_size(u.forwards) for u in window}
         # rows that are the whole batch (a column broken in every row) cannot be left out
         rows = {s: r for s, r in rows.items() if len(r) < (sizes.get(s) or len(r) + 1)}
+        probe: dict[str, Any] = {}
+        rows = rows or _table_borne(self.h, window, probe, self.model, self.f.step)
         if rows:
             named = [*(self.evidence.get("rows") or []), *(self.f.extra.get("rows") or [])]
-            nonfinite = _holds_nonfinite(window)
-            extreme = _holds_extreme(window, named, self.f.step)
+            nonfinite = _holds_nonfinite(window) or bool(probe.get("table_nonfinite"))
+            extreme = _holds_extreme(window, named, self.f.step) or probe.get("table_extreme")
             changes.append(("without_rows", {"rows": rows, "nonfinite": nonfinite,
                                              "extreme": extreme}))  # fmt: skip
             if nonfinite and extreme and _outliers_beside_nonfinite(window):
@@ -562,6 +564,8 @@ class _Replay(_ReplayedModel):
         if setup.get("float32"):
             self._widen()
         losses: list[float] = []
+        if setup.get("rows") and self.model is None:
+            setup = {**setup, "tables": _clean_tables(self.h, window, setup)}
         stats = _column_stats(window, setup.get("columns") or [])
         clip_to = _clip_level(self.f.extra, snap.step) if setup.get("clip") else None
         # a short window is rerun over and over, so that a failure a smaller step only delays
@@ -607,12 +611,13 @@ class _Replay(_ReplayedModel):
             replace = bool(setup.get("replace_rows"))
             for name, value in iteration.values.items():
                 namespace[name] = value if replace else _without_rows(value, rows, size)
+            namespace.update(setup.get("tables") or {})
             # (with no model nothing is fed: the script's code makes its batch from the names)
             recorded = iteration.forwards if self.model is not None else []
             forwards = [(_without_rows(a, rows, size, replace=replace),
                          _without_rows(k, rows, size, replace=replace))
                         for a, k in recorded]  # fmt: skip
-            _rows_reached(rows, forwards, namespace, iteration, recorded)
+            _rows_reached(rows, forwards, namespace, iteration, recorded, setup)
             if stats and self.model is not None:
                 forwards = [(_standardise(a, stats), k) for a, k in forwards]
             elif stats:
@@ -747,6 +752,57 @@ def _rows_for(setup: dict[str, Any], update: Any, index: int,
     if size is not None and len(rows) >= size:
         return None  # the whole batch: nothing to leave out (a column broken everywhere)
     return sorted(rows) or None
+
+
+def _table_borne(history: Any, window: list[Any], probe: dict[str, Any], model: Any,
+                 step: int | None) -> dict[int, list[int]]:  # fmt: skip
+    """Where no batch row of a step without a model stands out (a typo in a target the step
+    slices itself goes unread) but the tables it slices its batches from hold NaN/inf or typo
+    rows: ``{failing update: []}`` (the rows experiment runs on the tables), else ``{}``."""
+    if model is not None or not _clean_tables(history, window, probe):
+        return {}
+    return {int(step or window[-1].step): []}
+
+
+def _clean_tables(history: Any, window: list[Any], setup: dict[str, Any]) -> dict[str, Any]:
+    """For a step without a model that slices its batch from tables made before the loop
+    (``xb = X[idx]``): each such table (a floating tensor of more rows than a batch, read in
+    full) whose rows hold NaN/inf or a typo (:func:`typo_rows`), as a copy with those rows
+    overwritten by its first clean row, so that every index the step draws stays valid. The
+    rows replaced are noted in ``setup["table_rows"]`` (``{name: rows}``)."""
+    import torch
+
+    plan = history.plan
+    base = {**(history.frame_globals or {}), **(history.frame_locals or {})}
+    size = next((s for u in window for it in u.iterations
+                 if (s := _batch_size(it.forwards)) is not None), None)  # fmt: skip
+    if plan is None or size is None:
+        return {}
+    out: dict[str, Any] = {}
+    noted: dict[str, list[int]] = {}
+    setup["table_nonfinite"] = setup["table_extreme"] = False
+    for name in plan.free:
+        value = base.get(name)
+        if not (isinstance(value, torch.Tensor) and value.is_floating_point()
+                and value.dim() >= 1 and value.shape[0] > size
+                and value.numel() <= OUTLIER_READ):  # fmt: skip
+            continue
+        table = value.detach().float().reshape(value.shape[0], -1).cpu()
+        bad = set(torch.nonzero(~torch.isfinite(table).all(dim=1)).flatten().tolist())
+        typos = set() if setup.get("only_nonfinite") else {
+            int(r["batch_row"]) for r in typo_rows(table.numpy(), "batch")}
+        setup["table_nonfinite"] |= bool(bad)
+        setup["table_extreme"] |= bool(typos - bad)
+        bad |= typos
+        if not bad or len(bad) > max(1, len(table) // 8):
+            continue  # nothing to replace, or a column in raw units: every row, not a few
+        clean = next(i for i in range(len(table)) if i not in bad)
+        copy = value.detach().clone()
+        copy[torch.tensor(sorted(bad), device=value.device)] = value[clean].detach()
+        out[name] = copy
+        noted[name] = sorted(bad)
+    setup["table_rows"] = noted
+    return out
 
 
 def _same_loss(replayed: float, recorded: float) -> bool:
@@ -937,8 +993,12 @@ def _describe(change: str, setup: dict[str, Any], snap: Any, window: list[Any], 
                                   "kept)",
         "without_rows": ("without the rows holding NaN/inf (and any extreme ones) "
                          if setup.get("nonfinite") else "without the suspect rows ")
-        + ", ".join(f"{rows or '(in an earlier micro-batch)'} of update {s}"
-                    for s, rows in (setup.get("rows") or {}).items()),
+        + ", ".join([*(f"{rows or '(in an earlier micro-batch)'} of update {s}"
+                       for s, rows in (setup.get("rows") or {}).items()
+                       if rows or not setup.get("table_rows")),
+                     *(f"{rows} of {name} (the table the step slices its batches from, "
+                       "overwritten by a clean row)"
+                       for name, rows in (setup.get("table_rows") or {}).items())]),
         "standardised": f"with input column(s) {setup.get('columns')} standardised",
         "eps": (f"with the {setup.get('op')} op masked where its divisor is exactly 0"
                 if setup.get("op") in ("div", "true_divide", "divide")
@@ -998,10 +1058,11 @@ def _why_not_run(exc: BaseException) -> str:
 
 
 def _rows_reached(rows: list[int] | None, forwards: list[Any], namespace: dict[str, Any],
-                  iteration: Any, recorded: list[Any]) -> None:  # fmt: skip
+                  iteration: Any, recorded: list[Any], setup: dict[str, Any]) -> None:  # fmt: skip
     """Raise ``_Unfed`` when rows were to be left out and nothing the replay feeds changed: the
-    batch the model was fed is made inside the step, out of the replay's reach."""
-    if rows and not _changed(forwards, recorded) and not _changed(
+    batch the model was fed is made inside the step, out of the replay's reach (unless the
+    tables it slices it from were cleaned: :func:`_clean_tables`)."""
+    if rows and not setup.get("tables") and not _changed(forwards, recorded) and not _changed(
             [namespace[name] for name in iteration.values], list(iteration.values.values())):
         raise _Unfed("the suspect rows could not be left out: the replay does not hold the "
                      "batch the model was fed (a compiled model's inputs are not seen)"
