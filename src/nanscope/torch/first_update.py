@@ -141,8 +141,9 @@ def linear_weight_scale(model: Any) -> dict[str, Any]:
     with torch.no_grad():
         for name, module in model.named_modules():
             w = getattr(module, "weight", None)
-            if not isinstance(module, torch.nn.Linear) or not isinstance(w, torch.Tensor):
-                continue
+            if not isinstance(module, torch.nn.Linear) or type(w) not in (torch.Tensor,
+                                                                            torch.nn.Parameter):
+                continue  # (a sharded tensor's std would be a collective: not read)
             if w.dim() != 2 or w.numel() < 2 or not w.is_floating_point() or w.is_meta:
                 continue
             if not bool(torch.isfinite(w).all()):
