@@ -144,7 +144,7 @@ def linear_weight_scale(model: Any) -> dict[str, Any]:
     matrices = []
     with torch.no_grad():
         for name, module in model.named_modules():
-            w = getattr(module, "weight", None)
+            w: Any = getattr(module, "weight", None)
             if not isinstance(module, torch.nn.Linear) or type(w) not in (torch.Tensor,
                                                                             torch.nn.Parameter):
                 continue  # (a sharded tensor's std would be a collective: not read)
