@@ -404,18 +404,20 @@ class _Replay(_ReplayedModel):
         sizes = {u.step: _batch_size(u.forwards) for u in window}
         # rows that are the whole batch (a column broken in every row) cannot be left out
         rows = {s: r for s, r in rows.items() if len(r) < (sizes.get(s) or len(r) + 1)}
-        probe: dict[str, Any] = {}
-        rows = rows or _table_borne(self.h, window, probe, self.model, self.f.step)
+        tables = {} if self.model is not None else _clean_tables(self.h, window)
+        borne = {} if rows else tables  # (the kinds of rows: the batch's, where it showed any)
+        rows = rows or _table_borne(tables, self.f.step, window)
         if rows:
             named = [*(self.evidence.get("rows") or []), *(self.f.extra.get("rows") or [])]
-            nonfinite = _holds_nonfinite(window) or bool(probe.get("table_nonfinite"))
-            extreme = _holds_extreme(window, named, self.f.step) or probe.get("table_extreme")
+            nonfinite = _holds_nonfinite(window) or bool(borne.get("table_nonfinite"))
+            extreme = _holds_extreme(window, named, self.f.step) or borne.get("table_extreme")
             changes.append(("without_rows", {"rows": rows, "nonfinite": nonfinite,
-                                             "extreme": extreme}))  # fmt: skip
+                                             "extreme": extreme, **tables}))  # fmt: skip
             if nonfinite and extreme and _outliers_beside_nonfinite(window):
                 # both kinds, in other rows: leaving out the NaN/inf rows alone tells them apart
-                changes.append(("without_nonfinite_rows", {"rows": rows, "nonfinite": True,
-                                                           "only_nonfinite": True}))  # fmt: skip
+                changes.append(("without_nonfinite_rows", {
+                    "rows": rows, "nonfinite": True, "only_nonfinite": True,
+                    **(_clean_tables(self.h, window, only_nonfinite=True) if tables else {})}))
         columns = _unscaled_columns(window, self.f.extra.get("unscaled_column"))
         if columns and snap.step == 1:
             changes.append(("standardised", {"columns": columns}))
@@ -564,8 +566,6 @@ class _Replay(_ReplayedModel):
         if setup.get("float32"):
             self._widen()
         losses: list[float] = []
-        if setup.get("rows") and self.model is None:
-            setup = {**setup, "tables": _clean_tables(self.h, window, setup)}
         stats = _column_stats(window, setup.get("columns") or [])
         clip_to = _clip_level(self.f.extra, snap.step) if setup.get("clip") else None
         # a short window is rerun over and over, so that a failure a smaller step only delays
@@ -754,22 +754,24 @@ def _rows_for(setup: dict[str, Any], update: Any, index: int,
     return sorted(rows) or None
 
 
-def _table_borne(history: Any, window: list[Any], probe: dict[str, Any], model: Any,
-                 step: int | None) -> dict[int, list[int]]:  # fmt: skip
+def _table_borne(tables: dict[str, Any], step: int | None,
+                 window: list[Any]) -> dict[int, list[int]]:  # fmt: skip
     """Where no batch row of a step without a model stands out (a typo in a target the step
     slices itself goes unread) but the tables it slices its batches from hold NaN/inf or typo
-    rows: ``{failing update: []}`` (the rows experiment runs on the tables), else ``{}``."""
-    if model is not None or not _clean_tables(history, window, probe):
-        return {}
-    return {int(step or window[-1].step): []}
+    rows (``tables``, :func:`_clean_tables`): ``{failing update: []}``, the rows experiment
+    then runs on the tables; else ``{}``."""
+    return {int(step or window[-1].step): []} if tables.get("tables") else {}
 
 
-def _clean_tables(history: Any, window: list[Any], setup: dict[str, Any]) -> dict[str, Any]:
+def _clean_tables(history: Any, window: list[Any], *,
+                  only_nonfinite: bool = False) -> dict[str, Any]:  # fmt: skip
     """For a step without a model that slices its batch from tables made before the loop
     (``xb = X[idx]``): each such table (a floating tensor of more rows than a batch, read in
-    full) whose rows hold NaN/inf or a typo (:func:`typo_rows`), as a copy with those rows
-    overwritten by its first clean row, so that every index the step draws stays valid. The
-    rows replaced are noted in ``setup["table_rows"]`` (``{name: rows}``)."""
+    full) whose rows hold NaN/inf or (unless ``only_nonfinite``) a typo (:func:`typo_rows`), as
+    a copy with those rows overwritten by its first clean row, so that every index the step
+    draws stays valid. The setup fields of a rows experiment: ``tables`` (``{name: copy}``),
+    ``table_rows`` (``{name: rows}``), ``table_nonfinite`` and ``table_extreme`` (which kinds
+    were found); ``{}`` when no table holds such rows."""
     import torch
 
     plan = history.plan
@@ -780,7 +782,7 @@ def _clean_tables(history: Any, window: list[Any], setup: dict[str, Any]) -> dic
         return {}
     out: dict[str, Any] = {}
     noted: dict[str, list[int]] = {}
-    setup["table_nonfinite"] = setup["table_extreme"] = False
+    kinds = {"table_nonfinite": False, "table_extreme": False}
     for name in plan.free:
         value = base.get(name)
         if not (isinstance(value, torch.Tensor) and value.is_floating_point()
@@ -789,10 +791,10 @@ def _clean_tables(history: Any, window: list[Any], setup: dict[str, Any]) -> dic
             continue
         table = value.detach().float().reshape(value.shape[0], -1).cpu()
         bad = set(torch.nonzero(~torch.isfinite(table).all(dim=1)).flatten().tolist())
-        typos = set() if setup.get("only_nonfinite") else {
+        typos = set() if only_nonfinite else {
             int(r["batch_row"]) for r in typo_rows(table.numpy(), "batch")}
-        setup["table_nonfinite"] |= bool(bad)
-        setup["table_extreme"] |= bool(typos - bad)
+        kinds["table_nonfinite"] |= bool(bad)
+        kinds["table_extreme"] |= bool(typos - bad)
         bad |= typos
         if not bad or len(bad) > max(1, len(table) // 8):
             continue  # nothing to replace, or a column in raw units: every row, not a few
@@ -801,8 +803,7 @@ def _clean_tables(history: Any, window: list[Any], setup: dict[str, Any]) -> dic
         copy[torch.tensor(sorted(bad), device=value.device)] = value[clean].detach()
         out[name] = copy
         noted[name] = sorted(bad)
-    setup["table_rows"] = noted
-    return out
+    return {"tables": out, "table_rows": noted, **kinds} if out else {}
 
 
 def _same_loss(replayed: float, recorded: float) -> bool:
