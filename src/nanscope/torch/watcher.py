@@ -477,12 +477,12 @@ def _monitor_for(
 def _initial_scale(watcher: Watcher) -> None:
     """A model bound before its first update has its initial weights: their scale is evidence
     about the initialisation."""
-    monitor = watcher.monitor
-    if watcher.step != 0 or watcher.model is None:
+    evidence = watcher.monitor.evidence
+    if watcher.step != 0 or watcher.model is None or "initial_weight_scale" in evidence:
         return
     scale = first_update.linear_weight_scale(watcher.model)
-    if scale and "initial_weight_scale" not in monitor.evidence:
-        monitor.evidence["initial_weight_scale"] = scale
+    if scale:
+        evidence["initial_weight_scale"] = scale
 
 
 def _batch_from_graph(watcher: Watcher, tensor: torch.Tensor) -> None:
