@@ -147,16 +147,23 @@ for epoch in range(3):
 """
 
 
+def _raw_target_fit(tmp_path, **values: float) -> dict:  # type: ignore[type-arg]
+    """The fit of ``RAW_TARGET`` under ``nanscope run``, its diagnosis (its first loss above 1e6:
+    the case the rules must tell apart)."""
+    pytest.importorskip("torch")
+    from tests.torch.test_torch_autowatch import _run
+
+    proc, d = _run(tmp_path, RAW_TARGET.format(**values))
+    assert d is not None, proc.stderr
+    assert d["summary"]["first_loss"] > 1e6
+    return d
+
+
 @pytest.mark.slow
 def test_a_target_in_its_own_units_is_no_evidence_of_a_bad_initialisation(tmp_path) -> None:
     # the weights were measured at the first update, at the default scale: the loss of 1e7 is
     # the target's, and the fit is healthy
-    pytest.importorskip("torch")
-    from tests.torch.test_torch_autowatch import _run
-
-    proc, d = _run(tmp_path, RAW_TARGET.format(shift=200.0, spread=1000.0, scale=1.0))
-    assert d is not None, proc.stderr
-    assert d["summary"]["first_loss"] > 1e6
+    d = _raw_target_fit(tmp_path, shift=200.0, spread=1000.0, scale=1.0)
     assert d["cause"] != "bad_initialization", d["evidence"]
     assert d["verdict"] == "healthy", d["evidence"]
 
@@ -165,10 +172,5 @@ def test_a_target_in_its_own_units_is_no_evidence_of_a_bad_initialisation(tmp_pa
 def test_weights_scaled_up_at_initialisation_are_still_named(tmp_path) -> None:
     # the same fit on a standardised target with its initial weights multiplied by 30: measured
     # far from the default scale, the absurd first loss is the initialisation's
-    pytest.importorskip("torch")
-    from tests.torch.test_torch_autowatch import _run
-
-    proc, d = _run(tmp_path, RAW_TARGET.format(shift=0.0, spread=1.0, scale=30.0))
-    assert d is not None, proc.stderr
-    assert d["summary"]["first_loss"] > 1e6
+    d = _raw_target_fit(tmp_path, shift=0.0, spread=1.0, scale=30.0)
     assert d["cause"] == "bad_initialization", d["evidence"]
